@@ -1,0 +1,172 @@
+"""Rank-strided, world-size independent train loader and the fixed val window reader.
+
+The train split is one global sequence of rows. Row j of a shard is its tokens
+[j*T, j*T + T] (T+1 tokens: inputs and the targets shifted by one); rows never straddle a
+shard boundary, and only each shard's final partial row is skipped. Rows are numbered through
+the shards in order, so optimizer step s consumes global rows [s*R, (s+1)*R) with
+R = total_batch_size / T, and micro-step k of rank r reads the B rows starting at
+s*R + (k*W + r)*B. That makes the position a pure function of the step: resuming needs the
+step alone, and may change the world size W or the micro-batch B.
+
+Consecutive rows overlap by one token, so B consecutive rows of one shard are the single
+slice [j*T, (j+B)*T] and read as one copy.
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.shards import DataError, check_token_range, find_shards, open_shard
+
+
+class RowStream:
+    """Rows of T+1 tokens numbered consecutively through an ordered list of shards."""
+
+    def __init__(self, shard_paths: list[Path], seq_len: int):
+        self.seq_len = seq_len
+        self.paths = list(shard_paths)
+        self.shards = [open_shard(p) for p in self.paths]
+        self.rows_per_shard = [(len(s) - 1) // seq_len for s in self.shards]
+        # first global row of each shard: bisect maps a global row to its shard
+        self.first_row = np.concatenate([[0], np.cumsum(self.rows_per_shard)]).tolist()
+        self.num_rows = self.first_row[-1]
+
+    def reordered(self, order: list[int]) -> "RowStream":
+        """The same shards in another order (epoch shuffles), sharing the memory maps."""
+        other = RowStream.__new__(RowStream)
+        other.seq_len = self.seq_len
+        other.paths = [self.paths[i] for i in order]
+        other.shards = [self.shards[i] for i in order]
+        other.rows_per_shard = [self.rows_per_shard[i] for i in order]
+        other.first_row = np.concatenate([[0], np.cumsum(other.rows_per_shard)]).tolist()
+        other.num_rows = self.num_rows
+        return other
+
+    def read(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [first, first+count) as inputs and targets, int64 arrays of shape (count, T)."""
+        if first < 0 or first + count > self.num_rows:
+            raise IndexError(f"rows [{first}, {first + count}) outside [0, {self.num_rows})")
+        T = self.seq_len
+        x = np.empty((count, T), dtype=np.int64)
+        y = np.empty((count, T), dtype=np.int64)
+        done = 0
+        while done < count:
+            row = first + done
+            shard = bisect.bisect_right(self.first_row, row) - 1
+            local = row - self.first_row[shard]
+            n = min(count - done, self.rows_per_shard[shard] - local)
+            # n consecutive rows share their boundary tokens: one slice of n*T + 1 tokens
+            span = self.shards[shard][local * T : (local + n) * T + 1]
+            x[done : done + n] = span[:-1].reshape(n, T)
+            y[done : done + n] = span[1:].reshape(n, T)
+            done += n
+        return x, y
+
+
+def validate_shards(paths: list[Path], vocab_size: int, rank: int, world_size: int) -> str | None:
+    """Check every shard's header, and the token range of this rank's share of the shards.
+
+    Returns the first problem found (a one-line message naming the file) or None. The caller
+    gathers the answers of all ranks so that every rank fails the same way (no rank hangs).
+    """
+    try:
+        for p in paths:
+            open_shard(p)
+        for p in paths[rank::world_size]:
+            check_token_range(p, vocab_size)
+    except DataError as e:
+        return str(e)
+    return None
+
+
+class TrainLoader:
+    """Micro-batches of the train split as a pure function of (step, micro_step)."""
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        seq_len: int,
+        micro_batch_size: int,
+        total_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+    ):
+        if total_batch_size % seq_len:
+            raise ValueError("total_batch_size must be a multiple of seq_len")
+        self.T = seq_len
+        self.B = micro_batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.rows_per_step = total_batch_size // seq_len  # R
+        if self.rows_per_step % (micro_batch_size * world_size):
+            raise ValueError("rows per step must divide into micro_batch_size * world_size")
+        self.grad_accum_steps = self.rows_per_step // (micro_batch_size * world_size)
+        self.paths = find_shards(data_dir, "train")
+        self.stream = RowStream(self.paths, seq_len)
+        self.steps_per_epoch = self.stream.num_rows // self.rows_per_step
+        if self.steps_per_epoch == 0:
+            raise DataError(
+                f"data_dir {data_dir}: the train shards hold {self.stream.num_rows} rows of "
+                f"{seq_len + 1} tokens, fewer than one step needs ({self.rows_per_step}); "
+                f"lower total_batch_size or add data"
+            )
+        self._epoch_streams = {0: self.stream}
+
+    def epoch_stream(self, epoch: int) -> RowStream:
+        """Epoch 0 reads the shards in order; later epochs in an order seeded by (seed, epoch)."""
+        if epoch not in self._epoch_streams:
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.paths)).tolist()
+            self._epoch_streams = {0: self.stream, epoch: self.stream.reordered(order)}
+        return self._epoch_streams[epoch]
+
+    def first_row(self, step: int, micro_step: int) -> tuple[int, int]:
+        """(epoch, first global row within that epoch) of this rank's micro-batch."""
+        epoch, step_in_epoch = divmod(step, self.steps_per_epoch)
+        first = step_in_epoch * self.rows_per_step + (micro_step * self.world_size + self.rank) * self.B
+        return epoch, first
+
+    def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of shape (B, T), int64, on the CPU."""
+        epoch, first = self.first_row(step, micro_step)
+        x, y = self.epoch_stream(epoch).read(first, self.B)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+
+class ValLoader:
+    """The first `val_tokens // T` rows of the val split, split into contiguous chunks per rank.
+
+    The set of rows is fixed (independent of world size); each rank scores its chunk, and the
+    sum of token losses and the token count are all-reduced, so the val loss is the same
+    number for any world size (up to float summation order).
+    """
+
+    def __init__(self, data_dir: str | Path, seq_len: int, val_tokens: int, batch_size: int,
+                 rank: int = 0, world_size: int = 1):
+        self.paths = find_shards(data_dir, "val")
+        self.stream = RowStream(self.paths, seq_len)
+        self.num_rows = val_tokens // seq_len
+        if self.num_rows < 1:
+            raise DataError(f"val_tokens {val_tokens} is less than one row of seq_len {seq_len}")
+        if self.num_rows > self.stream.num_rows:
+            raise DataError(
+                f"{self.paths[0].parent}: the val shards hold {self.stream.num_rows} rows of "
+                f"{seq_len + 1} tokens, fewer than val_tokens {val_tokens} needs ({self.num_rows}); "
+                f"lower val_tokens"
+            )
+        self.batch_size = batch_size
+        per_rank, extra = divmod(self.num_rows, world_size)
+        self.start = rank * per_rank + min(rank, extra)
+        self.stop = self.start + per_rank + (1 if rank < extra else 0)
+
+    def batches(self):
+        """Yield (x, y) of shape (b, T) with b <= batch_size, covering this rank's rows once."""
+        for first in range(self.start, self.stop, self.batch_size):
+            count = min(self.batch_size, self.stop - first)
+            x, y = self.stream.read(first, count)
+            yield torch.from_numpy(x), torch.from_numpy(y)

@@ -1,0 +1,257 @@
+"""GPT-2: the model, its size presets, initialisation, optimizer groups and FLOPs.
+
+Pure: no file or network I/O and no distributed code. Shapes in comments use
+B = batch, T = sequence length, C = n_embd, nh = n_head, hs = C // nh, V = vocab_size.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # longest sequence the position table covers
+    vocab_size: int = 50304  # 50257 padded up to a multiple of 128 for faster matmuls
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True  # GPT-2 has biases in every Linear and LayerNorm
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# The four sizes OpenAI released (GPT-2 paper, table 2).
+PRESETS = {
+    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
+    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
+    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
+    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # q, k, v at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.residual_projection = True  # scaled at init, see GPT._init_weights
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # 3 x (B, T, C)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if kv_cache is None:
+            y = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            )
+        else:
+            # generation: attend over everything cached so far plus the new positions
+            k, v = kv_cache.append(layer, k, v)  # (B, nh, T_past + T, hs)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask_with_past(T, k.size(2), x.device))
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads: (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new"
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj.residual_projection = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), kv_cache, layer)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """At least float32 (bf16 -> fp32; float64 stays float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def causal_mask_with_past(T_new: int, T_total: int, device: torch.device) -> torch.Tensor | None:
+    """Boolean (T_new, T_total) mask: new position i sees all past positions and new ones <= i."""
+    if T_new == 1:
+        return None  # a single new token sees everything
+    return torch.ones(T_new, T_total, dtype=torch.bool, device=device).tril(diagonal=T_total - T_new)
+
+
+class KVCache:
+    """Keys and values of past positions for incremental decoding, one pair per layer."""
+
+    def __init__(self, n_layer: int):
+        self.keys: list[torch.Tensor | None] = [None] * n_layer
+        self.values: list[torch.Tensor | None] = [None] * n_layer
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys[0] is None else self.keys[0].size(2)
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying (GPT-2, Press & Wolf 2017)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "residual_projection", False):
+                # GPT-2 paper: scale residual-path weights by 1/sqrt(N), N = 2 residual adds per layer,
+                # so the residual stream's variance does not grow with depth
+                std *= (2 * self.config.n_layer) ** -0.5
+            torch.nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count (tied wte/lm_head counted once); non_embedding drops the position table."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def hidden_states(self, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """Final-LayerNorm activations (B, T, C) for token ids idx (B, T)."""
+        B, T = idx.size()
+        start = 0 if kv_cache is None else kv_cache.length
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} exceeds block_size {self.config.block_size}")
+        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        for layer, block in enumerate(self.transformer.h):
+            x = block(x, kv_cache, layer)
+        return self.transformer.ln_f(x)
+
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (B, T, V) and, given targets (B, T), the mean cross-entropy over all B*T tokens."""
+        x = self.hidden_states(idx)
+        logits = self.lm_head(x)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            # bf16 logits are upcast: the softmax over 50K classes needs fp32 precision
+            loss = F.cross_entropy(upcast(logits).view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+    def configure_optimizers(
+        self, weight_decay: float, learning_rate: float, betas: tuple[float, float],
+        eps: float = 1e-8, device_type: str = "cpu",
+    ) -> torch.optim.AdamW:
+        """AdamW with weight decay on 2-D tensors (matmul weights, embeddings) only.
+
+        Biases and LayerNorm gains are not decayed (GPT-3 paper, appendix B). The fused CUDA
+        kernel updates all parameters in one launch.
+        """
+        params = [p for p in self.parameters() if p.requires_grad]
+        decay = [p for p in params if p.dim() >= 2]
+        no_decay = [p for p in params if p.dim() < 2]
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)
+
+    def estimate_flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token: 6N for the matmuls forward+backward, plus attention.
+
+        N counts the parameters excluding the position table (which is a lookup, not a
+        matmul); attention scores and the weighted sum add 12 * L * H * Q * T (PaLM paper,
+        appendix B) with H heads of size Q over a context of T.
+        """
+        cfg = self.config
+        N = self.num_params(non_embedding=True)
+        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, seq_len
+        return 6 * N + 12 * L * H * Q * T
+
+    @torch.no_grad()
+    def generate(
+        self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+        generator: torch.Generator | None = None, valid_vocab: int | None = None,
+    ) -> torch.Tensor:
+        """Extend idx (B, T) by max_new_tokens sampled tokens, with a KV cache.
+
+        temperature 0 picks the most likely token (greedy). valid_vocab masks the padding rows
+        of the embedding (ids >= 50257 are never real tokens). When the context fills the
+        position table, the cache is rebuilt from the newest half of the context.
+        """
+        cache = KVCache(self.config.n_layer)
+        context = idx
+        fresh = idx  # tokens not yet in the cache
+        for _ in range(max_new_tokens):
+            if cache.length + fresh.size(1) > self.config.block_size:
+                cache = KVCache(self.config.n_layer)
+                fresh = context[:, -(self.config.block_size // 2):]
+            logits = upcast(self.lm_head(self.hidden_states(fresh, cache)[:, -1, :]))  # (B, V)
+            if valid_vocab is not None:
+                logits[:, valid_vocab:] = float("-inf")
+            if temperature == 0:
+                next_id = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits[logits < kth] = float("-inf")
+                probs = F.softmax(logits, dim=-1)
+                next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+            context = torch.cat([context, next_id], dim=1)
+            fresh = next_id
+        return context

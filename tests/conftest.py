@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny token shards, a tiny model config, and a trainer launcher.
+
+Tests never touch the network: corpora are generated here. Multi-process runs go through
+`python -m torch.distributed.run` (torchrun) on the gloo backend, as a user would launch them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from data.shards import shard_name, write_shard  # noqa: E402
+
+# A model small enough that a training step takes milliseconds on a CPU core.
+TINY_MODEL = ["--model", "custom", "--n_layer", "2", "--n_head", "2", "--n_embd", "64",
+              "--block_size", "32", "--seq_len", "32", "--dropout", "0.0"]
+
+
+def make_shards(folder: Path, train_sizes=(3000, 2500, 4000), val_size=2000, seed=0, vocab=50257,
+                prefix="tiny") -> Path:
+    """Random token shards with some structure (a repeating motif) so losses fall when training."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    motif = rng.integers(0, vocab, size=97)
+    for index, size in enumerate([val_size, *train_sizes]):
+        tokens = np.where(rng.random(size) < 0.5, np.resize(motif, size), rng.integers(0, vocab, size=size))
+        split = "val" if index == 0 else "train"
+        write_shard(folder / shard_name(prefix, split, index), tokens.astype(np.uint16))
+    return folder
+
+
+@pytest.fixture
+def shards(tmp_path) -> Path:
+    return make_shards(tmp_path / "shards")
+
+
+def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
+    """Trainer arguments for a fast, deterministic CPU run on the tiny model."""
+    settings = dict(
+        data_dir=data_dir, out_dir=out_dir, total_batch_size=512, micro_batch_size=4, max_steps=6,
+        warmup_steps=2, max_lr=3e-3, min_lr=3e-4, eval_interval=3, val_tokens=256, hellaswag_interval=0,
+        sample_interval=0, checkpoint_interval=3, keep_last=10, device="cpu", compile="false", seed=1234,
+    )
+    settings.update(overrides)
+    args = list(TINY_MODEL)
+    for key, value in settings.items():
+        args += [f"--{key}", str(value)]
+    return args
+
+
+def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, timeout: float = 300,
+                script: str = "train_gpt2.py", extra_env: dict | None = None, torchrun_args=()) -> subprocess.CompletedProcess:
+    """Run the trainer as a user would: plain python, or torchrun with nproc processes."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", **(extra_env or {}))
+    if nproc is None:
+        cmd = [sys.executable, str(REPO / script), *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               *torchrun_args, str(REPO / script), *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def load_weights(out_dir: Path, step: int) -> dict[str, torch.Tensor]:
+    path = Path(out_dir) / "checkpoints" / f"step_{step:08d}.pt"
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def train_losses(out_dir: Path) -> dict[int, float]:
+    from training.run_logger import read_log
+
+    return {r["step"]: r["loss"] for r in read_log(Path(out_dir) / "log.jsonl") if r["kind"] == "train"}

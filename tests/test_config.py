@@ -1,0 +1,101 @@
+"""Config parsing and validation; every YAML file in configs/ is loaded and checked."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from training.config import ConfigError, TrainConfig, load_yaml, parse_args
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_validates(path):
+    cfg = parse_args(["--config", str(path)])
+    assert cfg.total_batch_size % (cfg.micro_batch_size * cfg.seq_len) == 0
+    assert cfg.grad_accum_steps(1) >= 1
+    with open(path) as f:
+        for key in yaml.safe_load(f):
+            assert key in {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def test_gpt2_124m_yaml_is_the_default_recipe():
+    from_yaml = parse_args(["--config", str(REPO / "configs" / "gpt2_124m.yaml")])
+    assert from_yaml == TrainConfig()
+    d = TrainConfig()
+    assert (d.vocab_size, d.block_size, d.total_batch_size, d.max_lr, d.min_lr, d.warmup_steps, d.max_steps) == (
+        50304, 1024, 524288, 6e-4, 6e-5, 715, 19073)
+    assert (d.weight_decay, d.beta1, d.beta2, d.adam_eps, d.grad_clip, d.eval_interval, d.checkpoint_interval) == (
+        0.1, 0.9, 0.95, 1e-8, 1.0, 250, 5000)
+    assert d.model_config().n_layer == 12 and d.model_config().n_embd == 768
+
+
+def test_command_line_overrides_yaml_and_both_syntaxes_work(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("max_lr: 1.0e-3\nmicro_batch_size: 8\ncompile: true\nwandb_tags: [a, b]\n")
+    cfg = parse_args(["--config", str(path), "--max_lr=2e-3", "--seed", "7", "--wandb_tags", "x,y"])
+    assert (cfg.max_lr, cfg.micro_batch_size, cfg.compile, cfg.seed, cfg.wandb_tags) == (2e-3, 8, True, 7, ["x", "y"])
+    assert parse_args(["--compile", "auto"]).compile is None
+    assert parse_args(["--max_lr", "1"]).max_lr == 1.0 and isinstance(parse_args(["--max_lr", "1"]).max_lr, float)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lerning_rate", "1"], "lerning_rate: unknown config key"),
+    (["--max_lr", "fast"], "max_lr: expected a number, got 'fast'"),
+    (["--micro_batch_size", "2.5"], "micro_batch_size: expected an integer"),
+    (["--compile", "maybe"], "compile: expected true/false"),
+    (["--model", "gpt5"], "model: unknown model 'gpt5'"),
+    (["--model", "custom", "--n_layer", "2"], "n_head: must be set when model is custom"),
+    (["--n_layer", "2"], "n_layer: only used with model=custom"),
+    (["--model", "custom", "--n_layer", "2", "--n_head", "3", "--n_embd", "64"], "n_embd: 64 is not divisible by n_head 3"),
+    (["--seq_len", "2048"], "seq_len: 2048 exceeds block_size 1024"),
+    (["--total_batch_size", "1000"], "total_batch_size: 1000 is not a multiple of seq_len 1024"),
+    (["--max_steps", "0"], "max_steps: must be positive"),
+    (["--min_lr", "1e-2"], "min_lr: 0.01 is above max_lr"),
+    (["--device", "tpu"], "device: unknown device 'tpu'"),
+    (["--dtype", "float16"], "dtype: unknown dtype"),
+    (["--resume", "/no/such/ckpt.pt"], "resume: no checkpoint file"),
+    (["--wandb_mode", "cloud"], "wandb_mode: unknown mode"),
+    (["--beta2", "1.0"], "beta2: must be in [0, 1)"),
+    (["--vocab_size", "1000"], "vocab_size: must hold GPT-2's 50257 tokens"),
+    (["max_lr", "1"], "max_lr: expected --key value"),
+    (["--seed"], "seed: missing value"),
+])
+def test_bad_values_name_the_key(argv, message):
+    with pytest.raises(ConfigError) as e:
+        parse_args(argv)
+    assert message in str(e.value)
+
+
+def test_yaml_types_are_checked(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("max_steps: true\n")
+    with pytest.raises(ConfigError, match="max_steps: expected an integer, got True"):
+        load_yaml(path)
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_yaml(path)
+    with pytest.raises(ConfigError, match="config: no such file"):
+        load_yaml(tmp_path / "missing.yaml")
+
+
+def test_grad_accum_must_divide_exactly():
+    cfg = TrainConfig(total_batch_size=524288, micro_batch_size=64, seq_len=1024)
+    assert cfg.grad_accum_steps(8) == 1 and cfg.grad_accum_steps(1) == 8
+    with pytest.raises(ConfigError, match="total_batch_size: 524288 is not divisible by micro_batch_size"):
+        cfg.grad_accum_steps(3)
+
+
+def test_trainer_reports_config_errors_on_one_line_with_exit_code_2():
+    proc = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), "--max_lr", "fast"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "error: max_lr: expected a number, got 'fast'"
+    assert "Traceback" not in proc.stderr
+    helped = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), "--help"], capture_output=True, text=True)
+    assert helped.returncode == 0 and "--total_batch_size" in helped.stdout

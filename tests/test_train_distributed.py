@@ -1,0 +1,78 @@
+"""End-to-end trainer runs: DDP equals one big batch, and resuming is exact (DESIGN.md 2, 3, 6)."""
+
+from __future__ import annotations
+
+import torch
+
+from conftest import base_args, load_weights, run_trainer, train_losses
+from training.run_logger import read_log
+
+
+def assert_weights_close(a: dict, b: dict, rtol: float = 1e-5) -> None:
+    """Each tensor within rtol in relative norm: ||a - b|| <= rtol * ||b||."""
+    assert a.keys() == b.keys()
+    for key in a:
+        diff, scale = torch.linalg.norm(a[key] - b[key]).item(), torch.linalg.norm(b[key]).item()
+        assert diff <= rtol * scale, f"{key}: ||diff|| {diff:.3g} > {rtol} * ||w|| {scale:.3g}"
+
+
+def test_ddp_two_ranks_equals_single_process_with_same_total_batch(shards, tmp_path):
+    # 2 ranks x 2 micro-steps of B=4 == 1 process x 4 micro-steps of B=4 == 1 process x 1 of B=16.
+    # In float64: the three runs add the same gradients in different orders, and in float32 that
+    # rounding alone moves some weights by more than 1e-5 (bias gradients are sums of many
+    # cancelling terms, and Adam normalises tiny gradients up to lr-sized steps). A bug in the
+    # accumulation or the averaging would still show as an O(1) difference.
+    exact = dict(dtype="float64")
+    run_trainer(base_args(shards, tmp_path / "ddp", **exact), nproc=2)
+    run_trainer(base_args(shards, tmp_path / "single", **exact))
+    run_trainer(base_args(shards, tmp_path / "big", micro_batch_size=16, **exact))
+    ddp, single, big = (train_losses(tmp_path / d) for d in ("ddp", "single", "big"))
+    assert sorted(ddp) == list(range(6))
+    for step in range(6):
+        assert abs(ddp[step] - single[step]) <= 1e-5 * abs(single[step])
+        assert abs(big[step] - single[step]) <= 1e-5 * abs(single[step])
+    assert ddp[5] < ddp[0]  # it learns
+    assert_weights_close(load_weights(tmp_path / "ddp", 6), load_weights(tmp_path / "single", 6))
+    assert_weights_close(load_weights(tmp_path / "big", 6), load_weights(tmp_path / "single", 6))
+    # val loss is the same figure for any world size
+    val = {d: [r["loss"] for r in read_log(tmp_path / d / "log.jsonl") if r["kind"] == "val"] for d in ("ddp", "single")}
+    assert len(val["ddp"]) == 3  # steps 0, 3, 6
+    for a, b in zip(val["ddp"], val["single"]):
+        assert abs(a - b) <= 1e-5 * b
+
+
+def test_resume_is_bitwise_exact_and_log_has_one_record_per_step(shards, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_trainer(base_args(shards, straight), nproc=2)
+    # stop after 3 steps (checkpoint step_3), then the same command with max_steps 6
+    run_trainer(base_args(shards, resumed, max_steps=3), nproc=2)
+    # pretend the first run got further before dying: records past the checkpoint must be dropped
+    with open(resumed / "log.jsonl", "a") as f:
+        f.write('{"kind": "train", "step": 3, "loss": 99.0}\n{"kind": "train", "step": 4, "lo')
+    proc = run_trainer(base_args(shards, resumed), nproc=2)
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
+    assert train_losses(straight) == train_losses(resumed)  # bitwise: float equality
+    records = read_log(resumed / "log.jsonl")
+    train_steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert train_steps == list(range(6))
+    assert [r["step"] for r in records if r["kind"] == "val"] == [0, 3, 6]
+    a, b = load_weights(straight, 6), load_weights(resumed, 6)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    state = torch.load(resumed / "checkpoints" / "step_00000006.pt", weights_only=True)
+    assert state["step"] == 6 and state["tokens_seen"] == 6 * 512
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
+
+
+def test_resume_on_another_world_size_matches_within_tolerance(shards, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    exact = dict(dtype="float64")  # see the DDP test above
+    run_trainer(base_args(shards, straight, **exact), nproc=2)
+    run_trainer(base_args(shards, resumed, max_steps=3, **exact), nproc=2)
+    # 2 ranks -> 1 process, and another micro-batch size: the same rows per step
+    run_trainer(base_args(shards, resumed, micro_batch_size=8, **exact))
+    a, b = train_losses(straight), train_losses(resumed)
+    assert sorted(b) == list(range(6))
+    for step in range(6):
+        assert abs(a[step] - b[step]) <= 1e-5 * a[step]
+    assert_weights_close(load_weights(straight, 6), load_weights(resumed, 6))

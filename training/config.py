@@ -1,0 +1,276 @@
+"""The training configuration: one typed dataclass, filled from YAML and command-line overrides.
+
+Precedence: dataclass defaults (the faithful GPT-2 124M recipe) < `--config FILE.yaml` <
+`--key value` / `--key=value`. Every value is checked against its field's type, and the whole
+configuration is validated in `__post_init__` before any work starts; a problem is a
+`ConfigError` whose message names the key. The trainer prints it on one line and exits 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import yaml
+
+from model import PRESETS, GPTConfig
+
+
+class ConfigError(ValueError):
+    """A bad configuration value or combination; the message names the key."""
+
+
+@dataclass
+class TrainConfig:
+    # data and run folder
+    data_dir: str = "data/edu_fineweb10B"
+    out_dir: str = "out/gpt2_124m"
+    # model: a preset name, or "custom" with n_layer/n_head/n_embd
+    model: str = "gpt2"
+    n_layer: int | None = None
+    n_head: int | None = None
+    n_embd: int | None = None
+    vocab_size: int = 50304
+    block_size: int = 1024
+    dropout: float = 0.0
+    init_from: str = "scratch"  # scratch, a GPT-2 preset name or folder (HF weights), or a checkpoint .pt
+    # batch geometry: total_batch_size tokens per optimizer step over all ranks
+    total_batch_size: int = 524288
+    micro_batch_size: int = 64
+    seq_len: int = 1024
+    # optimisation (GPT-3 paper's 125M recipe at GPT-2 124M scale)
+    max_steps: int = 19073  # 10B tokens / 524,288
+    warmup_steps: int = 715  # 375M tokens
+    max_lr: float = 6e-4
+    min_lr: float = 6e-5  # 10% of max_lr at the end of the cosine
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping (the norm is still measured)
+    # evaluation (0 disables the periodic one; val always runs after the last step)
+    eval_interval: int = 250
+    val_tokens: int = 10485760  # 20 x 524,288
+    hellaswag_interval: int = 250
+    hellaswag_path: str = ""  # a local HellaSwag val jsonl; empty: download once into the cache
+    hellaswag_limit: int = 0  # evaluate only the first N examples (0 = all 10,042)
+    sample_interval: int = 250
+    sample_prompt: str = "Hello, I'm a language model,"
+    sample_count: int = 4
+    sample_tokens: int = 32
+    # checkpoints (0: only at the end and on preemption)
+    checkpoint_interval: int = 5000
+    keep_last: int = 3
+    resume: str = "auto"  # auto | never | path to a checkpoint
+    # runtime
+    device: str = "auto"  # auto | cuda | mps | cpu
+    # auto: bfloat16 autocast on CUDA and bf16-capable CPUs, else float32. float64 weights and
+    # math (CPU) is for numerical checks, where float32 rounding would hide the comparison.
+    dtype: str = "auto"
+    compile: bool | None = None  # None: on for CUDA, off elsewhere
+    seed: int = 1337
+    log_interval: int = 1  # console line every N steps (log.jsonl gets every step)
+    peak_flops: float = 0.0  # bf16 FLOP/s of one device for MFU; 0: look the device up
+    preempt_exit_code: int = 0  # exit status after a SIGTERM/SIGUSR1 checkpoint
+    # Weights & Biases
+    wandb: bool = False
+    wandb_project: str = "gpt2-repro"
+    wandb_run_name: str = ""
+    wandb_mode: str = "online"  # online | offline | disabled
+    wandb_tags: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.validate()
+
+    # --- validation -------------------------------------------------------------------------
+    def validate(self) -> None:
+        def require(ok: bool, key: str, message: str) -> None:
+            if not ok:
+                raise ConfigError(f"{key}: {message}")
+
+        if self.model == "custom":
+            for key in ("n_layer", "n_head", "n_embd"):
+                require(getattr(self, key) is not None, key, "must be set when model is custom")
+        else:
+            require(self.model in PRESETS, "model",
+                    f"unknown model {self.model!r}; choose one of {', '.join(PRESETS)} or custom")
+            for key in ("n_layer", "n_head", "n_embd"):
+                require(getattr(self, key) is None, key, f"only used with model=custom (model is {self.model})")
+        for key in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "total_batch_size",
+                    "micro_batch_size", "seq_len", "max_steps", "val_tokens", "keep_last",
+                    "log_interval", "sample_count", "sample_tokens"):
+            value = getattr(self, key)
+            require(value is None or value > 0, key, f"must be positive, got {value}")
+        for key in ("warmup_steps", "eval_interval", "hellaswag_interval", "sample_interval",
+                    "checkpoint_interval", "hellaswag_limit"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        for key in ("max_lr", "weight_decay", "grad_clip", "dropout", "peak_flops", "min_lr"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        require(self.min_lr <= self.max_lr, "min_lr", f"{self.min_lr} is above max_lr {self.max_lr}")
+        require(self.dropout < 1, "dropout", f"must be below 1, got {self.dropout}")
+        for key in ("beta1", "beta2"):
+            require(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
+        require(self.adam_eps > 0, "adam_eps", f"must be positive, got {self.adam_eps}")
+        if self.model == "custom":
+            require(self.n_embd % self.n_head == 0, "n_embd", f"{self.n_embd} is not divisible by n_head {self.n_head}")
+        require(self.vocab_size >= 50257, "vocab_size", f"must hold GPT-2's 50257 tokens, got {self.vocab_size}")
+        require(self.seq_len <= self.block_size, "seq_len",
+                f"{self.seq_len} exceeds block_size {self.block_size}")
+        require(self.total_batch_size % self.seq_len == 0, "total_batch_size",
+                f"{self.total_batch_size} is not a multiple of seq_len {self.seq_len}")
+        require(self.device in ("auto", "cuda", "mps", "cpu") or self.device.startswith("cuda:"), "device",
+                f"unknown device {self.device!r}; choose auto, cuda, mps or cpu")
+        require(self.dtype in ("auto", "bfloat16", "float32", "float64"), "dtype",
+                f"unknown dtype {self.dtype!r}; choose auto, bfloat16, float32 or float64")
+        require(self.wandb_mode in ("online", "offline", "disabled"), "wandb_mode",
+                f"unknown mode {self.wandb_mode!r}; choose online, offline or disabled")
+        require(self.resume in ("auto", "never") or Path(self.resume).is_file(), "resume",
+                f"no checkpoint file at {self.resume!r} (use auto, never or a path to a .pt file)")
+        require(self.init_from == "scratch" or self.init_from in PRESETS or Path(self.init_from).exists(),
+                "init_from", f"{self.init_from!r} is not scratch, a GPT-2 preset name or an existing path")
+        require(not self.hellaswag_path or Path(self.hellaswag_path).is_file(), "hellaswag_path",
+                f"no file at {self.hellaswag_path!r}")
+
+    # --- derived values -----------------------------------------------------------------------
+    def model_config(self) -> GPTConfig:
+        shape = PRESETS.get(self.model) or dict(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd)
+        return GPTConfig(block_size=self.block_size, vocab_size=self.vocab_size, dropout=self.dropout, **shape)
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """total_batch_size / (micro_batch_size * seq_len * world_size), which must be whole."""
+        tokens_per_micro_step = self.micro_batch_size * self.seq_len * world_size
+        if self.total_batch_size % tokens_per_micro_step:
+            raise ConfigError(
+                f"total_batch_size: {self.total_batch_size} is not divisible by micro_batch_size * seq_len * "
+                f"world_size = {self.micro_batch_size} * {self.seq_len} * {world_size} = {tokens_per_micro_step}"
+            )
+        return self.total_batch_size // tokens_per_micro_step
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --- parsing --------------------------------------------------------------------------------------
+
+_FIELDS = {f.name: f for f in fields(TrainConfig)}
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+_HINTS = typing.get_type_hints(TrainConfig)
+
+
+def _base_types(key: str) -> tuple[type, ...]:
+    """The concrete types a field accepts: `int | None` -> (int, NoneType)."""
+    hint = _HINTS[key]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return tuple(typing.get_origin(a) or a for a in typing.get_args(hint))
+    return (origin or hint,)
+
+
+def coerce(key: str, value, from_text: bool):
+    """Check (YAML) or convert (command-line text) one value to its field's type."""
+    if key not in _FIELDS:
+        close = [k for k in _FIELDS if k.startswith(key[:4])]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(f"{key}: unknown config key{hint}")
+    accepted = _base_types(key)
+    if from_text and isinstance(value, str):
+        text = value.strip()
+        if type(None) in accepted and text.lower() in ("none", "null", "auto"):
+            return None
+        if bool in accepted:
+            if text.lower() in _TRUE | _FALSE:
+                return text.lower() in _TRUE
+        elif int in accepted:
+            try:
+                return int(text.replace("_", ""))
+            except ValueError:
+                pass
+        elif float in accepted:
+            try:
+                return float(text)
+            except ValueError:
+                pass
+        elif list in accepted:
+            return [t for t in text.split(",") if t]
+        elif str in accepted:
+            return text
+        raise ConfigError(f"{key}: expected {_type_name(accepted)}, got {text!r}")
+    # a YAML value: already typed; ints are fine for floats, but bools are not ints
+    if value is None and type(None) in accepted:
+        return None
+    if isinstance(value, bool):
+        if bool in accepted:
+            return value
+    elif isinstance(value, int) and (int in accepted or float in accepted):
+        return float(value) if int not in accepted else value
+    elif isinstance(value, float) and float in accepted:
+        return value
+    elif isinstance(value, str) and str in accepted:
+        return value
+    elif isinstance(value, list) and list in accepted and all(isinstance(v, str) for v in value):
+        return value
+    raise ConfigError(f"{key}: expected {_type_name(accepted)}, got {value!r}")
+
+
+def _type_name(accepted: tuple[type, ...]) -> str:
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+             list: "a list of strings", type(None): "null"}
+    return " or ".join(names[t] for t in accepted)
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config: no such file {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config: {path} is not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path} must hold a mapping of keys to values")
+    return {k: coerce(k, v, from_text=False) for k, v in data.items()}
+
+
+def usage() -> str:
+    lines = ["usage: train_gpt2.py [--config configs/NAME.yaml] [--key value | --key=value ...]", "", "keys:"]
+    for f in fields(TrainConfig):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        lines.append(f"  --{f.name:<22} {_type_name(_base_types(f.name)):<22} default {default!r}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> TrainConfig:
+    """`[--config FILE] [--key value | --key=value ...]` -> a validated TrainConfig."""
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--") or arg == "--":
+            raise ConfigError(f"{arg}: expected --key value or --key=value")
+        if "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{arg[2:]}: missing value")
+            key, value = arg[2:], argv[i + 1]
+            i += 2
+        pairs.append((key.replace("-", "_"), value))
+    values: dict = {}
+    for key, value in pairs:
+        if key == "config":
+            values.update(load_yaml(value))
+    for key, value in pairs:
+        if key != "config":
+            values[key] = coerce(key, value, from_text=True)
+    return TrainConfig(**values)
+
+
+def save_yaml(config: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

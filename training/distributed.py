@@ -1,0 +1,137 @@
+"""Process-group setup from torchrun's environment, device choice, and collective helpers.
+
+A plain `python train_gpt2.py` runs as one process with no process group; under torchrun
+(RANK / LOCAL_RANK / WORLD_SIZE set) we join the group: NCCL on CUDA, gloo on CPU, so the
+same code runs in CI's multi-process tests. Every helper here is a collective that *every*
+rank must call; none of them may sit behind an `if master_process`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from training.config import ConfigError
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    ddp: bool
+
+    @property
+    def master_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device: {requested} requested but CUDA is not available")
+        return torch.device("cuda", local_rank) if requested == "cuda" else torch.device(requested)
+    if requested == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device: mps requested but MPS is not available")
+    return torch.device(requested)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on x86 CPUs with AVX512-BF16 or AMX (Linux), where bf16 matmuls beat fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_dtype(requested: str, device: torch.device) -> str:
+    """`auto`: bfloat16 autocast on CUDA and on CPUs with native bf16, float32 elsewhere."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "bfloat16"
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return "bfloat16"
+    return "float32"
+
+
+def setup_distributed(requested_device: str, timeout_minutes: float = 30.0) -> DistEnv:
+    """Join torchrun's process group if launched by it; otherwise a single process."""
+    ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    device = pick_device(requested_device, local_rank)
+    if ddp:
+        if device.type == "mps":
+            raise ConfigError("device: mps does not support multi-process training; run one process")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes),
+            device_id=device if device.type == "cuda" else None,
+        )
+    elif device.type == "cuda":
+        torch.cuda.set_device(device)
+    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, ddp=ddp)
+
+
+def teardown_distributed() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Sum a tensor over ranks in place (no-op on one process). Collective."""
+    if env.ddp:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier(env: DistEnv) -> None:
+    """Wait for every rank. Collective."""
+    if env.ddp:
+        if env.device_type == "cuda":
+            dist.barrier(device_ids=[env.device.index])
+        else:
+            dist.barrier()
+
+
+def broadcast_object(obj, env: DistEnv, src: int = 0):
+    """Rank src's picklable object, on every rank. Collective."""
+    if not env.ddp:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, device=env.device if env.device_type == "cuda" else None)
+    return box[0]
+
+
+def first_error(message: str | None, env: DistEnv) -> str | None:
+    """Gather each rank's error (or None) and return the first one, on every rank. Collective.
+
+    Lets all ranks fail with the same one-line message when only one of them saw the problem,
+    instead of the others hanging in their next collective.
+    """
+    if not env.ddp:
+        return message
+    gathered: list[str | None] = [None] * env.world_size
+    dist.all_gather_object(gathered, message)
+    return next((m for m in gathered if m), None)

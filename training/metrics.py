@@ -1,0 +1,54 @@
+"""Throughput metrics: the bf16 peak of the detected GPU and model FLOPs utilisation (MFU)."""
+
+from __future__ import annotations
+
+import torch
+
+# Dense bf16 tensor-core peak per device, FLOP/s, from the vendors' data sheets (no sparsity).
+# Matched in order against torch.cuda.get_device_name(), so the more specific names come first.
+PEAK_BF16_FLOPS = [
+    ("GH200", 989.4e12),
+    ("H200", 989.4e12),
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989.4e12),  # SXM5, e.g. "NVIDIA H100 80GB HBM3"
+    ("H800", 989.4e12),
+    ("B200", 2250e12),
+    ("B100", 1750e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),  # AWS's A10G runs at lower clocks than the A10
+    ("A10", 125e12),
+    ("RTX 6000 Ada", 364.2e12),
+    ("RTX A6000", 154.8e12),
+    ("RTX 4090", 165.2e12),
+    ("RTX 3090", 71e12),
+]
+
+
+def peak_flops_for(device_name: str) -> float | None:
+    """Table lookup by device name; None when the device is not listed."""
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in device_name:
+            return flops
+    return None
+
+
+def detect_peak_flops(device: torch.device, override: float = 0.0) -> float | None:
+    """bf16 peak of one device: the override if given, else the table (CUDA only), else None."""
+    if override > 0:
+        return override
+    if device.type != "cuda":
+        return None  # MFU is not meaningful against a CPU/MPS peak we cannot look up
+    return peak_flops_for(torch.cuda.get_device_name(device))
+
+
+def model_flops_utilization(flops_per_token: float, tokens_per_sec: float, world_size: int,
+                            peak_flops: float | None) -> float | None:
+    """Achieved model FLOP/s over all ranks divided by their combined peak."""
+    if not peak_flops:
+        return None
+    return flops_per_token * tokens_per_sec / (peak_flops * world_size)

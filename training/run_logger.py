@@ -1,0 +1,110 @@
+"""Rank 0's record of a run: a console line, `log.jsonl`, and optionally Weights & Biases.
+
+Every other rank holds a disabled logger, so call sites need no `if master_process`. Nothing
+here is a collective.
+
+log.jsonl has one JSON object per event (`kind` = train, val, hellaswag, sample, ...). When a
+run resumes from the checkpoint of step s, the records of step >= s are dropped first: they
+describe work after that checkpoint which will now be redone, so the log ends up with
+exactly one record of each kind per step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+LOG_NAME = "log.jsonl"
+
+
+def read_log(path: str | Path) -> list[dict]:
+    """All records of a log.jsonl (a torn last line, from a crash mid-write, is skipped)."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return records
+
+
+def truncate_log(path: str | Path, step: int) -> None:
+    """Keep only the records before `step`, rewriting the file atomically."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = [r for r in read_log(path) if r.get("step", -1) < step]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        for r in kept:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
+def _finite_or_none(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class RunLogger:
+    def __init__(self, out_dir: str | Path, enabled: bool, resume_step: int = 0):
+        self.enabled = enabled
+        self.wandb_run = None
+        self._jsonl = None
+        if enabled:
+            log_path = Path(out_dir) / LOG_NAME
+            truncate_log(log_path, resume_step)
+            self._jsonl = open(log_path, "a", buffering=1)  # line-buffered: one record per line
+
+    # --- W&B ----------------------------------------------------------------------------------
+    def start_wandb(self, project: str, run_name: str, mode: str, config: dict, tags: list[str],
+                    run_id: str | None, out_dir: str | Path) -> None:
+        """Start (or resume, given run_id) the W&B run. The API key comes from the environment only."""
+        if not self.enabled:
+            return
+        import wandb  # imported lazily: training never needs wandb when wandb=false
+
+        self.wandb_run = wandb.init(
+            project=project, name=run_name or None, config=config, tags=tags or None,
+            id=run_id or wandb.util.generate_id(), resume="allow", mode=mode, dir=str(out_dir),
+        )
+        self.wandb_run.define_metric("*", step_metric="step")
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    # --- records --------------------------------------------------------------------------------
+    def log(self, record: dict) -> None:
+        """Append one event to log.jsonl and send its numbers to W&B under `kind/name`."""
+        if not self.enabled:
+            return
+        record = {k: _finite_or_none(v) for k, v in record.items()}
+        self._jsonl.write(json.dumps(record) + "\n")
+        if self.wandb_run is not None:
+            kind, step = record["kind"], record["step"]
+            metrics = {f"{kind}/{k}": v for k, v in record.items() if k not in ("kind", "step") and v is not None}
+            if kind == "sample":
+                import wandb
+
+                metrics = {"sample/text": wandb.Html("<pre>" + record["text"] + "</pre>")}
+            self.wandb_run.log({"step": step, **metrics})
+
+    def console(self, text: str) -> None:
+        if self.enabled:
+            print(text, flush=True)
+
+    def warn(self, text: str) -> None:
+        if self.enabled:
+            print(f"warning: {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
