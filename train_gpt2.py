@@ -28,7 +28,7 @@ from training.checkpoint import (CheckpointError, CheckpointWriteError, check_co
                                  checkpoint_path, find_resume_checkpoint, load_checkpoint,
                                  prune_checkpoints, save_checkpoint)
 from training.config import ConfigError, TrainConfig, parse_args, save_yaml, usage
-from training.distributed import (DistEnv, all_reduce_sum, broadcast_object, first_error, resolve_dtype,
+from training.distributed import (DistEnv, all_reduce_sum, barrier, broadcast_object, first_error, resolve_dtype,
                                   setup_distributed, teardown_distributed)
 from training.evaluation import evaluate_val_loss, generate_samples
 from training.metrics import detect_peak_flops, model_flops_utilization
@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
     logger = None
     try:
         logger = train(cfg, env, preemption)
+        barrier(env)  # leave together: a gloo rank torn down while its peer still talks can abort
         return cfg.preempt_exit_code if preemption.requested else 0
     finally:
         preemption.restore()

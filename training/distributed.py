@@ -9,6 +9,7 @@ rank must call; none of them may sit behind an `if master_process`.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from dataclasses import dataclass
 
@@ -96,6 +97,9 @@ def setup_distributed(requested_device: str, timeout_minutes: float = 30.0) -> D
 
 def teardown_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
+        # Free the DDP reducer (it sits in reference cycles) while the group still exists: a
+        # gloo reducer destroyed later, at interpreter exit, can abort the process.
+        gc.collect()
         dist.destroy_process_group()
 
 
