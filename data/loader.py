@@ -15,6 +15,8 @@ slice [j*T, (j+B)*T] and read as one copy.
 from __future__ import annotations
 
 import bisect
+import queue
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +138,56 @@ class TrainLoader:
         epoch, first = self.first_row(step, micro_step)
         x, y = self.epoch_stream(epoch).read(first, self.B)
         return torch.from_numpy(x), torch.from_numpy(y)
+
+
+class Prefetcher:
+    """Reads the coming micro-batches of a TrainLoader on a background thread.
+
+    The training loop asks for (step, micro_step) in order; the thread stays up to `depth`
+    micro-batches ahead, so reading the memory-mapped shards (and pinning the result, for an
+    asynchronous copy to the GPU) never sits on the loop's critical path. What `get` returns
+    is exactly `loader.micro_batch(step, micro_step)`, moved to `device`.
+    """
+
+    def __init__(self, loader: TrainLoader, start_step: int, end_step: int, device: torch.device, depth: int = 4):
+        self.loader = loader
+        self.device = device
+        self.pin = device.type == "cuda"
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        keys = ((s, k) for s in range(start_step, end_step) for k in range(loader.grad_accum_steps))
+        self._thread = threading.Thread(target=self._produce, args=(keys,), name="prefetch", daemon=True)
+        self._thread.start()
+
+    def _produce(self, keys) -> None:
+        try:
+            for key in keys:
+                x, y = self.loader.micro_batch(*key)
+                if self.pin:
+                    x, y = x.pin_memory(), y.pin_memory()
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put((key, x, y, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+        except Exception as e:  # surfaced to the training loop by get()
+            self._queue.put((None, None, None, e))
+
+    def get(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (B, T) inputs and targets of this micro-step, on the device (copy not awaited)."""
+        key, x, y, error = self._queue.get()
+        if error is not None:
+            raise error
+        if key != (step, micro_step):
+            raise RuntimeError(f"prefetcher out of order: asked for {(step, micro_step)}, had {key}")
+        return x.to(self.device, non_blocking=self.pin), y.to(self.device, non_blocking=self.pin)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 class ValLoader:

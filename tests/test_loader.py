@@ -140,3 +140,23 @@ def test_missing_data_dir_and_missing_split_are_clear_errors(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=r"no val shards \(\*_val_\*.npy\)"):
         find_shards(tmp_path / "empty", "val")
+
+
+def test_prefetcher_yields_exactly_the_loader_batches_in_order(tmp_path):
+    import torch
+
+    from data.loader import Prefetcher
+
+    data = make_shards(tmp_path, train_sizes=(1000, 777, 1500))
+    loader = TrainLoader(data, T, 2, T * 8, rank=1, world_size=2)
+    prefetch = Prefetcher(loader, start_step=3, end_step=7, device=torch.device("cpu"), depth=2)
+    try:
+        for step in range(3, 7):
+            for k in range(loader.grad_accum_steps):
+                x, y = prefetch.get(step, k)
+                ex, ey = loader.micro_batch(step, k)
+                assert torch.equal(x, ex) and torch.equal(y, ey)
+        with pytest.raises(RuntimeError, match="out of order"):
+            Prefetcher(loader, 0, 2, torch.device("cpu")).get(1, 0)
+    finally:
+        prefetch.close()

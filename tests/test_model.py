@@ -96,3 +96,24 @@ def test_weight_decay_applies_to_2d_parameters_only():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
     assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.num_params()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_chunked_loss_matches_plain_cross_entropy(dtype):
+    model = tiny()
+    idx, targets = torch.randint(0, 50257, (3, 32)), torch.randint(0, 50257, (3, 32))
+    results = []
+    for chunk in (0, 40, 1000):  # 0 = plain path; 40 does not divide 96 tokens
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
+            logits, loss = model(idx, targets, loss_chunk_size=chunk)
+        assert (logits is None) == (chunk > 0)
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    plain_loss, plain_grads = results[0]
+    for loss, grads in results[1:]:
+        assert abs(loss - plain_loss) <= tol * plain_loss
+        for name, g in grads.items():
+            ref = plain_grads[name]
+            assert torch.linalg.norm(g - ref) <= tol * torch.linalg.norm(ref) + 1e-12, name
