@@ -1,12 +1,21 @@
-"""Initial weights for a fresh run: random (scratch) or the weights of one of our checkpoints."""
+"""Initial weights for a fresh run: random (scratch), one of our checkpoints, or Hugging Face GPT-2.
+
+`init_from` is `scratch`, a checkpoint `.pt` file, a GPT-2 preset name (`gpt2`, `gpt2-medium`,
+`gpt2-large`, `gpt2-xl`: OpenAI's weights from the Hugging Face Hub) or a Hugging Face folder
+(a directory with config.json). The trainer builds the model from its own config first; the
+weights must fit its shape (n_layer, n_head, n_embd). HF weights have 50,257 vocabulary rows;
+the run's padding rows (50,304 by default) start at the mean embedding row, see
+training/hf_interop.fit_to_model for why not zeros.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from model import GPT
+from model import GPT, PRESETS
 from training.checkpoint import check_compatible, load_checkpoint
 from training.config import ConfigError
+from training.hf_interop import HFInteropError, load_hf_into
 
 
 def load_initial_weights(model: GPT, init_from: str) -> None:
@@ -19,4 +28,10 @@ def load_initial_weights(model: GPT, init_from: str) -> None:
         check_compatible(state, model.config.to_dict(), path)
         model.load_state_dict(state["model"])
         return
-    raise ConfigError(f"init_from: {init_from!r} is not scratch or a checkpoint file")
+    if init_from in PRESETS or path.is_dir():
+        try:
+            load_hf_into(model, init_from)
+        except HFInteropError as e:
+            raise ConfigError(f"init_from: {e}") from None
+        return
+    raise ConfigError(f"init_from: {init_from!r} is not scratch, a checkpoint file, a GPT-2 preset or a HF folder")

@@ -1,0 +1,40 @@
+"""Export a checkpoint as a Hugging Face GPT-2 folder (weights, config, tokenizer, model card).
+
+    python export_hf.py out/gpt2_124m hf/gpt2-124m            # a run folder: its newest checkpoint
+    python export_hf.py out/demo/checkpoints/step_00000200.pt hf/demo
+
+The folder loads offline with `GPT2LMHeadModel.from_pretrained` / `AutoTokenizer.from_pretrained`
+and evaluates with lm-evaluation-harness:
+
+    lm_eval --model hf --model_args pretrained=hf/gpt2-124m --tasks hellaswag --device cuda:0 --batch_size 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from training.checkpoint import CheckpointError
+from training.hf_interop import HFInteropError, export_hf
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("ckpt", help="checkpoint .pt file, or a run folder (its newest readable checkpoint)")
+    parser.add_argument("out_dir", help="folder to write the Hugging Face files into")
+    parser.add_argument("--license", default="mit", help="license named in the model card (default mit)")
+    args = parser.parse_args(argv)
+    try:
+        out = export_hf(args.ckpt, args.out_dir, license=args.license)
+    except (CheckpointError, HFInteropError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the output folder cannot be written
+        print(f"error: {args.out_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"exported {args.ckpt} to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
