@@ -1,0 +1,412 @@
+"""HellaSwag validation accuracy, scored by completion likelihood (the usual way for small LMs).
+
+Each example is a context and four candidate endings, one of them right. The model reads
+context + ending, and an ending's score is the cross-entropy of its own tokens given everything
+before them. `acc_norm` picks the ending with the lowest *mean* loss per token; `acc` the lowest
+*summed* loss, which favours short endings. (lm-evaluation-harness normalises by characters
+rather than tokens and cleans the text first, so its figures differ slightly.)
+
+Data: the official val split (10,042 examples), downloaded once into a cache folder
+(`$GPT2_REPRO_CACHE/hellaswag/`, default `~/.cache/gpt2-repro/hellaswag/`) or read from a local
+file. In a multi-process run, local rank 0 of each node downloads while the node's other ranks
+wait; all ranks then agree on the outcome, so a failed download skips the eval on every rank
+with one warning instead of crashing or hanging one of them.
+
+Shapes in comments: E = examples in a batch, R = 4 * E rows, L = padded row length,
+N = ending tokens in the batch, M = longest ending in the batch, C = n_embd, V = vocab_size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from data.tokenizer import EOT_TOKEN
+from model import upcast
+from training.distributed import DistEnv, all_reduce_sum, barrier, first_error
+
+VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
+VAL_FILENAME = "hellaswag_val.jsonl"
+VAL_EXAMPLES = 10_042  # in the official val split
+CACHE_ENV_VAR = "GPT2_REPRO_CACHE"  # replaces ~/.cache/gpt2-repro as the project's cache root
+DOWNLOAD_TIMEOUT_S = 60.0  # per blocking socket operation, so a dead connection cannot stall a run
+NUM_ENDINGS = 4
+# Rows are padded to a multiple of this many tokens so the same few shapes recur across batches
+# and evals (the CUDA caching allocator and cuDNN/cuBLAS heuristics reuse them).
+PAD_MULTIPLE = 32
+
+
+class HellaSwagDataError(ValueError):
+    """A HellaSwag file that cannot be used; the message names the file (and the line)."""
+
+
+@dataclass(frozen=True)
+class Example:
+    ctx: str
+    endings: tuple[str, ...]  # NUM_ENDINGS strings
+    label: int  # index of the right ending
+
+
+@dataclass(frozen=True)
+class EncodedExample:
+    index: int  # position in the file (among its non-blank lines)
+    label: int
+    ctx_ids: list[int]
+    endings_ids: tuple[list[int], ...]
+
+
+@dataclass(frozen=True)
+class ExampleScore:
+    """One example's losses, per ending."""
+
+    index: int
+    label: int
+    sum_losses: tuple[float, ...]
+    mean_losses: tuple[float, ...]
+
+    @property
+    def pred_norm(self) -> int:
+        """The ending with the lowest mean loss per token (first one on a tie, like argmin)."""
+        return min(range(len(self.mean_losses)), key=self.mean_losses.__getitem__)
+
+    @property
+    def pred(self) -> int:
+        """The ending with the lowest summed loss."""
+        return min(range(len(self.sum_losses)), key=self.sum_losses.__getitem__)
+
+
+# --- files: cache location, download, validation -------------------------------------------------
+
+def default_cache_dir() -> Path:
+    """`$GPT2_REPRO_CACHE/hellaswag`, or `~/.cache/gpt2-repro/hellaswag` when the variable is unset."""
+    root = os.environ.get(CACHE_ENV_VAR) or Path.home() / ".cache" / "gpt2-repro"
+    return Path(root) / "hellaswag"
+
+
+def parse_example(line: str, where: str) -> Example:
+    """One jsonl record; only `ctx`, `endings` and `label` are used (and checked)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise HellaSwagDataError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(record, dict):
+        raise HellaSwagDataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    ctx, endings, label = record.get("ctx"), record.get("endings"), record.get("label")
+    if not isinstance(ctx, str):
+        raise HellaSwagDataError(f"{where}: 'ctx' must be a string, got {ctx!r:.60}")
+    if not (isinstance(endings, list) and len(endings) == NUM_ENDINGS and all(isinstance(e, str) for e in endings)):
+        raise HellaSwagDataError(f"{where}: 'endings' must be a list of {NUM_ENDINGS} strings, got {endings!r:.80}")
+    if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < NUM_ENDINGS:
+        raise HellaSwagDataError(f"{where}: 'label' must be an integer in 0..{NUM_ENDINGS - 1}, got {label!r:.40}")
+    return Example(ctx=ctx, endings=tuple(endings), label=label)
+
+
+def parse_lines(lines: Iterable[str], name: str, limit: int = 0) -> list[Example]:
+    """Examples of a jsonl stream (blank lines skipped); the first `limit` only when limit > 0."""
+    examples = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        examples.append(parse_example(line, f"{name}: line {lineno}"))
+        if limit and len(examples) == limit:
+            break
+    if not examples:
+        raise HellaSwagDataError(f"{name}: no examples")
+    return examples
+
+
+def read_examples(path: str | Path, limit: int = 0, name: str | None = None) -> list[Example]:
+    """Validated examples of a HellaSwag jsonl file; errors name the file (or `name`) and line."""
+    name = name or str(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_lines(f, name, limit)
+    except UnicodeDecodeError:
+        raise HellaSwagDataError(f"{name}: not UTF-8 text") from None
+
+
+def download_val(dest: str | Path, url: str = VAL_URL, timeout: float = DOWNLOAD_TIMEOUT_S) -> int:
+    """Download the val jsonl to `dest` and return its number of examples.
+
+    The bytes go to a temp file beside `dest`, are validated, and only then renamed onto it: an
+    interrupted or garbled download (a proxy's HTML page, say) never leaves a file that a later
+    run would trust, and two nodes filling a shared cache at once each rename a whole file.
+    """
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            shutil.copyfileobj(response, out, length=1 << 20)
+        count = len(read_examples(tmp, name=f"{url} (downloaded)"))
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a cache may be shared
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return count
+
+
+def fetch_val(cache_dir: str | Path | None = None, url: str = VAL_URL,
+              timeout: float = DOWNLOAD_TIMEOUT_S) -> Path:
+    """Path of the cached val jsonl, downloaded first if it is not there yet (no network otherwise)."""
+    path = Path(cache_dir or default_cache_dir()) / VAL_FILENAME
+    if not path.is_file():
+        download_val(path, url, timeout)
+    return path
+
+
+# --- rendering and batching ----------------------------------------------------------------------
+
+def encode_example(index: int, example: Example, tokenizer) -> EncodedExample:
+    """Context tokens, and each ending's tokens with the space that joins it to the context.
+
+    Ordinary-text encoding: a literal "<|endoftext|>" in the text is not a control token.
+    """
+    return EncodedExample(
+        index=index, label=example.label, ctx_ids=tokenizer.encode_ordinary(example.ctx),
+        endings_ids=tuple(tokenizer.encode_ordinary(" " + ending) for ending in example.endings),
+    )
+
+
+def render_rows(ctx_ids: Sequence[int], endings_ids: Sequence[Sequence[int]],
+                block_size: int) -> list[tuple[list[int], int]]:
+    """Token rows context + ending for one example, each with its ending's length.
+
+    The model reads row[:-1] and predicts row[1:], so a row may hold block_size + 1 tokens.
+    Longer rows lose tokens from the left of the context: the ending is what gets scored, so it
+    stays whole, and the context's latest tokens matter most for predicting it. An empty context
+    becomes <|endoftext|>, so the first ending token has something to follow. (An ending longer
+    than block_size on its own, which HellaSwag never has at GPT-2 sizes, keeps its first
+    block_size tokens after the context's last token.)
+    """
+    context = list(ctx_ids) or [EOT_TOKEN]
+    rows = []
+    for ending in endings_ids:
+        ending = list(ending[:block_size])
+        keep = block_size + 1 - len(ending)  # >= 1
+        rows.append((context[-keep:] + ending, len(ending)))
+    return rows
+
+
+@dataclass
+class Batch:
+    """Several examples' rows, right-padded, with where their ending tokens sit."""
+
+    inputs: torch.Tensor  # (R, L) token ids the model reads
+    positions: torch.Tensor  # (N,) indices into the flattened (R*L) grid: positions predicting an ending token
+    targets: torch.Tensor  # (N,) the ending token predicted at each such position
+    slots: torch.Tensor  # (N,) where each token's loss goes in an (R*M) grid, row-major
+    ending_lengths: torch.Tensor  # (R,)
+    max_ending: int  # M
+    labels: torch.Tensor  # (E,)
+    indices: list[int]  # (E,) example indices
+
+    def to(self, device: torch.device) -> Batch:
+        move = dict(inputs=self.inputs, positions=self.positions, targets=self.targets, slots=self.slots,
+                    ending_lengths=self.ending_lengths, labels=self.labels)
+        return Batch(**{k: v.to(device) for k, v in move.items()}, max_ending=self.max_ending, indices=self.indices)
+
+
+def collate(examples: Sequence[EncodedExample], block_size: int, pad_multiple: int = PAD_MULTIPLE) -> Batch:
+    """One batch of NUM_ENDINGS rows per example, padded to a multiple of pad_multiple tokens.
+
+    Right padding is harmless: attention is causal, so real tokens never see the padding after
+    them, and padded positions are never scored.
+    """
+    rendered = [row for ex in examples for row in render_rows(ex.ctx_ids, ex.endings_ids, block_size)]
+    longest = max(len(tokens) - 1 for tokens, _ in rendered)
+    L = min(-(-longest // pad_multiple) * pad_multiple, block_size)
+    M = max(n_end for _, n_end in rendered)
+    padded, positions, targets, slots = [], [], [], []
+    for r, (tokens, n_end) in enumerate(rendered):
+        n_in = len(tokens) - 1
+        padded.append(tokens[:-1] + [EOT_TOKEN] * (L - n_in))
+        first = n_in - n_end  # input position whose next token is the ending's first
+        positions += range(r * L + first, r * L + n_in)
+        targets += tokens[-n_end:]
+        slots += range(r * M, r * M + n_end)
+    return Batch(
+        inputs=torch.tensor(padded), positions=torch.tensor(positions), targets=torch.tensor(targets),
+        slots=torch.tensor(slots), ending_lengths=torch.tensor([n for _, n in rendered]), max_ending=M,
+        labels=torch.tensor([ex.label for ex in examples]), indices=[ex.index for ex in examples],
+    )
+
+
+def make_batches(share: Sequence[EncodedExample], block_size: int, batch_examples: int) -> list[Batch]:
+    """Batches of `batch_examples` examples, longest first.
+
+    Sorting by length keeps padding low; longest first means a batch too big for the device
+    fails at the start of the first eval, not minutes into training.
+    """
+    def longest_row(ex: EncodedExample) -> int:  # what render_rows would give, without building rows
+        return min(max(len(ex.ctx_ids), 1) + max(map(len, ex.endings_ids)), block_size + 1)
+
+    ordered = sorted(share, key=longest_row, reverse=True)
+    return [collate(ordered[i:i + batch_examples], block_size) for i in range(0, len(ordered), batch_examples)]
+
+
+@torch.no_grad()
+def ending_losses(model: torch.nn.Module, batch: Batch, device: torch.device,
+                  autocast: contextlib.AbstractContextManager) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed and mean cross-entropy of every ending in the batch, both (E, NUM_ENDINGS).
+
+    Only the N positions that predict an ending token go through lm_head, instead of all R*L:
+    full logits would be R*L*V floats (about 1.6 GB for 64 rows of 128 tokens).
+    """
+    R, L = batch.inputs.shape
+    inputs = batch.inputs.to(device, non_blocking=True)
+    with autocast:
+        hidden = model.hidden_states(inputs)  # (R, L, C)
+        hidden = hidden.flatten(0, 1)[batch.positions.to(device)]  # (N, C)
+        logits = model.lm_head(hidden)  # (N, V)
+    # the softmax over 50K classes needs fp32 even when autocast computed bf16 logits
+    token_losses = F.cross_entropy(upcast(logits), batch.targets.to(device), reduction="none")  # (N,)
+    # scatter into a zero-padded (R, M) grid and sum its rows: deterministic, unlike index_add_ on CUDA
+    grid = token_losses.new_zeros(R * batch.max_ending)
+    grid[batch.slots.to(device)] = token_losses
+    sums = grid.view(R, batch.max_ending).sum(dim=1)  # (R,)
+    means = sums / batch.ending_lengths.to(device)
+    return sums.view(-1, NUM_ENDINGS), means.view(-1, NUM_ENDINGS)
+
+
+# --- the evaluator -------------------------------------------------------------------------------
+
+class HellaSwagEval:
+    """HellaSwag accuracy of a model, computed by all ranks together.
+
+    Construct on every rank (the download, the agreement on it and the tokenization happen
+    here, once), then call `evaluate` on every rank at the same steps. Each rank scores the
+    examples whose index % world_size == rank, and one all-reduce of integer counts gives every
+    rank the same figure for any world size.
+    """
+
+    def __init__(self, path: str, limit: int, env: DistEnv, tokenizer, batch_examples: int = 16,
+                 cache_dir: str | Path | None = None, *, url: str = VAL_URL,
+                 timeout: float = DOWNLOAD_TIMEOUT_S):
+        """path: a local jsonl ('' = the cached official val split, downloaded if missing);
+        limit: score only the first `limit` examples (0 = all). A malformed file raises
+        HellaSwagDataError on every rank; a failed download makes the evaluator unavailable."""
+        if batch_examples < 1:
+            raise ValueError(f"batch_examples must be >= 1, got {batch_examples}")
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        self.env = env
+        self.batch_examples = batch_examples
+        self.num_examples = 0  # over all ranks; 0 while unavailable
+        self.source: Path | None = Path(path) if path else self._fetch_once_per_node(cache_dir, url, timeout)
+        self._share: list[EncodedExample] = []
+        self._batches: dict[int, list[Batch]] = {}  # by block_size
+        if self.source is None:
+            return
+        examples = self._read_on_every_rank(self.source, limit)
+        self.num_examples = len(examples)
+        self._share = [encode_example(i, examples[i], tokenizer)
+                       for i in range(env.rank, len(examples), env.world_size)]
+
+    @property
+    def available(self) -> bool:
+        """Same value on every rank: False when the data could not be fetched."""
+        return self.source is not None
+
+    def _fetch_once_per_node(self, cache_dir: str | Path | None, url: str, timeout: float) -> Path | None:
+        """The cached val file, or None on every rank (with one warning) when any rank lacks it."""
+        env = self.env
+        path = Path(cache_dir or default_cache_dir()) / VAL_FILENAME
+        failure = None
+        if env.local_rank == 0:
+            try:
+                fetch_val(path.parent, url, timeout)
+            except Exception as e:  # any failure must reach the agreement below, never escape past it
+                failure = f"{type(e).__name__}: {e}"
+        barrier(env)  # the node's other ranks wait here for the download
+        if failure is None and not path.is_file():
+            failure = f"rank {env.rank} sees no file at {path}"
+        failure = first_error(failure, env)  # every rank gets the same verdict
+        if failure is None:
+            return path
+        if env.master_process:
+            reason = " ".join(failure.split())  # one line, whatever the exception text holds
+            print(f"warning: hellaswag eval skipped: could not fetch {url} into {path} ({reason}); "
+                  f"run `python prep/hellaswag.py` where there is internet, or set hellaswag_path",
+                  file=sys.stderr, flush=True)
+        return None
+
+    def _read_on_every_rank(self, path: Path, limit: int) -> list[Example]:
+        """The file's first `limit` examples; if any rank cannot read them, all raise the same error."""
+        examples, error = [], None
+        try:
+            examples = read_examples(path, limit)
+        except HellaSwagDataError as e:
+            error = str(e)
+        except OSError as e:
+            error = f"{path}: {e.strerror or e}"
+        error = first_error(error, self.env)
+        if error:
+            raise HellaSwagDataError(error)
+        return examples
+
+    def _batches_for(self, block_size: int) -> list[Batch]:
+        """This rank's batches, built at the first eval and kept on the device.
+
+        Kept there because a copy from pageable host memory makes the host wait for the GPU, once
+        per batch; they take about 55 MB for all 10,042 examples on one rank (int64).
+        """
+        if block_size not in self._batches:
+            batches = make_batches(self._share, block_size, self.batch_examples)
+            self._batches[block_size] = [batch.to(self.env.device) for batch in batches]
+        return self._batches[block_size]
+
+    def _losses(self, model: torch.nn.Module, autocast: contextlib.AbstractContextManager | None):
+        """(batch, summed losses (E, 4), mean losses (E, 4)) for each of this rank's batches, in eval mode."""
+        autocast = autocast or contextlib.nullcontext()
+        was_training = model.training
+        model.eval()
+        try:
+            for batch in self._batches_for(model.config.block_size):
+                yield (batch, *ending_losses(model, batch, self.env.device, autocast))
+        finally:
+            model.train(was_training)
+
+    @torch.no_grad()
+    def score(self, model: torch.nn.Module,
+              autocast: contextlib.AbstractContextManager | None = None) -> list[ExampleScore]:
+        """Per-example losses for this rank's share, by example index. No collective (debugging, tests)."""
+        scores = []
+        for batch, sums, means in self._losses(model, autocast):
+            for index, label, s, m in zip(batch.indices, batch.labels.tolist(), sums.tolist(), means.tolist()):
+                scores.append(ExampleScore(index=index, label=label, sum_losses=tuple(s), mean_losses=tuple(m)))
+        return sorted(scores, key=lambda score: score.index)
+
+    @torch.no_grad()
+    def evaluate(self, model: torch.nn.Module,
+                 autocast: contextlib.AbstractContextManager | None = None) -> dict | None:
+        """{"acc_norm", "acc", "n"} over all ranks' examples, or None (on every rank) when unavailable.
+
+        A collective when available: every rank calls it, including ranks with no examples.
+        The model is left in the train/eval mode it came in.
+        """
+        if not self.available:
+            return None
+        device = self.env.device
+        counts = torch.zeros(3, dtype=torch.long, device=device)  # correct_norm, correct, n
+        for batch, sums, means in self._losses(model, autocast):
+            labels = batch.labels.to(device)  # (E,)
+            counts[0] += (means.argmin(dim=1) == labels).sum()
+            counts[1] += (sums.argmin(dim=1) == labels).sum()
+            counts[2] += labels.numel()
+        all_reduce_sum(counts, self.env)  # integers: the same figure for any world size
+        correct_norm, correct, n = counts.tolist()
+        return {"acc_norm": correct_norm / n, "acc": correct / n, "n": n}
