@@ -29,6 +29,7 @@ demo: install
 	$(PY) prep/shakespeare.py
 	$(CPU_MALLOC) $(PY) train_gpt2.py --config configs/demo.yaml
 	$(PY) sample.py --ckpt out/demo --prompt "ROMEO:" --max_new_tokens 120 --num_samples 1
+	$(PY) plot_log.py out/demo -o out/demo/curves.png
 
 test: install
 	$(CPU_MALLOC) $(PY) -m pytest -q tests

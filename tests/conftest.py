@@ -48,7 +48,8 @@ def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
     settings = dict(
         data_dir=data_dir, out_dir=out_dir, total_batch_size=512, micro_batch_size=4, max_steps=6,
         warmup_steps=2, max_lr=3e-3, min_lr=3e-4, eval_interval=3, val_tokens=256, hellaswag_interval=0,
-        sample_interval=0, checkpoint_interval=3, keep_last=10, device="cpu", compile="false", seed=1234,
+        sample_interval=0, checkpoint_interval=3, keep_last=10, device="cpu", dtype="float32", compile="false",
+        seed=1234,
     )
     settings.update(overrides)
     args = list(TINY_MODEL)

@@ -52,20 +52,45 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            writer = _FileWriter(f)
+            torch.save(state, writer)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch's zip writer turns a failed write into a RuntimeError
         tmp.unlink(missing_ok=True)
+        cause = writer.error if "writer" in locals() and writer.error else e
+        reason = getattr(cause, "strerror", None) or str(cause).strip().splitlines()[0]
         raise CheckpointWriteError(
-            f"{path}: could not write checkpoint ({e.strerror or e}); earlier checkpoints are intact"
+            f"{path}: could not write checkpoint ({reason}); earlier checkpoints are intact"
         ) from None
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # make the rename itself durable
     finally:
         os.close(dir_fd)
+
+
+class _FileWriter:
+    """A binary file that remembers the OSError of a failed write (disk full, file too large).
+
+    torch.save's zip writer reports such a failure as an opaque size mismatch; keeping the
+    original error lets the message say what went wrong.
+    """
+
+    def __init__(self, f):
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
@@ -100,6 +125,14 @@ def find_resume_checkpoint(out_dir: str | Path, resume: str) -> tuple[Path, dict
         except CheckpointError as e:
             print(f"warning: skipping {e}", file=sys.stderr)
     return None
+
+
+def remove_stale_temp_files(out_dir: str | Path) -> None:
+    """Delete temp files of writes that a killed process never finished (never a real checkpoint)."""
+    folder = Path(out_dir) / CHECKPOINT_DIR
+    if folder.is_dir():
+        for tmp in folder.glob(".step_*.pt.tmp"):
+            tmp.unlink(missing_ok=True)
 
 
 def prune_checkpoints(out_dir: str | Path, keep_last: int, protect: Path | None = None) -> list[Path]:

@@ -72,6 +72,9 @@ class TrainConfig:
     dtype: str = "auto"
     compile: bool | None = None  # None: on for CUDA, off elsewhere
     seed: int = 1337
+    # cross-entropy of the 50K-wide logits in chunks of this many tokens, fused with lm_head so
+    # the logits never sit in memory whole (0: plain; null: 8192 on CUDA without compile, else 0)
+    loss_chunk_size: int | None = None
     log_interval: int = 1  # console line every N steps (log.jsonl gets every step)
     peak_flops: float = 0.0  # bf16 FLOP/s of one device for MFU; 0: look the device up
     preempt_exit_code: int = 0  # exit status after a SIGTERM/SIGUSR1 checkpoint
@@ -105,8 +108,9 @@ class TrainConfig:
             value = getattr(self, key)
             require(value is None or value > 0, key, f"must be positive, got {value}")
         for key in ("warmup_steps", "eval_interval", "hellaswag_interval", "sample_interval",
-                    "checkpoint_interval", "hellaswag_limit"):
-            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+                    "checkpoint_interval", "hellaswag_limit", "loss_chunk_size"):
+            value = getattr(self, key)
+            require(value is None or value >= 0, key, f"must be >= 0, got {value}")
         for key in ("max_lr", "weight_decay", "grad_clip", "dropout", "peak_flops", "min_lr"):
             require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
         require(self.min_lr <= self.max_lr, "min_lr", f"{self.min_lr} is above max_lr {self.max_lr}")
@@ -141,6 +145,12 @@ class TrainConfig:
 
     def grad_accum_steps(self, world_size: int) -> int:
         """total_batch_size / (micro_batch_size * seq_len * world_size), which must be whole."""
+        rows_per_step = self.total_batch_size // self.seq_len
+        if rows_per_step < world_size:
+            raise ConfigError(
+                f"total_batch_size: a step of {self.total_batch_size} tokens holds {rows_per_step} rows of seq_len "
+                f"{self.seq_len}, fewer than the {world_size} ranks; raise total_batch_size or use fewer ranks"
+            )
         tokens_per_micro_step = self.micro_batch_size * self.seq_len * world_size
         if self.total_batch_size % tokens_per_micro_step:
             raise ConfigError(

@@ -69,9 +69,8 @@ class RunLogger:
 
         self.wandb_run = wandb.init(
             project=project, name=run_name or None, config=config, tags=tags or None,
-            id=run_id or wandb.util.generate_id(), resume="allow", mode=mode, dir=str(out_dir),
+            id=run_id, resume="allow", mode=mode, dir=str(out_dir),
         )
-        self.wandb_run.define_metric("*", step_metric="step")
 
     @property
     def wandb_run_id(self) -> str | None:
@@ -91,7 +90,9 @@ class RunLogger:
                 import wandb
 
                 metrics = {"sample/text": wandb.Html("<pre>" + record["text"] + "</pre>")}
-            self.wandb_run.log({"step": step, **metrics})
+            # W&B's own step is the training step: after a resume it drops the re-logged steps it
+            # already holds (identical, since resuming is exact), so its history has one row per step
+            self.wandb_run.log(metrics, step=step)
 
     def console(self, text: str) -> None:
         if self.enabled:

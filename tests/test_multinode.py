@@ -1,0 +1,44 @@
+"""Multi-node through torchrun's own c10d rendezvous: two agents ("nodes") on this machine."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import torch
+
+from conftest import REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_with_c10d_rendezvous_match_one_node(tmp_path):
+    data = make_shards(tmp_path / "shards")
+    run_trainer(base_args(data, tmp_path / "one_node"), nproc=2)
+
+    port = free_port()
+    args = base_args(data, tmp_path / "two_nodes")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             f"--node_rank={rank}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+             "--rdzv_id=gpt2-repro-test", str(REPO / "train_gpt2.py"), *args],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    for node, (stdout, stderr) in zip(nodes, outputs):
+        assert node.returncode == 0, stdout[-2000:] + stderr[-4000:]
+    assert "world size 2" in outputs[0][0] + outputs[1][0]
+
+    assert train_losses(tmp_path / "two_nodes") == train_losses(tmp_path / "one_node")
+    a, b = load_weights(tmp_path / "two_nodes", 6), load_weights(tmp_path / "one_node", 6)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
