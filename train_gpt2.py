@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import time
 
-LAUNCH_TIME = time.time()  # before the heavy imports: startup is measured from here
+from training.metrics import process_start_time
+
+LAUNCH_TIME = process_start_time()  # startup (launch to first finished step) is measured from here
 
 import contextlib  # noqa: E402
 import math  # noqa: E402
@@ -216,7 +218,8 @@ def train(cfg: TrainConfig, env: DistEnv, preemption: PreemptionFlag) -> RunLogg
                 for text in samples:
                     logger.log({"kind": "sample", "step": step, "text": text})
                     logger.console(f"step {step:6d} | sample: {text!r}")
-            if step > start_step and (last_step or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)):
+            if step > start_step and ((last_step and cfg.final_checkpoint)
+                                      or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)):
                 save(step)
             if last_step:
                 break

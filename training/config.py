@@ -63,6 +63,7 @@ class TrainConfig:
     sample_tokens: int = 32
     # checkpoints (0: only at the end and on preemption)
     checkpoint_interval: int = 5000
+    final_checkpoint: bool = True  # also after the last step (benchmarks turn it off)
     keep_last: int = 3
     resume: str = "auto"  # auto | never | path to a checkpoint
     # runtime

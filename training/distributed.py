@@ -73,6 +73,23 @@ def resolve_dtype(requested: str, device: torch.device) -> str:
     return "float32"
 
 
+def restart_safe_store(world_size: int, timeout: datetime.timedelta):
+    """The rendezvous store for a worker that torchrun restarted, with keys of this attempt only.
+
+    torchrun's agent keeps one TCP store across restarts (--max-restarts), but the process
+    group's keys carry no attempt number: a restarted worker can read the address its dead
+    predecessor published and fail to connect ("Connection refused"). Prefixing the keys with
+    the restart count gives every attempt a clean namespace. None (the usual env:// init)
+    for a first attempt or outside torchrun's shared store.
+    """
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"gpt2-repro/attempt_{restart}", store)
+
+
 def setup_distributed(requested_device: str, timeout_minutes: float = 30.0) -> DistEnv:
     """Join torchrun's process group if launched by it; otherwise a single process."""
     ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -86,9 +103,10 @@ def setup_distributed(requested_device: str, timeout_minutes: float = 30.0) -> D
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = datetime.timedelta(minutes=timeout_minutes)
         dist.init_process_group(
-            backend=backend, timeout=datetime.timedelta(minutes=timeout_minutes),
-            device_id=device if device.type == "cuda" else None,
+            backend=backend, timeout=timeout, store=restart_safe_store(world_size, timeout),
+            rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None,
         )
     elif device.type == "cuda":
         torch.cuda.set_device(device)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 import torch
 
 # Dense bf16 tensor-core peak per device, FLOP/s, from the vendors' data sheets (no sparsity).
@@ -52,3 +55,15 @@ def model_flops_utilization(flops_per_token: float, tokens_per_sec: float, world
     if not peak_flops:
         return None
     return flops_per_token * tokens_per_sec / (peak_flops * world_size)
+
+
+def process_start_time() -> float:
+    """When this process was launched (Unix time): from /proc on Linux, else the time of this call."""
+    try:
+        with open("/proc/self/stat") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time after boot
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - uptime + started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()

@@ -1,0 +1,154 @@
+"""Benchmark the real training step: train_gpt2.py itself, timed.
+
+    python bench.py                                              # GPT-2 124M, B=64, T=1024, one GPU
+    torchrun --standalone --nproc_per_node=8 bench.py --json bench.json
+    python bench.py --compile false --loss_chunk_size 8192       # any trainer key can be set
+    python bench.py --model custom --n_layer 2 --n_head 2 --n_embd 64 --block_size 64 --seq_len 64 \\
+        --micro_batch_size 4 --total_batch_size 1024 --warmup 2 --steps 5        # a CPU smoke test
+
+The trainer runs unchanged (model, torch.compile, DDP under torchrun, gradient accumulation,
+clipping, fused AdamW, the shard loader and its prefetch thread) for --warmup + --steps
+optimizer steps on the shards of the configured data_dir (random tokens generated here when it
+has none), with evaluation, samples and checkpoints off. Its per-step log gives the figures:
+the first step's time holds the compilation, the steps after the warm-up give ms/step
+(median, 10th-90th percentile), tokens/s (all ranks), MFU and peak memory. Rank 0 prints one table and writes it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from data.shards import shard_name, write_shard
+
+
+def generate_shards(folder: Path, train_tokens: int, val_tokens: int, seed: int = 0) -> Path:
+    """Random GPT-2 token ids: one val shard and train shards of at most 100M tokens."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_shard(folder / shard_name("bench", "val", 0), rng.integers(0, 50257, val_tokens, dtype=np.uint16))
+    for index, start in enumerate(range(0, train_tokens, 100_000_000), start=1):
+        size = min(100_000_000, train_tokens - start)
+        write_shard(folder / shard_name("bench", "train", index), rng.integers(0, 50257, size, dtype=np.uint16))
+    return folder
+
+
+def summarize(log_path: Path, warmup: int) -> dict:
+    """Figures from the trainer's log.jsonl: the steps after the warm-up, and the first step."""
+    from training.run_logger import read_log
+
+    records = read_log(log_path)
+    train = [r for r in records if r["kind"] == "train"]
+    timed = [r for r in train if r["step"] >= warmup]
+    ms = sorted(r["step_ms"] for r in timed)
+    median = statistics.median(ms)
+    tokens_per_step = train[0]["tokens"]
+    summary = {
+        "ms_per_step": median,
+        "ms_p10": float(np.percentile(ms, 10)),
+        "ms_p90": float(np.percentile(ms, 90)),
+        "tokens_per_sec": tokens_per_step / (median / 1000),
+        "first_step_s": train[0]["step_ms"] / 1000,
+        "compile_s": max(train[0]["step_ms"] - median, 0.0) / 1000,  # first step minus a steady one
+        "startup_s": next(r["seconds_to_first_step"] for r in records if r["kind"] == "startup"),
+        "final_loss": train[-1]["loss"],
+        "steps_timed": len(timed),
+    }
+    mfus = [r["mfu"] for r in timed if r.get("mfu") is not None]
+    summary["mfu"] = statistics.median(mfus) if mfus else None
+    mems = [r["peak_mem_gb"] for r in train if r.get("peak_mem_gb") is not None]
+    summary["peak_mem_gb"] = max(mems) if mems else None
+    return summary
+
+
+def table(row: dict) -> str:
+    mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
+    mem = f"{row['peak_mem_gb']:.1f}" if row.get("peak_mem_gb") is not None else "-"
+    header = ("model", "params", "B", "T", "world", "accum", "compile", "loss_chunk", "ms/step (p10-p90)",
+              "tokens/s", "MFU", "peak GB", "compile s", "startup s")
+    values = (row["model"], f"{row['params'] / 1e6:.0f}M", row["B"], row["T"], row["world_size"], row["grad_accum"],
+              row["compile"], row["loss_chunk_size"],
+              f"{row['ms_per_step']:.1f} ({row['ms_p10']:.1f}-{row['ms_p90']:.1f})",
+              f"{row['tokens_per_sec']:,.0f}", mfu, mem, f"{row['compile_s']:.1f}", f"{row['startup_s']:.1f}")
+    widths = [max(len(str(h)), len(str(v))) for h, v in zip(header, values)]
+    line = lambda cells: " | ".join(str(c).rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return f"{line(header)}\n{'-' * len(line(header))}\n{line(values)}"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (the first one compiles)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
+    parser.add_argument("--json", default="bench.json", help="where rank 0 writes the figures")
+    parser.add_argument("--label", default="", help="a name for this variant in the JSON")
+    args, trainer_args = parser.parse_known_args(argv)
+    if args.warmup < 1 or args.steps < 1:
+        parser.error("--warmup and --steps must be at least 1")
+
+    import torch
+
+    import train_gpt2
+    from model import GPT
+    from training.config import ConfigError, parse_args
+    from training.distributed import resolve_dtype
+
+    rank = int(os.environ.get("RANK", 0))
+    work = Path(tempfile.mkdtemp(prefix=f"gpt2-bench-rank{rank}-"))
+    try:
+        # parse once to know the batch geometry, then hand the trainer its full argument list
+        user_cfg = parse_args(trainer_args)
+        total_steps = args.warmup + args.steps
+        if not any(Path(user_cfg.data_dir).glob("*_train_*.npy")):
+            # no shards where the config points: random tokens. Every rank writes its own
+            # identical copy, so no coordination is needed before the process group exists.
+            generate_shards(work / "data", total_steps * user_cfg.total_batch_size + 1,
+                            user_cfg.seq_len * user_cfg.micro_batch_size + 1)
+            trainer_args = [*trainer_args, "--data_dir", str(work / "data")]
+        bench_args = ["--out_dir", str(work / "run"), "--max_steps", str(total_steps), "--eval_interval", "0",
+                      "--val_tokens", str(user_cfg.seq_len * user_cfg.micro_batch_size),
+                      "--hellaswag_interval", "0", "--sample_interval", "0", "--checkpoint_interval", "0",
+                      "--final_checkpoint", "false", "--resume", "never", "--wandb", "false",
+                      "--log_interval", "1000000"]
+        code = train_gpt2.cli(bench_args + trainer_args)  # the user's keys come last and win
+        if code != 0 or rank != 0:
+            return code
+        cfg = parse_args(bench_args + trainer_args)
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
+        use_compile = cfg.compile if cfg.compile is not None else torch.cuda.is_available()
+        with torch.device("meta"):
+            params = GPT(cfg.model_config()).num_params()
+        row = {
+            "label": args.label, "model": cfg.model, "params": params, "B": cfg.micro_batch_size,
+            "T": cfg.seq_len, "total_batch_size": cfg.total_batch_size, "world_size": world_size,
+            "grad_accum": cfg.grad_accum_steps(world_size), "compile": use_compile,
+            "loss_chunk_size": cfg.loss_chunk_size if cfg.loss_chunk_size is not None else "auto",
+            "data": "random" if str(work) in cfg.data_dir else cfg.data_dir,
+            "dtype": resolve_dtype(cfg.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+            **summarize(work / "run" / "log.jsonl", args.warmup),
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+            "command": " ".join([Path(sys.argv[0]).name, *argv]),
+        }
+        print(table(row))
+        Path(args.json).write_text(json.dumps(row, indent=2) + "\n")
+        print(f"wrote {args.json}")
+        return 0
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
