@@ -7,7 +7,6 @@ B = batch, T = sequence length, C = n_embd, nh = n_head, hs = C // nh, V = vocab
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import asdict, dataclass
 
 import torch

@@ -179,3 +179,18 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(dat
     # the checkpoint is the last good state: resuming (without the fault) matches the straight run
     run_trainer(args, nproc=2)
     assert_same_run(out, straight)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_preemption_signals_only_set_a_flag(sig):
+    from training.preemption import PreemptionFlag
+
+    before = signal.getsignal(sig)
+    flag = PreemptionFlag().install()
+    try:
+        assert not flag.requested
+        os.kill(os.getpid(), sig)  # handled: the process keeps running
+        assert flag.requested and flag.signal_name == sig.name
+    finally:
+        flag.restore()
+    assert signal.getsignal(sig) is before  # the previous handler is back

@@ -146,6 +146,25 @@ def broadcast_object(obj, env: DistEnv, src: int = 0):
     return box[0]
 
 
+def run_on_all_ranks(env: DistEnv, fn, catch: type[BaseException] | tuple, raise_as: type[Exception],
+                     describe=str):
+    """fn() on this rank; if it raised `catch` on any rank, raise `raise_as` on every rank. Collective.
+
+    For work whose failure only some ranks can see (rank 0 writing a checkpoint, one node
+    missing a file): the message travels to every rank, so they all stop with the same line
+    instead of the others waiting forever in their next collective.
+    """
+    result, problem = None, None
+    try:
+        result = fn()
+    except catch as e:
+        problem = describe(e)
+    problem = first_error(problem, env)
+    if problem:
+        raise raise_as(problem)
+    return result
+
+
 def first_error(message: str | None, env: DistEnv) -> str | None:
     """Gather each rank's error (or None) and return the first one, on every rank. Collective.
 
