@@ -76,3 +76,16 @@ def test_resume_on_another_world_size_matches_within_tolerance(shards, tmp_path)
     for step in range(6):
         assert abs(a[step] - b[step]) <= 1e-5 * a[step]
     assert_weights_close(load_weights(straight, 6), load_weights(resumed, 6))
+
+
+def test_compiled_ddp_with_fused_loss_matches_plain_eager(shards, tmp_path):
+    """torch.compile under DDP, with the fused chunked loss, as on a GPU node (here on CPU/gloo)."""
+    run_trainer(base_args(shards, tmp_path / "compiled", max_steps=3, eval_interval=0, compile="true",
+                          loss_chunk_size=40), nproc=2)
+    run_trainer(base_args(shards, tmp_path / "eager", max_steps=3, eval_interval=0))
+    compiled, eager = train_losses(tmp_path / "compiled"), train_losses(tmp_path / "eager")
+    assert sorted(compiled) == [0, 1, 2]
+    for step in compiled:
+        assert abs(compiled[step] - eager[step]) <= 1e-5 * eager[step]
+    state = torch.load(tmp_path / "compiled" / "checkpoints" / "step_00000003.pt", weights_only=True)
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])  # unwrapped, uncompiled keys
