@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 LOG_NAME = "log.jsonl"
@@ -97,10 +96,6 @@ class RunLogger:
     def console(self, text: str) -> None:
         if self.enabled:
             print(text, flush=True)
-
-    def warn(self, text: str) -> None:
-        if self.enabled:
-            print(f"warning: {text}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._jsonl is not None:
