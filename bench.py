@@ -16,7 +16,6 @@ the first step's time holds the compilation, the steps after the warm-up give ms
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -28,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from data.shards import shard_name, write_shard
+from errors import ArgumentParser, ConfigError, run_cli
 
 
 def generate_shards(folder: Path, train_tokens: int, val_tokens: int, seed: int = 0) -> Path:
@@ -84,20 +84,20 @@ def table(row: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="bench.py", description=__doc__)
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (the first one compiles)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
     parser.add_argument("--json", default="bench.json", help="where rank 0 writes the figures")
     parser.add_argument("--label", default="", help="a name for this variant in the JSON")
     args, trainer_args = parser.parse_known_args(argv)
     if args.warmup < 1 or args.steps < 1:
-        parser.error("--warmup and --steps must be at least 1")
+        raise ConfigError("--warmup and --steps must be at least 1")
 
     import torch
 
     import train_gpt2
     from model import GPT
-    from training.config import ConfigError, parse_args
+    from training.config import parse_args
     from training.distributed import resolve_dtype
 
     rank = int(os.environ.get("RANK", 0))
@@ -141,9 +141,6 @@ def main(argv: list[str]) -> int:
         Path(args.json).write_text(json.dumps(row, indent=2) + "\n")
         print(f"wrote {args.json}")
         return 0
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     finally:
         import shutil
 
@@ -151,4 +148,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_cli(main))

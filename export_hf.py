@@ -11,30 +11,25 @@ and evaluates with lm-evaluation-harness:
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from training.checkpoint import CheckpointError
-from training.hf_interop import HFInteropError, export_hf
+from errors import ArgumentParser, WriteError, run_cli
+from training.hf_interop import export_hf
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="export_hf.py", description=__doc__)
     parser.add_argument("ckpt", help="checkpoint .pt file, or a run folder (its newest readable checkpoint)")
     parser.add_argument("out_dir", help="folder to write the Hugging Face files into")
     parser.add_argument("--license", default="mit", help="license named in the model card (default mit)")
     args = parser.parse_args(argv)
     try:
         out = export_hf(args.ckpt, args.out_dir, license=args.license)
-    except (CheckpointError, HFInteropError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except OSError as e:  # the output folder cannot be written
-        print(f"error: {args.out_dir}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        raise WriteError(f"{args.out_dir}: {e.strerror or e}") from None
     print(f"exported {args.ckpt} to {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -3,63 +3,53 @@
     python sample.py --ckpt out/demo --prompt "ROMEO:" --num_samples 2
     python sample.py --ckpt out/gpt2_124m/checkpoints/step_00019073.pt --temperature 0   # greedy
 
---ckpt takes a checkpoint file or a run folder (its newest readable checkpoint). Generation
-uses the model's KV cache, so each new token costs one position, not the whole context.
+--ckpt takes a checkpoint file or a run folder (its newest readable checkpoint). An empty
+prompt starts from <|endoftext|>, GPT-2's unconditional start. Generation uses the model's KV
+cache, so each new token costs one position, not the whole context.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import torch
 
 from data.tokenizer import get_tokenizer
+from errors import ArgumentParser, ConfigError, run_cli
 from model import GPT, GPTConfig
-from training.checkpoint import CheckpointError, find_resume_checkpoint, load_checkpoint
+from training.checkpoint import resolve_checkpoint
 from training.distributed import pick_device
+from training.evaluation import encode_prompt
 
 
 def load_model(ckpt: str, device: torch.device) -> tuple[GPT, dict]:
     """The model of a checkpoint file or of a run folder's newest readable checkpoint."""
-    path = Path(ckpt)
-    if path.is_dir():
-        found = find_resume_checkpoint(path, "auto")
-        if found is None:
-            raise CheckpointError(f"{path}: no checkpoints in {path / 'checkpoints'}")
-        path, state = found
-    else:
-        state = load_checkpoint(path)
+    _, state = resolve_checkpoint(ckpt)
     model = GPT(GPTConfig(**state["model_args"]))
     model.load_state_dict(state["model"])
     return model.to(device).eval(), state
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="sample.py", description=__doc__)
     parser.add_argument("--ckpt", required=True, help="checkpoint .pt file or run folder")
-    parser.add_argument("--prompt", default="Hello, I'm a language model,")
+    parser.add_argument("--prompt", default="Hello, I'm a language model,", help="text to continue ('' = unconditional)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--top_k", type=int, default=50, help="0 = no top-k filter")
     parser.add_argument("--num_samples", type=int, default=4)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
     args = parser.parse_args(argv)
+    for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0), ("temperature", 0), ("seed", 0)):
+        if getattr(args, name) < low:
+            raise ConfigError(f"--{name}: must be >= {low}, got {getattr(args, name)}")
 
     device = pick_device(args.device, 0)
-    try:
-        model, state = load_model(args.ckpt, device)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    model, state = load_model(args.ckpt, device)
     tokenizer = get_tokenizer()
-    prompt = tokenizer.encode(args.prompt, allowed_special="all")
-    if not prompt:
-        print("error: --prompt is empty", file=sys.stderr)
-        return 2
-    idx = torch.tensor([prompt] * args.num_samples, dtype=torch.long, device=device)  # (num_samples, P)
+    idx = torch.tensor([encode_prompt(tokenizer, args.prompt)] * args.num_samples, dtype=torch.long,
+                       device=device)  # (num_samples, P)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
                          generator=generator, valid_vocab=tokenizer.n_vocab)
@@ -70,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.shards import DataError, check_token_range, find_shards, open_shard
+from data.shards import check_token_range, find_shards, open_shard
+from errors import DataError
 
 
 class RowStream:
@@ -69,20 +70,16 @@ class RowStream:
         return x, y
 
 
-def validate_shards(paths: list[Path], vocab_size: int, rank: int, world_size: int) -> str | None:
+def validate_shards(paths: list[Path], vocab_size: int, rank: int, world_size: int) -> None:
     """Check every shard's header, and the token range of this rank's share of the shards.
 
-    Returns the first problem found (a one-line message naming the file) or None. The caller
-    gathers the answers of all ranks so that every rank fails the same way (no rank hangs).
+    Raises a DataError naming the file. The caller shares it with the other ranks, so every
+    rank fails the same way (no rank hangs).
     """
-    try:
-        for p in paths:
-            open_shard(p)
-        for p in paths[rank::world_size]:
-            check_token_range(p, vocab_size)
-    except DataError as e:
-        return str(e)
-    return None
+    for p in paths:
+        open_shard(p)
+    for p in paths[rank::world_size]:
+        check_token_range(p, vocab_size)
 
 
 class TrainLoader:
@@ -147,7 +144,12 @@ class Prefetcher:
     micro-batches ahead, so reading the memory-mapped shards (and pinning the result, for an
     asynchronous copy to the GPU) never sits on the loop's critical path. What `get` returns
     is exactly `loader.micro_batch(step, micro_step)`, moved to `device`.
+
+    `get` never waits forever: an error in the thread is raised by `get`, asking past the last
+    step raises too (the thread leaves an end marker), and a thread that is gone is noticed.
     """
+
+    _END = (None, None, None, None)
 
     def __init__(self, loader: TrainLoader, start_step: int, end_step: int, device: torch.device, depth: int = 4):
         self.loader = loader
@@ -165,22 +167,35 @@ class Prefetcher:
                 x, y = self.loader.micro_batch(*key)
                 if self.pin:
                     x, y = x.pin_memory(), y.pin_memory()
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put((key, x, y, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
+                if not self._put((key, x, y, None)):
                     return
-        except Exception as e:  # surfaced to the training loop by get()
-            self._queue.put((None, None, None, e))
+            self._put(self._END)
+        except BaseException as e:  # noqa: BLE001 - surfaced to the training loop by get()
+            self._put((None, None, None, e))
+
+    def _put(self, item) -> bool:
+        """Queue item unless close() was called meanwhile; whether it was queued."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def get(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The (B, T) inputs and targets of this micro-step, on the device (copy not awaited)."""
-        key, x, y, error = self._queue.get()
+        while True:
+            try:
+                key, x, y, error = self._queue.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError(f"prefetch thread ended before batch {(step, micro_step)}") from None
         if error is not None:
             raise error
+        if key is None:
+            raise RuntimeError(f"no batch {(step, micro_step)}: the prefetcher's steps are done")
         if key != (step, micro_step):
             raise RuntimeError(f"prefetcher out of order: asked for {(step, micro_step)}, had {key}")
         return x.to(self.device, non_blocking=self.pin), y.to(self.device, non_blocking=self.pin)
@@ -191,11 +206,12 @@ class Prefetcher:
 
 
 class ValLoader:
-    """The first `val_tokens // T` rows of the val split, split into contiguous chunks per rank.
+    """The first `val_tokens // T` rows of the val split, in fixed batches shared out to ranks.
 
-    The set of rows is fixed (independent of world size); each rank scores its chunk, and the
-    sum of token losses and the token count are all-reduced, so the val loss is the same
-    number for any world size (up to float summation order).
+    Batch i is always rows [i*B, (i+1)*B) (the last one shorter), whatever the world size, and
+    rank r scores batches r, r + W, r + 2W, ... Each batch is therefore computed on the same
+    rows with the same shapes on any number of ranks, which is what lets the val loss be the
+    very same number for every world size (see training/evaluation.py).
     """
 
     def __init__(self, data_dir: str | Path, seq_len: int, val_tokens: int, batch_size: int,
@@ -212,13 +228,13 @@ class ValLoader:
                 f"lower val_tokens"
             )
         self.batch_size = batch_size
-        per_rank, extra = divmod(self.num_rows, world_size)
-        self.start = rank * per_rank + min(rank, extra)
-        self.stop = self.start + per_rank + (1 if rank < extra else 0)
+        self.num_batches = -(-self.num_rows // batch_size)
+        self.rank = rank
+        self.world_size = world_size
 
     def batches(self):
-        """Yield (x, y) of shape (b, T) with b <= batch_size, covering this rank's rows once."""
-        for first in range(self.start, self.stop, self.batch_size):
-            count = min(self.batch_size, self.stop - first)
-            x, y = self.stream.read(first, count)
-            yield torch.from_numpy(x), torch.from_numpy(y)
+        """Yield (batch index, x, y), x and y of shape (b, T) with b <= batch_size: this rank's batches."""
+        for index in range(self.rank, self.num_batches, self.world_size):
+            first = index * self.batch_size
+            x, y = self.stream.read(first, min(self.batch_size, self.num_rows - first))
+            yield index, torch.from_numpy(x), torch.from_numpy(y)

@@ -11,11 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from errors import DataError
+
 SHARD_DTYPE = np.uint16  # GPT-2 ids are < 50257 < 2**16
-
-
-class DataError(ValueError):
-    """Bad or missing input data; the message names the file or folder."""
 
 
 def shard_name(prefix: str, split: str, index: int) -> str:

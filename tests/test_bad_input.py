@@ -7,10 +7,14 @@ raised before any process group exists, run as one process.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from conftest import base_args, make_shards, run_trainer
+from conftest import REPO, base_args, make_shards, run_trainer
 from data.shards import shard_name, write_shard
 
 
@@ -93,3 +97,25 @@ def test_unreadable_resume_checkpoint_fails_on_every_rank(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "step_00000003.pt: unreadable checkpoint" in errors[0], proc.stderr[-3000:]
     assert "exitcode  : 2" in proc.stderr
+
+
+ENTRY_POINT_CASES = [
+    (["sample.py", "--ckpt", "x.pt", "--num_samples", "0"], "--num_samples: must be >= 1, got 0"),
+    (["sample.py", "--ckpt", "x.pt", "--top_k", "-1"], "--top_k: must be >= 0, got -1"),
+    (["sample.py", "--ckpt", "x.pt", "--device", "cuda"], "device: cuda requested but CUDA is not available"),
+    (["sample.py", "--ckpt", "x.pt", "--device", "tpu"], "device: unknown device 'tpu'"),
+    (["sample.py", "--ckpt", "x.pt", "--max_new_tokens", "ten"], "sample.py: argument --max_new_tokens: invalid int"),
+    (["sample.py"], "sample.py: the following arguments are required: --ckpt"),
+    (["sample.py", "--ckpt", "no/such.pt"], "no/such.pt: no such checkpoint"),
+    (["export_hf.py", "only_one_argument"], "export_hf.py: the following arguments are required: out_dir"),
+    (["bench.py", "--warmup", "0"], "--warmup and --steps must be at least 1"),
+    (["bench.py", "--micro_batch_size", "x"], "micro_batch_size: expected an integer"),
+]
+
+
+@pytest.mark.parametrize("argv,message", ENTRY_POINT_CASES, ids=[" ".join(c[0])[:40] for c in ENTRY_POINT_CASES])
+def test_every_entry_point_answers_bad_input_with_one_line_and_exit_2(argv, message):
+    proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert (proc.returncode, proc.stderr.count("\n")) == (2, 1), proc.stderr
+    assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import errno
+import os
+import stat
 
 import pytest
 import torch
 
+from errors import ConfigError
 from training import checkpoint as ckpt
 
 
@@ -33,14 +36,57 @@ def test_auto_resume_skips_truncated_and_garbage_newest_files(tmp_path, capsys):
     data = ckpt.checkpoint_path(tmp_path, 12).read_bytes()
     ckpt.checkpoint_path(tmp_path, 12).write_bytes(data[: len(data) // 2])  # truncated
     ckpt.checkpoint_path(tmp_path, 9).write_bytes(b"\x00garbage" * 100)  # not a checkpoint at all
-    path, loaded = ckpt.find_resume_checkpoint(tmp_path, "auto")
+    path, loaded, _ = ckpt.find_resume_checkpoint(tmp_path, "auto")
     assert path == ckpt.checkpoint_path(tmp_path, 6) and loaded["step"] == 6
     err = capsys.readouterr().err
     assert "step_00000012.pt: unreadable checkpoint" in err and "step_00000009.pt: unreadable checkpoint" in err
     assert ckpt.find_resume_checkpoint(tmp_path, "never") is None
     assert ckpt.find_resume_checkpoint(tmp_path / "empty", "auto") is None
-    with pytest.raises(ckpt.CheckpointError, match="step_00000009.pt: unreadable checkpoint"):
-        ckpt.find_resume_checkpoint(tmp_path, str(ckpt.checkpoint_path(tmp_path, 9)))
+    with pytest.raises(ckpt.CheckpointError, match="step_00000009.pt.unreadable: unreadable checkpoint"):
+        ckpt.find_resume_checkpoint(tmp_path, str(ckpt.checkpoint_path(tmp_path, 9)) + ".unreadable")
+
+
+def test_unreadable_checkpoints_are_set_aside_and_never_outrank_good_ones(tmp_path, capsys):
+    for step in (3, 6):
+        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path, step))
+    ckpt.checkpoint_path(tmp_path, 6).write_bytes(b"\x00" * 64)
+    assert ckpt.find_resume_checkpoint(tmp_path, "auto")[0] == ckpt.checkpoint_path(tmp_path, 3)
+    assert "renamed it to step_00000006.pt.unreadable" in capsys.readouterr().err
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [3]
+    assert (tmp_path / "checkpoints" / "step_00000006.pt.unreadable").exists()  # kept, for inspection
+    # a run that resumed from 3 and keeps one checkpoint keeps the one it writes next
+    ckpt.save_checkpoint(state(4), ckpt.checkpoint_path(tmp_path, 4))
+    ckpt.prune_checkpoints(tmp_path, keep_last=1, written_step=4)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [4]
+
+
+def lineage(run_id: str, checkpoint_id: str, *ancestry: str) -> dict:
+    return {"run_id": run_id, "checkpoint_id": checkpoint_id, "ancestry": list(ancestry)}
+
+
+def test_resume_path_continues_from_newer_checkpoints_that_descend_from_it(tmp_path):
+    path3 = ckpt.checkpoint_path(tmp_path / "a", 3)
+    ckpt.save_checkpoint({**state(3), **lineage("r", "c3")}, path3)
+    # a run started with --resume path3 into out_dir b, preempted after step 8: the same command again
+    out = tmp_path / "b"
+    ckpt.save_checkpoint({**state(5), **lineage("r", "c5", "c3")}, ckpt.checkpoint_path(out, 5))
+    ckpt.save_checkpoint({**state(8), **lineage("r", "c8", "c3", "c5")}, ckpt.checkpoint_path(out, 8))
+    path, loaded, how = ckpt.find_resume_checkpoint(out, str(path3))
+    assert path == ckpt.checkpoint_path(out, 8) and loaded["step"] == 8 and str(path3) in how
+    # nothing newer that descends from it: the path itself
+    assert ckpt.find_resume_checkpoint(tmp_path / "empty", str(path3))[0] == path3
+
+
+def test_resume_path_refuses_to_mix_with_another_run_or_an_abandoned_future(tmp_path):
+    path3 = ckpt.checkpoint_path(tmp_path, 3)
+    ckpt.save_checkpoint({**state(3), **lineage("r", "c3")}, path3)
+    ckpt.save_checkpoint({**state(6), **lineage("r", "c6")}, ckpt.checkpoint_path(tmp_path, 6))  # not from c3's resume
+    with pytest.raises(ConfigError, match="step_00000006.pt is newer than .*step_00000003.pt and did not continue"):
+        ckpt.find_resume_checkpoint(tmp_path, str(path3))
+    other = tmp_path / "other"
+    ckpt.save_checkpoint({**state(1), **lineage("q", "c1")}, ckpt.checkpoint_path(other, 1))
+    with pytest.raises(ConfigError, match="step_00000001.pt belongs to another run"):
+        ckpt.find_resume_checkpoint(other, str(path3))
 
 
 def test_pickled_code_is_refused(tmp_path):
@@ -50,12 +96,37 @@ def test_pickled_code_is_refused(tmp_path):
         ckpt.load_checkpoint(path)
 
 
-def test_retention_keeps_newest_and_the_resume_source(tmp_path):
-    for step in (1, 2, 3, 4, 5):
+def test_retention_keeps_the_newest_and_never_the_new_file_or_anything_newer(tmp_path):
+    for step in (1, 2, 3, 4, 5, 9):
         ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path, step))
-    deleted = ckpt.prune_checkpoints(tmp_path, keep_last=2, protect=ckpt.checkpoint_path(tmp_path, 1))
-    assert sorted(p.name for p in deleted) == ["step_00000002.pt", "step_00000003.pt"]
-    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [1, 4, 5]
+    deleted = ckpt.prune_checkpoints(tmp_path, keep_last=2, written_step=5)
+    assert sorted(p.name for p in deleted) == ["step_00000001.pt", "step_00000002.pt", "step_00000003.pt"]
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [4, 5, 9]
+
+
+def test_a_checkpoint_that_cannot_be_deleted_is_a_warning(tmp_path, monkeypatch, capsys):
+    for step in (1, 2):
+        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path, step))
+
+    def refuse(self, missing_ok=False):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(type(tmp_path), "unlink", refuse)
+    assert ckpt.prune_checkpoints(tmp_path, keep_last=1, written_step=2) == []
+    assert "could not delete old checkpoint" in capsys.readouterr().err
+
+
+def test_a_folder_that_refuses_fsync_does_not_fail_the_save(tmp_path, monkeypatch):
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):  # as some network and FUSE filesystems do
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    ckpt.save_checkpoint(state(7), ckpt.checkpoint_path(tmp_path, 7))
+    assert ckpt.load_checkpoint(ckpt.checkpoint_path(tmp_path, 7))["step"] == 7
 
 
 def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):

@@ -98,3 +98,28 @@ def test_trainer_reports_config_errors_on_one_line_with_exit_code_2():
     assert "Traceback" not in proc.stderr
     helped = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), "--help"], capture_output=True, text=True)
     assert helped.returncode == 0 and "--total_batch_size" in helped.stdout
+
+
+def test_every_float_spelling_is_accepted_from_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("max_lr: 6e-4\nmin_lr: 6E-5\nweight_decay: .1\nadam_eps: 1e-8\ngrad_clip: 1\n")
+    values = load_yaml(path)  # PyYAML reads `6e-4` (no dot) as the string "6e-4"
+    assert values == {"max_lr": 6e-4, "min_lr": 6e-5, "weight_decay": 0.1, "adam_eps": 1e-8, "grad_clip": 1.0}
+    path.write_text("max_lr: fast\n")
+    with pytest.raises(ConfigError, match="max_lr: expected a number, got 'fast'"):
+        load_yaml(path)
+
+
+def test_string_values_are_kept_exactly_as_written():
+    assert parse_args(["--sample_prompt", ""]).sample_prompt == ""
+    assert parse_args(["--sample_prompt", " to be"]).sample_prompt == " to be"  # a leading space is a token
+    assert parse_args(["--sample_prompt= or not "]).sample_prompt == " or not "
+
+
+@pytest.mark.parametrize("seed,ok", [(-1, False), (0, True), (2**64 - 1, True), (2**64, False)])
+def test_seed_must_fit_every_generator_it_feeds(seed, ok):
+    if ok:
+        assert parse_args(["--seed", str(seed)]).seed == seed
+    else:
+        with pytest.raises(ConfigError, match=r"seed: must be in \[0, 2\*\*64\)"):
+            parse_args(["--seed", str(seed)])

@@ -169,8 +169,8 @@ def test_full_disk_keeps_previous_checkpoint_and_the_run_resumes(data, straight,
 def test_nan_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(data, straight, tmp_path):
     out = tmp_path / "nan"
     args = base_args(data, out, **ARGS)
-    proc = run_trainer(args, nproc=2, check=False, script="tests/inject_nan.py",
-                       extra_env={"NAN_STEP": "7", "NAN_RANK": "1", "GRAD_ACCUM": "2"})
+    proc = run_trainer(args, nproc=2, check=False, script="tests/inject_fault.py",
+                       extra_env={"FAULT": "nan", "FAULT_STEP": "7", "FAULT_RANK": "1", "GRAD_ACCUM": "2"})
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "step 7: loss nan" in errors[0], proc.stderr[-3000:]
     assert "exitcode  : 3" in proc.stderr
@@ -194,3 +194,174 @@ def test_preemption_signals_only_set_a_flag(sig):
     finally:
         flag.restore()
     assert signal.getsignal(sig) is before  # the previous handler is back
+
+
+# --- reproduced fault paths: each of these lost work, mixed runs or hung before it was fixed ------
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def test_resuming_past_max_steps_is_a_clear_message_not_a_hang(data, straight, tmp_path):
+    out = tmp_path / "done"
+    crashed_copy(straight, out, last_checkpoint=STEPS)
+    below = run_trainer(base_args(data, out, **{**ARGS, "max_steps": 5}), nproc=2, check=False, timeout=60)
+    errors = error_lines(below.stderr)
+    assert len(errors) == 2 and "max_steps: 5 is below step 24 of" in errors[0], below.stderr[-2000:]
+    assert "exitcode  : 2" in below.stderr
+    at = run_trainer(base_args(data, out, **ARGS), nproc=2, timeout=60)  # a requeued job that had finished
+    assert "nothing to do" in at.stdout
+    assert_same_run(out, straight)  # the log and the final checkpoint are untouched
+
+
+def test_a_fresh_start_never_mixes_with_the_run_in_out_dir(data, straight, tmp_path):
+    out = tmp_path / "used"
+    crashed_copy(straight, out, last_checkpoint=15)
+    log_before = (out / "log.jsonl").read_bytes()
+    proc = run_trainer(base_args(data, out, **{**ARGS, "resume": "never", "checkpoint_interval": 2}),
+                       nproc=2, check=False, timeout=60)
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 2 and "resume: " in errors[0] and "already holds a run" in errors[0], proc.stderr[-2000:]
+    assert "--resume auto" in errors[0]
+    assert [s for s, _ in list_checkpoints(out)] == [5, 10, 15] and (out / "log.jsonl").read_bytes() == log_before
+
+
+def test_fallback_past_a_truncated_checkpoint_with_keep_last_1_keeps_what_it_writes(data, straight, tmp_path):
+    out = tmp_path / "keep1"
+    crashed_copy(straight, out, last_checkpoint=15)
+    newest = out / "checkpoints" / "step_00000015.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    proc = run_trainer(base_args(data, out, **{**ARGS, "keep_last": 1}), nproc=2)
+    assert "renamed it to step_00000015.pt.unreadable" in proc.stderr
+    assert [s for s, _ in list_checkpoints(out)] == [STEPS]
+    assert_same_run(out, straight)
+
+
+def test_resume_path_repeated_by_a_requeue_continues_from_the_newest_descendant(data, straight, tmp_path):
+    out = tmp_path / "branch"
+    args = base_args(data, out, **{**ARGS, "resume": straight / "checkpoints" / "step_00000005.pt"})
+    first = run_trainer(args[:-2] + ["--max_steps", "12"] + args[-2:], nproc=2)  # preempted at 12, say
+    assert "resuming from" in first.stdout and "step_00000005.pt (resume)" in first.stdout
+    again = run_trainer(args, nproc=2)  # the same arguments again, as a SLURM requeue repeats them
+    assert f"resuming from {out / 'checkpoints' / 'step_00000012.pt'}" in again.stdout
+    assert "continued from" in again.stdout
+    assert [r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train"] == list(range(5, STEPS))
+
+
+def test_changed_optimizer_settings_apply_on_resume_and_are_named(data, straight, tmp_path):
+    out = tmp_path / "changed"
+    crashed_copy(straight, out, last_checkpoint=20)
+    proc = run_trainer(base_args(data, out, **{**ARGS, "weight_decay": 0.5, "beta2": 0.5, "adam_eps": 1e-3,
+                                               "seed": 7}), nproc=2)
+    (warning,) = [line for line in proc.stderr.splitlines() if "differ from the checkpoint" in line]
+    for change in ("weight_decay 0.1 -> 0.5", "beta2 0.95 -> 0.5", "adam_eps 1e-08 -> 0.001", "seed 1234 -> 7"):
+        assert change in warning
+    groups = torch.load(out / "checkpoints" / f"step_{STEPS:08d}.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.5, 0.0]  # decay on the 2-D weights only
+    assert all(g["betas"] == (0.9, 0.5) and g["eps"] == 1e-3 for g in groups)
+
+
+def test_rank_zero_write_failures_reach_every_rank_as_one_line(data, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    proc = run_trainer(base_args(data, blocker / "run", **ARGS), nproc=2, check=False, timeout=60)
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]
+    assert f"out_dir: cannot create {blocker / 'run'} (Not a directory)" in errors[0]
+    assert "exitcode  : 2" in proc.stderr and "train_gpt2.py\", line" not in proc.stderr
+
+    def small_files_only():  # the log outgrows 3 KB first (no checkpoint before the end): a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+
+    out = tmp_path / "full_log"
+    proc = subprocess.run(torchrun_cmd(base_args(data, out, **{**ARGS, "checkpoint_interval": 0})), cwd=REPO,
+                          env=env_for_workers(), capture_output=True, text=True, timeout=120, preexec_fn=small_files_only)
+    errors = error_lines(proc.stderr)
+    assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]
+    assert "log.jsonl: could not append a record (File too large)" in errors[0]
+    assert "exitcode  : 1" in proc.stderr and "train_gpt2.py\", line" not in proc.stderr
+    assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
+
+
+def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path):
+    """The stop is agreed before each eval and after the last one: no extra step, no sample."""
+    data = make_shards(tmp_path / "shards", val_size=40000)
+    out = tmp_path / "evals"
+    # val (about 2 s) and a sample are due every 6 steps; the signal comes while step 5 ends or during val
+    args = base_args(data, out, max_steps=STEPS, eval_interval=6, val_tokens=16384, sample_interval=6,
+                     sample_count=1, sample_tokens=4, checkpoint_interval=0, resume="never")
+    proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=env_for_workers(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(out, 5, proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert "SIGTERM received: saved step 6; run the same command with --resume auto to resume" in stdout, stderr
+    assert [s for s, _ in list_checkpoints(out)] == [6]
+    records = read_log(out / "log.jsonl")
+    assert max(r["step"] for r in records if r["kind"] == "train") == 5
+    assert not any(r["kind"] == "sample" and r["step"] == 6 for r in records)
+
+
+def test_torchrun_sigterm_exit_status_is_documented_as_it_really_is(data, tmp_path):
+    out = tmp_path / "status"
+    proc = subprocess.Popen(torchrun_cmd(base_args(data, out, **ARGS)), cwd=REPO, env=env_for_workers(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(out, 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert "SIGTERM received: saved step" in stdout
+    # torchrun itself exits 1 and prints its SignalException, although both workers exited 0
+    # after the checkpoint: README's failure table says so
+    assert proc.returncode == 1 and "SignalException" in stderr, (proc.returncode, stderr[-2000:])
+    readme = (REPO / "README.md").read_text()
+    assert "torchrun itself exits 1" in readme
+
+
+def test_sigusr1_to_a_plain_torchrun_stops_the_orphaned_workers_with_a_checkpoint(data, straight, tmp_path):
+    out = tmp_path / "orphans"
+    args = base_args(data, out, **ARGS)
+    proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=env_for_workers(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(out, 6, proc)
+    workers = children(proc.pid)
+    proc.send_signal(signal.SIGUSR1)  # not in torchrun's default --signals-to-handle: it dies at once
+    stdout, stderr = proc.communicate(timeout=120)  # the pipes close when the workers are gone too
+    assert proc.returncode == -signal.SIGUSR1
+    assert not any(Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+                   for pid in workers)
+    assert "SIGTERM received: saved step" in stdout, stdout[-2000:] + stderr[-2000:]
+    saved = [s for s, _ in list_checkpoints(out)][-1]
+    assert 6 < saved < STEPS and saved not in (10, 15, 20)
+    run_trainer(args, nproc=2)  # the same command again
+    assert_same_run(out, straight)
+
+
+def test_an_empty_sample_prompt_samples_unconditionally_on_rank_zero(data, tmp_path):
+    out = tmp_path / "unconditional"
+    run_trainer(base_args(data, out, **{**ARGS, "max_steps": 2, "sample_interval": 2, "sample_count": 1,
+                                        "sample_tokens": 4, "checkpoint_interval": 0}) + ["--sample_prompt", ""],
+                nproc=2, timeout=120)
+    (sample,) = [r for r in read_log(out / "log.jsonl") if r["kind"] == "sample"]
+    assert sample["step"] == 2 and sample["text"].startswith("<|endoftext|>")
+
+
+def test_a_large_seed_with_dropout_trains_across_an_epoch_boundary(tmp_path):
+    data = make_shards(tmp_path / "shards", train_sizes=(600, 700))  # 2 steps per epoch
+    out = tmp_path / "seeded"
+    run_trainer(base_args(data, out, max_steps=3, eval_interval=0, val_tokens=64, checkpoint_interval=0,
+                          dropout=0.1, seed=5_000_000_000), timeout=120)
+    assert sorted(train_losses(out)) == [0, 1, 2]
+
+
+def test_a_batch_one_rank_cannot_read_stops_every_rank_before_the_update(data, straight, tmp_path):
+    out = tmp_path / "unreadable_batch"
+    args = base_args(data, out, **ARGS)
+    proc = run_trainer(args, nproc=2, check=False, script="tests/inject_fault.py",
+                       extra_env={"FAULT": "batch", "FAULT_STEP": "7", "FAULT_RANK": "1"})
+    errors = error_lines(proc.stderr)
+    assert errors == ["error: injected: rank 1 could not read step 7"] * 2, proc.stderr[-3000:]
+    assert "exitcode  : 2" in proc.stderr and "train_gpt2.py\", line" not in proc.stderr
+    assert max(r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train") == 6
+    run_trainer(args, nproc=2)  # nothing half-applied: resuming from step 5 matches the straight run
+    assert_same_run(out, straight)

@@ -227,7 +227,7 @@ def test_init_from_hf_folder_starts_from_its_weights(hf_model, shards, tmp_path)
     logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     val0 = next(r["loss"] for r in logged if r["kind"] == "val" and r["step"] == 0)
     losses, count = 0.0, 0
-    for x, y in ValLoader(shards, 32, 256, 4).batches():
+    for _, x, y in ValLoader(shards, 32, 256, 4).batches():
         with torch.no_grad():
             losses += model(x).logits.flatten(0, 1).log_softmax(-1).gather(1, y.view(-1, 1)).sum().item()
         count += y.numel()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import make_shards
-from data.loader import RowStream, TrainLoader, ValLoader, validate_shards
+from data.loader import Prefetcher, RowStream, TrainLoader, ValLoader, validate_shards
 from data.shards import DataError, find_shards, open_shard, shard_name, write_shard
 
 T = 16
@@ -98,13 +99,14 @@ def test_too_little_data_for_one_step_is_a_clear_error(tmp_path):
 def test_val_loader_covers_the_same_fixed_rows_for_any_world_size(tmp_path):
     data = make_shards(tmp_path, val_size=5000)
     for world_size in (1, 2, 3, 4):
-        rows = []
+        batches = {}
         for rank in range(world_size):
             val = ValLoader(data, T, val_tokens=T * 37, batch_size=5, rank=rank, world_size=world_size)
-            for x, y in val.batches():
-                assert x.shape[0] <= 5
-                rows.extend(np.concatenate([x.numpy(), y[:, -1:].numpy()], axis=1))
-        assert len(rows) == 37
+            for index, x, y in val.batches():
+                assert x.shape[0] <= 5 and index not in batches
+                batches[index] = np.concatenate([x.numpy(), y[:, -1:].numpy()], axis=1)
+        rows = [row for index in sorted(batches) for row in batches[index]]
+        assert sorted(batches) == list(range(8)) and len(rows) == 37
         assert np.array_equal(np.stack(rows), np.stack([expected_row(find_shards(data, "val"), g) for g in range(37)]))
 
 
@@ -119,10 +121,11 @@ def test_shard_validation_names_the_bad_file(tmp_path):
     bad = data / shard_name("tiny", "train", 9)
     write_shard(bad, np.array([1, 2, 60000, 3], dtype=np.uint16))
     paths = find_shards(data, "train")
-    assert validate_shards(paths, 50304, rank=0, world_size=1) == (
-        f"{bad}: token id 60000 at position 2 is out of range for vocab_size 50304")
+    with pytest.raises(DataError) as raised:
+        validate_shards(paths, 50304, rank=0, world_size=1)
+    assert str(raised.value) == f"{bad}: token id 60000 at position 2 is out of range for vocab_size 50304"
     # the shard is in rank 1's share of a 2-rank world ([1::2] of 4 shards), not rank 0's
-    assert validate_shards(paths, 50304, rank=0, world_size=2) is None
+    validate_shards(paths, 50304, rank=0, world_size=2)
     np.save(data / "wrong_train_000010.npy", np.zeros(10, dtype=np.int32))
     with pytest.raises(DataError, match="wrong_train_000010.npy: token shards must be uint16"):
         open_shard(data / "wrong_train_000010.npy")
@@ -143,10 +146,6 @@ def test_missing_data_dir_and_missing_split_are_clear_errors(tmp_path):
 
 
 def test_prefetcher_yields_exactly_the_loader_batches_in_order(tmp_path):
-    import torch
-
-    from data.loader import Prefetcher
-
     data = make_shards(tmp_path, train_sizes=(1000, 777, 1500))
     loader = TrainLoader(data, T, 2, T * 8, rank=1, world_size=2)
     prefetch = Prefetcher(loader, start_step=3, end_step=7, device=torch.device("cpu"), depth=2)
@@ -160,3 +159,22 @@ def test_prefetcher_yields_exactly_the_loader_batches_in_order(tmp_path):
             Prefetcher(loader, 0, 2, torch.device("cpu")).get(1, 0)
     finally:
         prefetch.close()
+
+
+def test_prefetcher_never_waits_forever(tmp_path):
+    loader = TrainLoader(make_shards(tmp_path), T, 4, T * 8)
+    done = Prefetcher(loader, start_step=2, end_step=2, device=torch.device("cpu"))  # nothing to read
+    with pytest.raises(RuntimeError, match="the prefetcher's steps are done"):
+        done.get(2, 0)
+    done.close()
+
+    def broken(step, micro_step):
+        raise DataError("shard vanished")
+
+    loader.micro_batch = broken
+    failing = Prefetcher(loader, start_step=0, end_step=3, device=torch.device("cpu"))
+    with pytest.raises(DataError, match="shard vanished"):
+        failing.get(0, 0)
+    with pytest.raises(RuntimeError, match="prefetch thread ended"):  # and it stays an error, not a wait
+        failing.get(0, 1)
+    failing.close()

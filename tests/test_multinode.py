@@ -42,3 +42,27 @@ def test_two_nodes_with_c10d_rendezvous_match_one_node(tmp_path):
     a, b = load_weights(tmp_path / "two_nodes", 6), load_weights(tmp_path / "one_node", 6)
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_data_missing_on_one_node_stops_both_with_one_line(tmp_path):
+    """A relative data_dir that exists on node 0 only: every rank fails the same way, exit 2."""
+    port = free_port()
+    nodes_dirs = [tmp_path / "node0", tmp_path / "node1"]
+    make_shards(nodes_dirs[0] / "shards")
+    nodes_dirs[1].mkdir()
+    args = base_args("shards", tmp_path / "run")  # relative: resolved in each node's own cwd
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             f"--node_rank={rank}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+             "--rdzv_id=gpt2-repro-data", str(REPO / "train_gpt2.py"), *args],
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank, cwd in enumerate(nodes_dirs)
+    ]
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    errors = [[line for line in stderr.splitlines() if line.startswith("error:")] for _, stderr in outputs]
+    assert errors[0] == errors[1] == ["error: data_dir shards: no such directory (prepare data first, e.g. "
+                                      "`python prep/fineweb.py`)"], outputs
+    for _, stderr in outputs:
+        assert "exitcode  : 2" in stderr and "train_gpt2.py\", line" not in stderr

@@ -62,6 +62,13 @@ def test_resume_is_bitwise_exact_and_log_has_one_record_per_step(shards, tmp_pat
     state = torch.load(resumed / "checkpoints" / "step_00000006.pt", weights_only=True)
     assert state["step"] == 6 and state["tokens_seen"] == 6 * 512
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
+    # the val loss of the same weights is the very same float32-model figure on 1 and 2 ranks
+    one = tmp_path / "one_rank"
+    run_trainer(base_args(shards, one, max_steps=1, val_tokens=320, checkpoint_interval=0))
+    run_trainer(base_args(shards, tmp_path / "two_ranks", max_steps=1, val_tokens=320, checkpoint_interval=0), nproc=2)
+    val0 = [next(r["loss"] for r in read_log(d / "log.jsonl") if r["kind"] == "val" and r["step"] == 0)
+            for d in (one, tmp_path / "two_ranks")]
+    assert val0[0] == val0[1]  # bitwise: 10 rows in 3 batches, split 2 + 1 over the ranks
 
 
 def test_resume_on_another_world_size_matches_within_tolerance(shards, tmp_path):

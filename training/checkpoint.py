@@ -20,16 +20,10 @@ from pathlib import Path
 
 import torch
 
+from errors import CheckpointError, CheckpointWriteError, ConfigError
+
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read or used; the message names the file."""
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (disk full, permissions); earlier ones are intact."""
 
 
 def checkpoint_path(out_dir: str | Path, step: int) -> Path:
@@ -64,9 +58,23 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
         raise CheckpointWriteError(
             f"{path}: could not write checkpoint ({reason}); earlier checkpoints are intact"
         ) from None
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename inside folder durable, where the filesystem allows it.
+
+    Some network and FUSE filesystems refuse to open or fsync a directory (EINVAL, EACCES...);
+    the file itself is already complete and renamed, so that refusal is no reason to fail.
+    """
     try:
-        os.fsync(dir_fd)  # make the rename itself durable
+        dir_fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
     finally:
         os.close(dir_fd)
 
@@ -93,11 +101,14 @@ class _FileWriter:
         self.f.flush()
 
 
-def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
-    """Load with weights_only=True; an unreadable file is a CheckpointError naming it."""
+def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
+    """Load with weights_only=True; an unreadable file is a CheckpointError naming it.
+
+    mmap=True leaves the tensors on disk until touched: cheap when only metadata is needed.
+    """
     path = Path(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
     except Exception as e:  # truncated zip, garbage bytes, unpickling refusal...
@@ -108,23 +119,85 @@ def load_checkpoint(path: str | Path, map_location="cpu") -> dict:
     return state
 
 
-def find_resume_checkpoint(out_dir: str | Path, resume: str) -> tuple[Path, dict] | None:
-    """Resolve the `resume` key to a loaded checkpoint, or None for a fresh start.
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
 
-    auto: the newest checkpoint in out_dir that loads, skipping (with a warning) any newer
-    file that is truncated or corrupt; none at all is a fresh start. never: fresh start.
-    A path: that file, and it must load.
+
+def newest_readable_checkpoint(out_dir: str | Path, warn=warn) -> tuple[Path, dict] | None:
+    """The newest checkpoint in out_dir that loads, and its state; None when there is none.
+
+    A newer file that does not load (truncated by a crash mid-copy, damaged) is set aside (see
+    `set_aside`), so it can no longer outrank good checkpoints in any later resume.
     """
-    if resume == "never":
-        return None
-    if resume != "auto":
-        return Path(resume), load_checkpoint(resume)
-    for step, path in reversed(list_checkpoints(out_dir)):
+    for _, path in reversed(list_checkpoints(out_dir)):
         try:
             return path, load_checkpoint(path)
         except CheckpointError as e:
-            print(f"warning: skipping {e}", file=sys.stderr)
+            set_aside(path, e, warn)
     return None
+
+
+def set_aside(path: Path, error: CheckpointError, warn=warn) -> None:
+    """Rename an unreadable checkpoint to `step_XXXXXXXX.pt.unreadable` (kept for inspection)."""
+    aside = path.with_name(path.name + ".unreadable")
+    try:
+        path.rename(aside)
+        warn(f"skipping {error}; renamed it to {aside.name}")
+    except OSError as rename_error:
+        warn(f"skipping {error}; could not rename it aside ({rename_error.strerror or rename_error})")
+
+
+def find_resume_checkpoint(out_dir: str | Path, resume: str, warn=warn) -> tuple[Path, dict, str] | None:
+    """Resolve the `resume` key: (path, state, how it was chosen), or None for a fresh start.
+
+    The checkpoints of one out_dir always form one line of history, so `resume: auto` can
+    never pick up another run's state:
+    - auto: the newest readable checkpoint in out_dir (unreadable newer ones are set aside).
+    - never: a fresh start (the trainer refuses one into an out_dir that holds a run).
+    - a path: that checkpoint, or the newest checkpoint in out_dir that continued from it
+      (a relaunch that repeats the same arguments, under torchrun --max-restarts or a SLURM
+      requeue, must not go back to the path each time). out_dir checkpoints of another run,
+      or newer ones that did not continue from the path (a rollback), are refused.
+    """
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = newest_readable_checkpoint(out_dir, warn)
+        return None if found is None else (*found, "the newest checkpoint in out_dir")
+    path = Path(resume)
+    state = load_checkpoint(path)
+    descendants = []
+    for step, other in list_checkpoints(out_dir):
+        if other.resolve() == path.resolve():
+            continue
+        try:
+            lineage = load_checkpoint(other, mmap=True)  # the tensors stay on disk: metadata only
+        except CheckpointError as e:
+            set_aside(other, e, warn)
+            continue
+        if lineage.get("run_id") != state.get("run_id"):
+            raise ConfigError(
+                f"resume: {other} belongs to another run than {path}; give this run another out_dir")
+        if step > state["step"]:
+            if state.get("checkpoint_id") is None or state["checkpoint_id"] not in lineage.get("ancestry", []):
+                raise ConfigError(
+                    f"resume: {other} is newer than {path} and did not continue from it; to go back to "
+                    f"{path.name}, move the newer checkpoints out of {other.parent} or use another out_dir")
+            descendants.append(other)
+    if descendants:
+        return descendants[-1], load_checkpoint(descendants[-1]), f"the newest checkpoint that continued from {path}"
+    return path, state, "resume"
+
+
+def resolve_checkpoint(ckpt: str | Path) -> tuple[Path, dict]:
+    """A checkpoint file, or the newest readable checkpoint of a run folder: (path, state)."""
+    path = Path(ckpt)
+    if path.is_dir():
+        found = newest_readable_checkpoint(path)
+        if found is None:
+            raise CheckpointError(f"{path}: no checkpoints in {path / CHECKPOINT_DIR}")
+        return found
+    return path, load_checkpoint(path)
 
 
 def remove_stale_temp_files(out_dir: str | Path) -> None:
@@ -135,15 +208,22 @@ def remove_stale_temp_files(out_dir: str | Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def prune_checkpoints(out_dir: str | Path, keep_last: int, protect: Path | None = None) -> list[Path]:
-    """Delete all but the newest keep_last checkpoints, never the protected one (resumed from)."""
-    found = list_checkpoints(out_dir)
-    doomed = [p for _, p in found[: max(len(found) - keep_last, 0)]]
-    if protect is not None:
-        doomed = [p for p in doomed if p.resolve() != Path(protect).resolve()]
-    for p in doomed:
-        p.unlink(missing_ok=True)
-    return doomed
+def prune_checkpoints(out_dir: str | Path, keep_last: int, written_step: int, warn=warn) -> list[Path]:
+    """After writing checkpoint `written_step`, delete older ones so that keep_last remain.
+
+    Only checkpoints older than the one just written are ever candidates: the new file, and
+    anything newer, are never deleted. A file that cannot be deleted is a warning, not an
+    error: training goes on and the file stays.
+    """
+    older = [path for step, path in list_checkpoints(out_dir) if step < written_step]
+    deleted = []
+    for path in older[: max(len(older) - (keep_last - 1), 0)]:
+        try:
+            path.unlink(missing_ok=True)
+            deleted.append(path)
+        except OSError as e:
+            warn(f"could not delete old checkpoint {path} ({e.strerror or e}); it is kept")
+    return deleted
 
 
 def check_compatible(state: dict, model_args: dict, path: str | Path) -> None:

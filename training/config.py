@@ -16,11 +16,8 @@ from pathlib import Path
 
 import yaml
 
+from errors import ConfigError
 from model import PRESETS, GPTConfig
-
-
-class ConfigError(ValueError):
-    """A bad configuration value or combination; the message names the key."""
 
 
 @dataclass
@@ -119,6 +116,8 @@ class TrainConfig:
         for key in ("beta1", "beta2"):
             require(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
         require(self.adam_eps > 0, "adam_eps", f"must be positive, got {self.adam_eps}")
+        # numpy's seed sequences (the epoch shuffles) take non-negative integers, torch.manual_seed 64 bits
+        require(0 <= self.seed < 2**64, "seed", f"must be in [0, 2**64), got {self.seed}")
         if self.model == "custom":
             require(self.n_embd % self.n_head == 0, "n_embd", f"{self.n_embd} is not divisible by n_head {self.n_head}")
         require(self.vocab_size >= 50257, "vocab_size", f"must hold GPT-2's 50257 tokens, got {self.vocab_size}")
@@ -183,35 +182,20 @@ def _base_types(key: str) -> tuple[type, ...]:
     return (origin or hint,)
 
 
-def coerce(key: str, value, from_text: bool):
-    """Check (YAML) or convert (command-line text) one value to its field's type."""
+def coerce(key: str, value):
+    """Check (a YAML value) or convert (command-line text) one value to its field's type.
+
+    Text is converted by the field's type, from the command line and from YAML alike: PyYAML
+    reads `6e-4` (no dot) as a string, and users write floats every way. Strings stay exactly
+    as written (a prompt may start with a space).
+    """
     if key not in _FIELDS:
         close = [k for k in _FIELDS if k.startswith(key[:4])]
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise ConfigError(f"{key}: unknown config key{hint}")
     accepted = _base_types(key)
-    if from_text and isinstance(value, str):
-        text = value.strip()
-        if type(None) in accepted and text.lower() in ("none", "null", "auto"):
-            return None
-        if bool in accepted:
-            if text.lower() in _TRUE | _FALSE:
-                return text.lower() in _TRUE
-        elif int in accepted:
-            try:
-                return int(text.replace("_", ""))
-            except ValueError:
-                pass
-        elif float in accepted:
-            try:
-                return float(text)
-            except ValueError:
-                pass
-        elif list in accepted:
-            return [t for t in text.split(",") if t]
-        elif str in accepted:
-            return text
-        raise ConfigError(f"{key}: expected {_type_name(accepted)}, got {text!r}")
+    if isinstance(value, str):
+        return _from_text(key, value, accepted)
     # a YAML value: already typed; ints are fine for floats, but bools are not ints
     if value is None and type(None) in accepted:
         return None
@@ -222,11 +206,33 @@ def coerce(key: str, value, from_text: bool):
         return float(value) if int not in accepted else value
     elif isinstance(value, float) and float in accepted:
         return value
-    elif isinstance(value, str) and str in accepted:
-        return value
     elif isinstance(value, list) and list in accepted and all(isinstance(v, str) for v in value):
         return value
     raise ConfigError(f"{key}: expected {_type_name(accepted)}, got {value!r}")
+
+
+def _from_text(key: str, value: str, accepted: tuple[type, ...]):
+    if str in accepted:
+        return value
+    text = value.strip()
+    if type(None) in accepted and text.lower() in ("none", "null", "auto"):
+        return None
+    if bool in accepted:
+        if text.lower() in _TRUE | _FALSE:
+            return text.lower() in _TRUE
+    elif int in accepted:
+        try:
+            return int(text.replace("_", ""))
+        except ValueError:
+            pass
+    elif float in accepted:
+        try:
+            return float(text.replace("_", ""))
+        except ValueError:
+            pass
+    elif list in accepted:
+        return [t for t in text.split(",") if t]
+    raise ConfigError(f"{key}: expected {_type_name(accepted)}, got {text!r}")
 
 
 def _type_name(accepted: tuple[type, ...]) -> str:
@@ -245,7 +251,7 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config: {path} is not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path} must hold a mapping of keys to values")
-    return {k: coerce(k, v, from_text=False) for k, v in data.items()}
+    return {k: coerce(k, v) for k, v in data.items()}
 
 
 def usage() -> str:
@@ -279,9 +285,10 @@ def parse_args(argv: list[str]) -> TrainConfig:
             values.update(load_yaml(value))
     for key, value in pairs:
         if key != "config":
-            values[key] = coerce(key, value, from_text=True)
+            values[key] = coerce(key, value)
     return TrainConfig(**values)
 
 
-def save_yaml(config: TrainConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+def config_yaml(config: TrainConfig) -> str:
+    """The resolved configuration as YAML (what `--config` reads back)."""
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

@@ -8,15 +8,19 @@ rank must call; none of them may sit behind an `if master_process`.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import gc
 import os
+import signal
+import sys
+import traceback
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from training.config import ConfigError
+from errors import ConfigError, ReproError
 
 
 @dataclass
@@ -46,9 +50,14 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     if requested.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(f"device: {requested} requested but CUDA is not available")
-        return torch.device("cuda", local_rank) if requested == "cuda" else torch.device(requested)
+        try:
+            return torch.device("cuda", local_rank) if requested == "cuda" else torch.device(requested)
+        except RuntimeError:
+            raise ConfigError(f"device: unknown device {requested!r}; choose auto, cuda, cuda:N, mps or cpu") from None
     if requested == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device: mps requested but MPS is not available")
+    if requested not in ("cpu", "mps"):
+        raise ConfigError(f"device: unknown device {requested!r}; choose auto, cuda, cuda:N, mps or cpu")
     return torch.device(requested)
 
 
@@ -90,6 +99,22 @@ def restart_safe_store(world_size: int, timeout: datetime.timedelta):
     return dist.PrefixStore(f"gpt2-repro/attempt_{restart}", store)
 
 
+def stop_when_launcher_dies() -> None:
+    """Under torchrun, ask Linux for a SIGTERM when the launcher dies (the parent-death signal).
+
+    torchrun forwards only the signals named in --signals-to-handle to its workers; any other
+    fatal signal (SIGUSR1 by default, a SIGKILL) ends the launcher at once and would leave its
+    workers training on as orphans, which a second launch into the same out_dir would then
+    race. With this, a worker whose launcher is gone gets SIGTERM, which the trainer treats
+    like a preemption: checkpoint at the next step, exit.
+    """
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    # (A launcher gone before this call leaves no store to join: init_process_group fails.)
+    pr_set_pdeathsig = 1  # from <linux/prctl.h>; a failure only loses the orphan protection
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def setup_distributed(requested_device: str, timeout_minutes: float = 30.0) -> DistEnv:
     """Join torchrun's process group if launched by it; otherwise a single process."""
     ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
@@ -97,6 +122,7 @@ def setup_distributed(requested_device: str, timeout_minutes: float = 30.0) -> D
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     device = pick_device(requested_device, local_rank)
+    stop_when_launcher_dies()
     if ddp:
         if device.type == "mps":
             raise ConfigError("device: mps does not support multi-process training; run one process")
@@ -146,33 +172,51 @@ def broadcast_object(obj, env: DistEnv, src: int = 0):
     return box[0]
 
 
-def run_on_all_ranks(env: DistEnv, fn, catch: type[BaseException] | tuple, raise_as: type[Exception],
-                     describe=str):
-    """fn() on this rank; if it raised `catch` on any rank, raise `raise_as` on every rank. Collective.
+def run_on_all_ranks(env: DistEnv, fn, describe=None):
+    """fn() on this rank; if it failed on any rank, every rank raises that failure. Collective.
 
-    For work whose failure only some ranks can see (rank 0 writing a checkpoint, one node
-    missing a file): the message travels to every rank, so they all stop with the same line
-    instead of the others waiting forever in their next collective.
+    For work whose failure only some ranks can see (rank 0 writing a checkpoint or a log, one
+    node missing a file): the error travels to every rank, so they all stop with the same
+    one-line message instead of the others waiting forever in their next collective. A
+    ReproError travels as it is; anything else (a bug) prints its traceback on the rank that
+    hit it and travels as a ReproError naming that rank. `describe(e)` may turn an exception
+    into the ReproError to share (return None to treat it as unexpected).
     """
-    result, problem = None, None
+    result, error = None, None
     try:
         result = fn()
-    except catch as e:
-        problem = describe(e)
-    problem = first_error(problem, env)
-    if problem:
-        raise raise_as(problem)
+    except Exception as e:  # noqa: BLE001 - every failure must reach the agreement below
+        error = as_repro_error(e, env, describe)
+    raise_first_error(error, env)
     return result
 
 
-def first_error(message: str | None, env: DistEnv) -> str | None:
-    """Gather each rank's error (or None) and return the first one, on every rank. Collective.
+def as_repro_error(e: Exception, env: DistEnv, describe=None) -> ReproError:
+    """The ReproError to share for e: itself, describe(e), or a one-line stand-in for a bug."""
+    if isinstance(e, ReproError):
+        return e
+    described = describe(e) if describe is not None else None
+    if described is not None:
+        return described
+    traceback.print_exc()
+    return ReproError(f"rank {env.rank}: {type(e).__name__}: {e} (traceback above)")
 
-    Lets all ranks fail with the same one-line message when only one of them saw the problem,
-    instead of the others hanging in their next collective.
+
+def raise_first_error(error: ReproError | None, env: DistEnv) -> None:
+    """Raise the lowest rank's error on every rank, or return if no rank has one. Collective."""
+    error = first_error(error, env)
+    if error is not None:
+        raise error
+
+
+def first_error(error, env: DistEnv):
+    """Gather each rank's error (a message or exception, or None); the first one, on every rank.
+
+    Collective. Lets all ranks fail with the same one-line message when only one of them saw
+    the problem, instead of the others hanging in their next collective.
     """
     if not env.ddp:
-        return message
-    gathered: list[str | None] = [None] * env.world_size
-    dist.all_gather_object(gathered, message)
-    return next((m for m in gathered if m), None)
+        return error
+    gathered: list = [None] * env.world_size
+    dist.all_gather_object(gathered, error)
+    return next((e for e in gathered if e is not None), None)

@@ -33,6 +33,7 @@ import torch
 from torch.nn import functional as F
 
 from data.tokenizer import EOT_TOKEN
+from errors import DataError
 from model import upcast
 from training.distributed import DistEnv, all_reduce_sum, barrier, first_error
 
@@ -47,7 +48,7 @@ NUM_ENDINGS = 4
 PAD_MULTIPLE = 32
 
 
-class HellaSwagDataError(ValueError):
+class HellaSwagDataError(DataError):
     """A HellaSwag file that cannot be used; the message names the file (and the line)."""
 
 

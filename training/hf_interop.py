@@ -28,7 +28,9 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, load_bpe_ranks
+from errors import DataError
 from model import GPT, PRESETS, GPTConfig
+from training.checkpoint import resolve_checkpoint
 
 # Where the presets live on the Hub (the historic un-namespaced names redirect there).
 HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
@@ -51,7 +53,7 @@ TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh")  # both are the tanh approximatio
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which our model uses
 
 
-class HFInteropError(ValueError):
+class HFInteropError(DataError):
     """A Hugging Face folder, config or checkpoint we cannot convert; the message names the file or key."""
 
 
@@ -396,22 +398,9 @@ def _write_json(path: Path, data: dict) -> None:
 # --- export -------------------------------------------------------------------------------------
 
 
-def load_export_state(ckpt: str | Path) -> dict:
-    """A checkpoint file, or the newest readable checkpoint of a run folder."""
-    from training.checkpoint import CheckpointError, find_resume_checkpoint, load_checkpoint
-
-    path = Path(ckpt)
-    if path.is_dir():
-        found = find_resume_checkpoint(path, "auto")
-        if found is None:
-            raise CheckpointError(f"{path}: no checkpoints in {path / 'checkpoints'}")
-        return found[1]
-    return load_checkpoint(path)
-
-
 def export_hf(state_or_ckpt: dict | str | Path, out_dir: str | Path, license: str = "mit") -> Path:
     """Write a transformers-loadable GPT-2 folder (weights, config, tokenizer, model card)."""
-    state = state_or_ckpt if isinstance(state_or_ckpt, dict) else load_export_state(state_or_ckpt)
+    state = state_or_ckpt if isinstance(state_or_ckpt, dict) else resolve_checkpoint(state_or_ckpt)[1]
     config = GPTConfig(**state["model_args"])
     if config.vocab_size < GPT2_VOCAB_SIZE:
         raise HFInteropError(f"vocab_size: the model has {config.vocab_size} rows, "

@@ -1,7 +1,9 @@
 """Rank 0's record of a run: a console line, `log.jsonl`, and optionally Weights & Biases.
 
 Every other rank holds a disabled logger, so call sites need no `if master_process`. Nothing
-here is a collective.
+here is a collective. A record that cannot be written (disk full) does not raise in the
+middle of a step: the logger keeps the WriteError in `failure` and writes nothing more, and
+the trainer shares it with every rank at the step's all-reduce, so all stop with one line.
 
 log.jsonl has one JSON object per event (`kind` = train, val, hellaswag, sample, ...). When a
 run resumes from the checkpoint of step s, the records of step >= s are dropped first: they
@@ -15,6 +17,8 @@ import json
 import math
 import os
 from pathlib import Path
+
+from errors import WriteError
 
 LOG_NAME = "log.jsonl"
 
@@ -34,14 +38,21 @@ def read_log(path: str | Path) -> list[dict]:
 def truncate_log(path: str | Path, step: int) -> None:
     """Keep only the records before `step`, rewriting the file atomically."""
     path = Path(path)
-    if not path.exists():
-        return
-    kept = [r for r in read_log(path) if r.get("step", -1) < step]
+    if path.exists():
+        kept = [r for r in read_log(path) if r.get("step", -1) < step]
+        write_text_file(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def write_text_file(path: Path, text: str) -> None:
+    """Replace path's content atomically (temp file + rename); a failure is a WriteError naming it."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        for r in kept:
-            f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise WriteError(f"{path}: could not write ({e.strerror or e})") from None
 
 
 def _finite_or_none(value):
@@ -52,11 +63,15 @@ class RunLogger:
     def __init__(self, out_dir: str | Path, enabled: bool, resume_step: int = 0):
         self.enabled = enabled
         self.wandb_run = None
+        self.failure: WriteError | None = None  # the first record that could not be written
         self._jsonl = None
+        self.path = Path(out_dir) / LOG_NAME
         if enabled:
-            log_path = Path(out_dir) / LOG_NAME
-            truncate_log(log_path, resume_step)
-            self._jsonl = open(log_path, "a", buffering=1)  # line-buffered: one record per line
+            truncate_log(self.path, resume_step)
+            try:
+                self._jsonl = open(self.path, "a", buffering=1)  # line-buffered: one record per line
+            except OSError as e:
+                raise WriteError(f"{self.path}: could not open ({e.strerror or e})") from None
 
     # --- W&B ----------------------------------------------------------------------------------
     def start_wandb(self, project: str, run_name: str, mode: str, config: dict, tags: list[str],
@@ -80,8 +95,15 @@ class RunLogger:
         """Append one event to log.jsonl and send its numbers to W&B under `kind/name`."""
         if not self.enabled:
             return
+        if self.failure is not None:
+            return
         record = {k: _finite_or_none(v) for k, v in record.items()}
-        self._jsonl.write(json.dumps(record) + "\n")
+        try:
+            self._jsonl.write(json.dumps(record) + "\n")
+        except OSError as e:
+            self.failure = WriteError(f"{self.path}: could not append a record ({e.strerror or e}); "
+                                      f"the checkpoints written before are intact")
+            return
         if self.wandb_run is not None:
             kind, step = record["kind"], record["step"]
             metrics = {f"{kind}/{k}": v for k, v in record.items() if k not in ("kind", "step") and v is not None}
@@ -93,13 +115,21 @@ class RunLogger:
             # already holds (identical, since resuming is exact), so its history has one row per step
             self.wandb_run.log(metrics, step=step)
 
+    def check(self) -> None:
+        """Raise the failure of an earlier record, if any."""
+        if self.failure is not None:
+            raise self.failure
+
     def console(self, text: str) -> None:
         if self.enabled:
             print(text, flush=True)
 
     def close(self) -> None:
         if self._jsonl is not None:
-            self._jsonl.close()
+            try:
+                self._jsonl.close()
+            except OSError:
+                pass  # its failure was reported when the record was written
             self._jsonl = None
         if self.wandb_run is not None:
             self.wandb_run.finish()

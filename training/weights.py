@@ -14,7 +14,7 @@ from pathlib import Path
 
 from model import GPT, PRESETS
 from training.checkpoint import check_compatible, load_checkpoint
-from training.config import ConfigError
+from errors import ConfigError
 from training.hf_interop import HFInteropError, load_hf_into
 
 
