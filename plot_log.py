@@ -1,64 +1,109 @@
 """Plot the curves of one or several runs from their log.jsonl, for comparison at a glance.
 
     python plot_log.py out/gpt2_124m -o curves.png --smooth 20
-    python plot_log.py out/run_a out/run_b -o compare.png --title "lr sweep"
+    python plot_log.py out/run_a out/run_b -o compare.png --title "lr sweep" --references all
 
-Left panel: train loss (a trailing moving average over --smooth N points, raw values faint
-behind it) and val loss against tokens seen. Right panel: HellaSwag acc_norm against tokens,
-or a note when no run has HellaSwag records. One colour per run, labelled by its folder name.
+One panel per kind of data the runs logged, side by side against tokens seen: loss (train
+loss as a trailing moving average over --smooth N points, raw values faint behind it, and val
+loss), then HellaSwag acc_norm if any run evaluated it. One colour per run, labelled by its
+folder name; a thin vertical line in the run's colour marks each resume (a launch that
+started from step S > 0, as its `startup` record says).
 
-Reference lines: the OpenAI GPT-2 124M checkpoint's val loss on FineWeb-Edu (3.29) is drawn
-only when the plotted losses would still fill at least 60% of the y axis with it; otherwise a
-note says it is off-scale, so a run whose losses sit in a narrow band far above 3.29 (a short
-or resumed small run) keeps a readable axis; the y limits then follow the data alone. The HellaSwag
-references (GPT-2 124M 29.4%, GPT-3 124M 33.7%) are always drawn: accuracies live between
-chance (25%) and a few tens of percent, so they never squash the curves.
+Reference lines (--references, default auto) follow each run folder's config.yaml:
+- val loss 3.29, OpenAI's GPT-2 124M checkpoint on FineWeb-Edu: for runs of a GPT-2 size on
+  FineWeb data (data_dir names fineweb). auto also leaves it out, with a note, when the
+  losses would fill less than 60% of the y axis with it (a short run far above 3.29);
+- HellaSwag acc_norm of the GPT-2 checkpoint and the GPT-3 model of the same size: for runs
+  whose model is that GPT-2 size (a preset name, or custom with its n_layer and n_embd).
+all draws every reference, none draws none. A folder without config.yaml gets none in auto.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
+from errors import ArgumentParser, DataError, WriteError, run_cli  # noqa: E402
 from training.run_logger import LOG_NAME, read_log  # noqa: E402
 
 GPT2_VAL_LOSS = 3.29
-HELLASWAG_REFS = [(29.4, "GPT-2 124M (29.4%)"), (33.7, "GPT-3 124M (33.7%)")]
-FIGSIZE, DPI = (12.0, 4.5), 100  # a 1200 x 450 pixel image
+# HellaSwag acc_norm (%) by GPT-2 size: the preset, its shape (n_layer, n_embd), and the
+# figures of OpenAI's GPT-2 checkpoint and of the GPT-3 paper's model of about that size.
+HELLASWAG_REFS = {
+    "gpt2": ((12, 768), [("GPT-2 124M", 29.4), ("GPT-3 Small (125M)", 33.7)]),
+    "gpt2-medium": ((24, 1024), [("GPT-2 350M", 37.5), ("GPT-3 Medium (350M)", 43.6)]),
+    "gpt2-large": ((36, 1280), [("GPT-2 774M", 43.0), ("GPT-3 Large (760M)", 51.0)]),
+    "gpt2-xl": ((48, 1600), [("GPT-2 1558M", 50.9), ("GPT-3 XL (1.3B)", 54.7)]),
+}
+PANEL_SIZE, DPI = (6.0, 4.5), 100  # each panel 600 x 450 pixels
 MIN_FILL = 0.6
+SERIES = {"train": "loss", "val": "loss", "hellaswag": "acc_norm"}  # the record kinds plotted, and their value
+PANELS = {"loss": ("train", "val"), "hellaswag": ("hellaswag",)}  # the kinds each panel draws
 
 
-def load_run(out_dir: str | Path) -> list[dict]:
-    """The records of OUT_DIR/log.jsonl; raises ValueError (message names the file) if missing or empty."""
+class Run(NamedTuple):
+    records: list[dict]  # of log.jsonl
+    config: dict  # of config.yaml
+
+
+def load_run(out_dir: str | Path) -> Run:
+    """The records and config of the run folder OUT_DIR; DataError (naming the file) if its log is
+    missing or has nothing to plot."""
     path = Path(out_dir) / LOG_NAME
     try:
-        records = read_log(path)
+        records = [r for r in read_log(path) if isinstance(r, dict)]
     except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
+        raise DataError(f"{path}: no such file") from None
     except OSError as e:
-        raise ValueError(f"{path}: {e.strerror or e}") from None
-    if not records:
-        raise ValueError(f"{path}: no records")
-    return records
+        raise DataError(f"{path}: {e.strerror or e}") from None
+    if not any(len(series(records, kind, key)[0]) for kind, key in SERIES.items()):
+        raise DataError(f"{path}: no train, val or hellaswag records")
+    return Run(records, load_config(out_dir))
+
+
+def load_config(out_dir: str | Path) -> dict:
+    """OUT_DIR/config.yaml, the run's resolved trainer configuration; {} if the folder has none."""
+    path = Path(out_dir) / "config.yaml"
+    if not path.exists():
+        return {}
+    try:
+        config = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror or e}") from None
+    except yaml.YAMLError:
+        config = None
+    if not isinstance(config, dict):
+        raise DataError(f"{path}: not a YAML mapping of config keys")
+    return config
 
 
 def series(records: list[dict], kind: str, key: str) -> tuple[np.ndarray, np.ndarray]:
     """(tokens, values) of the records of `kind`, sorted by tokens; null or non-finite values are skipped."""
     points = sorted((r["tokens"], r[key]) for r in records
-                    if isinstance(r, dict) and r.get("kind") == kind and _finite(r.get("tokens")) and _finite(r.get(key)))
+                    if r.get("kind") == kind and _finite(r.get("tokens")) and _finite(r.get(key)))
     return np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points], dtype=float)
 
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def resume_tokens(records: list[dict]) -> list[float]:
+    """Tokens seen at each resume: a startup record of step S > 0 is placed at the tokens of the
+    train record of step S - 1 (the log keeps it: a resume from S drops only steps >= S)."""
+    tokens_after = {r["step"]: r["tokens"] for r in records if r.get("kind") == "train" and _finite(r.get("tokens"))}
+    return sorted(tokens_after[r["step"] - 1] for r in records
+                  if r.get("kind") == "startup" and r.get("step", 0) > 0 and r["step"] - 1 in tokens_after)
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
@@ -90,82 +135,102 @@ def reference_fits(ref: float, values: list[np.ndarray]) -> bool:
     return (hi - lo) / (max(hi, ref) - min(lo, ref)) >= MIN_FILL
 
 
-def plot(runs: dict[str, list[dict]], out: Path, window: int, title: str | None) -> None:
-    """Draw the loss and HellaSwag panels for runs (label -> records) into the image `out`."""
-    fig, (ax_loss, ax_hs) = plt.subplots(1, 2, figsize=FIGSIZE, dpi=DPI)
+def gpt2_size(config: dict) -> str | None:
+    """The GPT-2 preset the run's model is, by name or by shape; None for any other model."""
+    for size, (shape, _) in HELLASWAG_REFS.items():
+        if config.get("model") == size or (config.get("n_layer"), config.get("n_embd")) == shape:
+            return size
+    return None
+
+
+def applicable_references(configs: list[dict], mode: str) -> tuple[bool, list[tuple[str, float]]]:
+    """For the runs' configs and --references `mode`: whether the val loss reference is drawn,
+    and the HellaSwag references (name, acc_norm %) that are."""
+    if mode == "none":
+        return False, []
+    sizes = [gpt2_size(c) for c in configs]
+    loss = mode == "all" or any(size and "fineweb" in str(c.get("data_dir", "")).lower()
+                                for size, c in zip(sizes, configs))
+    return loss, [ref for size, (_, refs) in HELLASWAG_REFS.items() if mode == "all" or size in sizes for ref in refs]
+
+
+def plot(runs: dict[str, Run], out: Path, window: int = 1, title: str | None = None,
+         references: str = "auto") -> Figure:
+    """Draw the panels that runs (label -> Run) have data for into the image `out`; the figure."""
+    data = {label: {kind: series(run.records, kind, key) for kind, key in SERIES.items()}
+            for label, run in runs.items()}
+    panels = [p for p, kinds in PANELS.items() if any(len(d[kind][0]) for d in data.values() for kind in kinds)]
+    fig, row = plt.subplots(1, len(panels), figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), dpi=DPI,
+                            squeeze=False)
+    axes = dict(zip(panels, row[0]))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    data = {label: {name: series(records, kind, key) for name, kind, key in
-                    (("train", "train", "loss"), ("val", "val", "loss"), ("hs", "hellaswag", "acc_norm"))}
-            for label, records in runs.items()}
-    max_tokens = max([s[0].max() for d in data.values() for s in d.values() if len(s[0])] or [0.0])
-    scale, unit = token_unit(max_tokens)
-    losses, has_hs = [], False
+    scale, unit = token_unit(max(x.max() for d in data.values() for x, _ in d.values() if len(x)))
     for i, (label, d) in enumerate(data.items()):
         color = colors[i % len(colors)]
-        (tx, ty), (vx, vy), (hx, hy) = d["train"], d["val"], d["hs"]
+        (tx, ty), (vx, vy), (hx, hy) = d["train"], d["val"], d["hellaswag"]
         if len(tx):
             if window > 1:
-                ax_loss.plot(tx / scale, ty, color=color, alpha=0.2, linewidth=0.8)
-            ax_loss.plot(tx / scale, smooth(ty, window), color=color, linewidth=1.2, label=f"{label} train")
+                axes["loss"].plot(tx / scale, ty, color=color, alpha=0.2, linewidth=0.8)
+            axes["loss"].plot(tx / scale, smooth(ty, window), color=color, linewidth=1.2, label=f"{label} train")
         if len(vx):
-            ax_loss.plot(vx / scale, vy, color=color, linestyle="--", marker="o", markersize=3, label=f"{label} val")
-        losses += [ty, vy]
+            axes["loss"].plot(vx / scale, vy, color=color, linestyle="--", marker="o", markersize=3,
+                              label=f"{label} val")
         if len(hx):
-            ax_hs.plot(hx / scale, hy * 100, color=color, marker="o", markersize=3, label=label)
-            has_hs = True
-    xlabel = f"tokens seen ({unit})" if unit else "tokens seen"
-    if any(len(v) for v in losses):
-        if reference_fits(GPT2_VAL_LOSS, losses):
-            ax_loss.axhline(GPT2_VAL_LOSS, color="gray", linestyle=":", label="OpenAI GPT-2 124M checkpoint (3.29)")
-        else:
-            ax_loss.text(0.01, 0.02, f"GPT-2 124M reference ({GPT2_VAL_LOSS}) off-scale", transform=ax_loss.transAxes,
-                         ha="left", va="bottom", fontsize=8, color="gray")
-        ax_loss.set(xlabel=xlabel, ylabel="loss", title="loss" + (f" (train smoothed over {window})" if window > 1 else ""))
-        ax_loss.legend(fontsize=8, loc="upper right")
-        ax_loss.grid(alpha=0.3)
-    else:
-        _empty(ax_loss, "no train/val loss records")
-    if has_hs:
-        for (ref, name), style in zip(HELLASWAG_REFS, (":", "-.")):
-            ax_hs.axhline(ref, color="gray", linestyle=style, label=name)
-        ax_hs.set(xlabel=xlabel, ylabel="acc_norm (%)", title="HellaSwag")
-        ax_hs.legend(fontsize=8, loc="lower right")
-        ax_hs.grid(alpha=0.3)
-    else:
-        _empty(ax_hs, "no HellaSwag records")
+            axes["hellaswag"].plot(hx / scale, hy * 100, color=color, marker="o", markersize=3, label=label)
+        for tokens in resume_tokens(runs[label].records):
+            for ax in axes.values():
+                ax.axvline(tokens / scale, color=color, linewidth=0.8, alpha=0.6, label=f"{label} resumed")
+    loss_ref, hellaswag_refs = applicable_references([run.config for run in runs.values()], references)
+    if "loss" in axes:
+        ax = axes["loss"]
+        fits = reference_fits(GPT2_VAL_LOSS, [y for d in data.values() for _, y in (d["train"], d["val"])])
+        if loss_ref and (fits or references == "all"):
+            ax.axhline(GPT2_VAL_LOSS, color="gray", linestyle=":", label=f"GPT-2 124M checkpoint: {GPT2_VAL_LOSS}")
+        elif loss_ref:
+            ax.text(0.01, 0.02, f"GPT-2 124M reference ({GPT2_VAL_LOSS}) off-scale: --references all draws it",
+                    transform=ax.transAxes, ha="left", va="bottom", fontsize=8, color="gray")
+        ax.set(ylabel="loss", title="loss" + (f" (train smoothed over {window})" if window > 1 else ""))
+    if "hellaswag" in axes:
+        for name, value in hellaswag_refs:
+            axes["hellaswag"].axhline(value, color="gray", linestyle=":" if name.startswith("GPT-2") else "-.",
+                                      label=f"{name}: {value}%")
+        axes["hellaswag"].set(ylabel="acc_norm (%)", title="HellaSwag")
+    for panel, ax in axes.items():
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))  # one entry per label: a run resumed twice is listed once
+        ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper right" if panel == "loss" else "upper left")
+        ax.set(xlabel=f"tokens seen ({unit})" if unit else "tokens seen")
+        ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=DPI)  # no bbox_inches="tight": the pixel size stays FIGSIZE * DPI
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=DPI)  # no bbox_inches="tight": the pixel size stays PANEL_SIZE * DPI per panel
+    except OSError as e:
+        raise WriteError(f"{out}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+    return fig
 
 
-def _empty(ax, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", color="gray", transform=ax.transAxes)
-    ax.set_axis_off()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Plot loss and HellaSwag curves of training runs.")
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(description="Plot loss and HellaSwag curves of training runs.")
     parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders holding log.jsonl")
     parser.add_argument("-o", "--output", default="curves.png", help="image to write (default: curves.png)")
     parser.add_argument("--smooth", type=int, default=1, metavar="N", help="trailing moving average of train loss")
     parser.add_argument("--title", default=None, help="figure title")
+    parser.add_argument("--references", choices=("auto", "all", "none"), default="auto",
+                        help="reference lines: those that apply to the runs' model and data (auto, the default), "
+                             "all of them, or none")
     args = parser.parse_args(argv)
     names = [Path(d).resolve().name for d in args.out_dirs]
     labels = names if len(set(names)) == len(names) else list(args.out_dirs)  # same name: use the paths
-    runs = {}
-    for label, out_dir in zip(labels, args.out_dirs):
-        try:
-            runs[label] = load_run(out_dir)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    plot(runs, Path(args.output), args.smooth, args.title)
+    runs = {label: load_run(out_dir) for label, out_dir in zip(labels, args.out_dirs)}
+    plot(runs, Path(args.output), args.smooth, args.title, args.references)
     print(args.output)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

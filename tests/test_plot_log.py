@@ -1,4 +1,4 @@
-"""plot_log.py: run as a user would on synthetic logs, then look at the image it wrote."""
+"""plot_log.py: run as a user would on synthetic logs, then look at the image and figure it made."""
 
 from __future__ import annotations
 
@@ -10,25 +10,35 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
+import yaml
 
 import plot_log
+from errors import DataError
+from model import PRESETS
+from training.config import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
-HEIGHT, WIDTH = 450, 1200  # plot_log.FIGSIZE * plot_log.DPI
+HEIGHT, PANEL_WIDTH = 450, 600  # plot_log.PANEL_SIZE * plot_log.DPI
+DEMO = parse_args(["--config", str(REPO / "configs/demo.yaml")]).to_dict()  # as the trainer writes config.yaml
+GPT2_124M = parse_args(["--config", str(REPO / "configs/gpt2_124m.yaml")]).to_dict()
+GPT2_350M = parse_args(["--config", str(REPO / "configs/gpt2_350m.yaml")]).to_dict()
 
 
-def write_log(out_dir: Path, records: list[dict], torn: str = "") -> Path:
-    """A log.jsonl of `records`, optionally ending in a torn (half-written) line."""
+def write_log(out_dir: Path, records: list[dict], torn: str = "", config: dict | None = None) -> Path:
+    """A run folder: log.jsonl of `records`, optionally ending in a torn (half-written) line, and config.yaml."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "log.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
         f.write(torn)
+    if config is not None:
+        (out_dir / "config.yaml").write_text(yaml.safe_dump(config))
     return out_dir
 
 
 def fake_run(steps: int = 200, batch: int = 524288, start_loss: float = 10.9, end_loss: float = 3.4,
-             hellaswag: bool = True, seed: int = 0) -> list[dict]:
-    """Records shaped like the trainer's: a decaying noisy train loss, val every 50 steps, HellaSwag too."""
+             hellaswag: bool = True, seed: int = 0, resumes: tuple[int, ...] = ()) -> list[dict]:
+    """Records shaped like the trainer's: a decaying noisy train loss, val every 50 steps, HellaSwag too,
+    and a startup record per launch: step 0, then each step in `resumes`."""
     rng = np.random.default_rng(seed)
     records = []
     for step in range(steps):
@@ -42,7 +52,25 @@ def fake_run(steps: int = 200, batch: int = 524288, start_loss: float = 10.9, en
         loss = end_loss + (start_loss - end_loss) * np.exp(-step / 30) + rng.normal(0, 0.05)
         records.append({"kind": "train", "step": step, "loss": float(loss), "lr": 6e-4, "grad_norm": 0.9,
                         "tokens": (step + 1) * batch, "tokens_per_sec": 468000.0, "mfu": None, "step_ms": 1120.0})
+        if step == 0 or step in resumes:
+            records.append({"kind": "startup", "step": step, "compile": False, "seconds_to_first_step": 12.0})
     return records
+
+
+def figure(tmp_path: Path, runs: dict[str, tuple[list[dict], dict | None]], references: str = "auto"):
+    """The figure plot_log draws for run folders written from name -> (records, config or None)."""
+    loaded = {name: plot_log.load_run(write_log(tmp_path / name, records, config=config))
+              for name, (records, config) in runs.items()}
+    return plot_log.plot(loaded, tmp_path / "curves.png", references=references)
+
+
+def labels(ax) -> list[str]:
+    return [line.get_label() for line in ax.get_lines()]
+
+
+def reference_labels(fig) -> list[list[str]]:
+    """Per panel, the labels of its horizontal reference lines."""
+    return [[line.get_label() for line in ax.get_lines() if line.get_color() == "gray"] for ax in fig.axes]
 
 
 def run_plot(*args) -> subprocess.CompletedProcess:
@@ -50,10 +78,10 @@ def run_plot(*args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def check_image(path: Path) -> np.ndarray:
-    """The image at `path`: of the expected pixel size, and not blank."""
+def check_image(path: Path, panels: int) -> np.ndarray:
+    """The image at `path`: of the pixel size of `panels` panels side by side, and not blank."""
     image = matplotlib.image.imread(path)
-    assert image.shape[:2] == (HEIGHT, WIDTH)
+    assert image.shape[:2] == (HEIGHT, PANEL_WIDTH * panels)
     assert image[..., :3].var() > 1e-3
     return image
 
@@ -68,9 +96,93 @@ def test_two_runs_with_nulls_and_torn_line(tmp_path):
     proc = run_plot(run_a, run_b, "-o", out, "--smooth", 10, "--title", "two runs")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(out)
-    image = check_image(out)
+    image = check_image(out, panels=2)
     # Both panels carry curves: the HellaSwag half is not a plain background either.
-    assert image[:, WIDTH // 2:, :3].var() > 1e-3
+    assert image[:, PANEL_WIDTH:, :3].var() > 1e-3
+
+
+def test_one_panel_per_kind_of_data(tmp_path):
+    fig = figure(tmp_path, {"demo": (fake_run(steps=30, batch=2048, hellaswag=False), DEMO)})
+    assert [ax.get_title() for ax in fig.axes] == ["loss"]
+    assert labels(fig.axes[0]) == ["demo train", "demo val"]
+    check_image(tmp_path / "curves.png", panels=1)
+    fig = figure(tmp_path, {"demo": (fake_run(steps=30, batch=2048, hellaswag=False), DEMO),
+                            "gpt2": (fake_run(), GPT2_124M)})  # one run with HellaSwag: a second panel
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "HellaSwag"]
+    assert [label for label in labels(fig.axes[1]) if not label.startswith("GPT")] == ["gpt2"]
+    check_image(tmp_path / "curves.png", panels=2)
+
+
+def test_train_records_only(tmp_path):
+    records = [r for r in fake_run(steps=30, batch=2048, hellaswag=False) if r["kind"] == "train"]
+    run = write_log(tmp_path / "demo", records)
+    out = tmp_path / "curves.png"
+    proc = run_plot(run, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    check_image(out, panels=1)
+
+
+def test_references_follow_model_size_and_data(tmp_path):
+    gpt2 = "GPT-2 124M checkpoint: 3.29"
+    small = ["GPT-2 124M: 29.4%", "GPT-3 Small (125M): 33.7%"]
+    medium = ["GPT-2 350M: 37.5%", "GPT-3 Medium (350M): 43.6%"]
+    # A Shakespeare demo, or a folder without config.yaml: no reference applies.
+    assert reference_labels(figure(tmp_path, {"demo": (fake_run(), DEMO)})) == [[], []]
+    assert reference_labels(figure(tmp_path, {"bare": (fake_run(), None)})) == [[], []]
+    # GPT-2 sizes on FineWeb-Edu: the val loss line, and the HellaSwag figures of that size only.
+    assert reference_labels(figure(tmp_path, {"gpt2": (fake_run(), GPT2_124M)})) == [[gpt2], small]
+    assert reference_labels(figure(tmp_path, {"m": (fake_run(), GPT2_350M)})) == [[gpt2], medium]
+    # Compared runs of two sizes: both sizes' figures.
+    fig = figure(tmp_path, {"gpt2": (fake_run(), GPT2_124M), "m": (fake_run(), GPT2_350M)})
+    assert reference_labels(fig) == [[gpt2], small + medium]
+    # A custom model of a GPT-2 shape is that size; on other data its val loss is not comparable.
+    custom = {**DEMO, "n_layer": 24, "n_head": 16, "n_embd": 1024}
+    assert reference_labels(figure(tmp_path, {"custom": (fake_run(), custom)})) == [[], medium]
+
+
+def test_references_flag(tmp_path):
+    every = [f"{name}: {value}%" for _, refs in plot_log.HELLASWAG_REFS.values() for name, value in refs]
+    fig = figure(tmp_path, {"demo": (fake_run(), DEMO)}, references="all")
+    assert reference_labels(fig) == [["GPT-2 124M checkpoint: 3.29"], every]
+    assert len(every) == 8
+    assert reference_labels(figure(tmp_path, {"gpt2": (fake_run(), GPT2_124M)}, references="none")) == [[], []]
+    run = write_log(tmp_path / "gpt2", fake_run(), config=GPT2_124M)
+    proc = run_plot(run, "-o", tmp_path / "c.png", "--references", "none")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_loss_reference_off_scale_is_a_note_unless_asked(tmp_path):
+    # A short resumed segment far above 3.29: auto notes the line instead of squashing the curves.
+    records = [r for r in fake_run(start_loss=5.5, end_loss=5.4) if r["kind"] != "hellaswag"]
+    fig = figure(tmp_path, {"gpt2": (records, GPT2_124M)})
+    assert reference_labels(fig) == [[]]
+    assert any("off-scale" in text.get_text() for text in fig.axes[0].texts)
+    fig = figure(tmp_path, {"gpt2": (records, GPT2_124M)}, references="all")
+    assert reference_labels(fig) == [["GPT-2 124M checkpoint: 3.29"]]
+    assert not fig.axes[0].texts
+
+
+def test_resumes_are_marked_per_run(tmp_path):
+    batch = 524288
+    fig = figure(tmp_path, {"a": (fake_run(resumes=(60, 150)), GPT2_124M),
+                            "b": (fake_run(resumes=(100,), seed=1), GPT2_124M),
+                            "fresh": (fake_run(seed=2), GPT2_124M)})
+    for ax in fig.axes:  # loss and HellaSwag panels alike
+        markers = {}
+        for line in ax.get_lines():
+            if line.get_label().endswith(" resumed"):
+                markers.setdefault(line.get_label(), []).append((line.get_xdata()[0], line.get_color()))
+        run_colors = {line.get_label().split()[0]: line.get_color() for line in ax.get_lines()
+                      if line.get_label() in ("a", "b", "a train", "b train")}
+        unit = 1e6  # tokens seen (millions)
+        assert markers == {"a resumed": [(60 * batch / unit, run_colors["a"]), (150 * batch / unit, run_colors["a"])],
+                           "b resumed": [(100 * batch / unit, run_colors["b"])]}
+        assert [t.get_text() for t in ax.get_legend().get_texts()].count("a resumed") == 1  # one entry per run
+
+
+def test_hellaswag_reference_sizes_match_the_model_presets():
+    assert {size: shape for size, (shape, _) in plot_log.HELLASWAG_REFS.items()} == \
+        {size: (p["n_layer"], p["n_embd"]) for size, p in PRESETS.items()}
 
 
 def test_missing_log_is_one_error_line(tmp_path):
@@ -81,22 +193,36 @@ def test_missing_log_is_one_error_line(tmp_path):
     assert len(lines) == 1
     assert lines[0].startswith("error: ") and str(tmp_path / "nothing_here" / "log.jsonl") in lines[0]
     assert not out.exists()
+    with pytest.raises(DataError, match="nothing_here/log.jsonl: no such file"):  # main raises; run_cli reports
+        plot_log.main([str(tmp_path / "nothing_here")])
 
 
 def test_empty_log_is_an_error(tmp_path):
     run = write_log(tmp_path / "empty", [], torn='{"kind": "tr')
     proc = run_plot(run, "-o", tmp_path / "curves.png")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: {run / 'log.jsonl'}: no records"
+    assert proc.stderr.strip() == f"error: {run / 'log.jsonl'}: no train, val or hellaswag records"
+    run = write_log(tmp_path / "samples_only", [{"kind": "sample", "step": 0, "text": "Hi"}])
+    with pytest.raises(DataError, match="no train, val or hellaswag records"):
+        plot_log.load_run(run)
 
 
-def test_train_records_only(tmp_path):
-    records = [r for r in fake_run(steps=30, batch=2048, hellaswag=False) if r["kind"] == "train"]
-    run = write_log(tmp_path / "demo", records)
-    out = tmp_path / "curves.png"
-    proc = run_plot(run, "-o", out)
-    assert proc.returncode == 0, proc.stderr
-    check_image(out)
+def test_bad_config_or_argument_is_one_error_line(tmp_path):
+    run = write_log(tmp_path / "run", fake_run(steps=10))
+    (run / "config.yaml").write_text("model: [gpt2\n")
+    proc = run_plot(run, "-o", tmp_path / "curves.png")
+    assert (proc.returncode, proc.stderr) == (2, f"error: {run / 'config.yaml'}: not a YAML mapping of config keys\n")
+    proc = run_plot(run, "--references", "some")
+    assert proc.returncode == 2
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: ") and "--references" in proc.stderr
+
+
+def test_unwritable_output_is_one_error_line(tmp_path):
+    run = write_log(tmp_path / "run", fake_run(steps=10))
+    (tmp_path / "file").write_text("")
+    proc = run_plot(run, "-o", tmp_path / "file" / "curves.png")  # a file where a folder should be
+    assert proc.returncode == 1
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(f"error: {tmp_path / 'file'}")
 
 
 def test_series_skips_nulls_and_sorts_by_tokens():
