@@ -15,7 +15,7 @@ endif
 # keeping it mapped makes CPU training (the demo) about 1.7x faster.
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
 
-.PHONY: install demo test clean-demo
+.PHONY: install demo test test-fast lint clean-demo
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,16 @@ demo: install
 	$(PY) sample.py --ckpt out/demo --prompt "ROMEO:" --max_new_tokens 120 --num_samples 1
 	$(PY) plot_log.py out/demo -o out/demo/curves.png
 
-test: install
-	$(CPU_MALLOC) $(PY) -m pytest -q tests
+# everything (CI); about 7 minutes on 2 CPU cores
+test: install lint
+	$(CPU_MALLOC) $(PY) -m pytest -q
+
+# the inner loop: no test that starts a process (trainer, torchrun, prep); under 2 minutes
+test-fast: install
+	$(CPU_MALLOC) $(PY) -m pytest -q -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check .
 
 clean-demo:
 	rm -rf out/demo data/shakespeare

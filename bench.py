@@ -11,7 +11,8 @@ clipping, fused AdamW, the shard loader and its prefetch thread) for --warmup + 
 optimizer steps on the shards of the configured data_dir (random tokens generated here when it
 has none), with evaluation, samples and checkpoints off. Its per-step log gives the figures:
 the first step's time holds the compilation, the steps after the warm-up give ms/step
-(median, 10th-90th percentile), tokens/s (all ranks), MFU and peak memory. Rank 0 prints one table and writes it as JSON.
+(median, 10th-90th percentile), tokens/s (all ranks), MFU and peak memory. Rank 0 prints one table
+and writes it as JSON.
 """
 
 from __future__ import annotations
@@ -69,6 +70,27 @@ def summarize(log_path: Path, warmup: int) -> dict:
     return summary
 
 
+def describe_run(cfg, world_size: int) -> dict:
+    """What the trainer ran with cfg: the model and batch, and the runtime it resolved (device,
+    precision, compile, loss chunking), from the very function the trainer uses."""
+    import torch
+
+    from model import GPT
+    from training.distributed import local_rank
+    from training.runtime import resolve_runtime
+
+    runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops, local_rank())
+    with torch.device("meta"):
+        params = GPT(cfg.model_config()).num_params()
+    return {
+        "model": cfg.model, "params": params, "B": cfg.micro_batch_size, "T": cfg.seq_len,
+        "total_batch_size": cfg.total_batch_size, "world_size": world_size,
+        "grad_accum": cfg.grad_accum_steps(world_size), "compile": runtime.compile,
+        "loss_chunk_size": runtime.loss_chunk_size, "dtype": runtime.dtype, "device": runtime.device_name,
+        "torch": torch.__version__,
+    }
+
+
 def table(row: dict) -> str:
     mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
     mem = f"{row['peak_mem_gb']:.1f}" if row.get("peak_mem_gb") is not None else "-"
@@ -93,12 +115,8 @@ def main(argv: list[str]) -> int:
     if args.warmup < 1 or args.steps < 1:
         raise ConfigError("--warmup and --steps must be at least 1")
 
-    import torch
-
     import train_gpt2
-    from model import GPT
     from training.config import parse_args
-    from training.distributed import resolve_dtype
 
     rank = int(os.environ.get("RANK", 0))
     work = Path(tempfile.mkdtemp(prefix=f"gpt2-bench-rank{rank}-"))
@@ -121,22 +139,10 @@ def main(argv: list[str]) -> int:
         if code != 0 or rank != 0:
             return code
         cfg = parse_args(bench_args + trainer_args)
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
-        use_compile = cfg.compile if cfg.compile is not None else torch.cuda.is_available()
-        with torch.device("meta"):
-            params = GPT(cfg.model_config()).num_params()
-        row = {
-            "label": args.label, "model": cfg.model, "params": params, "B": cfg.micro_batch_size,
-            "T": cfg.seq_len, "total_batch_size": cfg.total_batch_size, "world_size": world_size,
-            "grad_accum": cfg.grad_accum_steps(world_size), "compile": use_compile,
-            "loss_chunk_size": cfg.loss_chunk_size if cfg.loss_chunk_size is not None else "auto",
-            "data": "random" if str(work) in cfg.data_dir else cfg.data_dir,
-            "dtype": resolve_dtype(cfg.dtype, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
-            **summarize(work / "run" / "log.jsonl", args.warmup),
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "torch": torch.__version__, "date": datetime.date.today().isoformat(),
-            "command": " ".join([Path(sys.argv[0]).name, *argv]),
-        }
+        row = {"label": args.label, **describe_run(cfg, int(os.environ.get("WORLD_SIZE", 1))),
+               "data": "random" if str(work) in cfg.data_dir else cfg.data_dir,
+               **summarize(work / "run" / "log.jsonl", args.warmup),
+               "date": datetime.date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).name, *argv])}
         print(table(row))
         Path(args.json).write_text(json.dumps(row, indent=2) + "\n")
         print(f"wrote {args.json}")

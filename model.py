@@ -199,17 +199,6 @@ class GPT(nn.Module):
         self.transformer.wte.weight = self.lm_head.weight  # weight tying (GPT-2, Press & Wolf 2017)
         self.apply(self._init_weights)
 
-    @classmethod
-    def from_pretrained(cls, name_or_path: str, dropout: float = 0.0) -> GPT:
-        """GPT-2 weights from a Hugging Face folder or preset name (gpt2, gpt2-medium, ...).
-
-        The model keeps the source's 50,257-row vocabulary, so its logits match transformers'.
-        The file and network I/O lives in training/hf_interop.py; it is imported here, lazily.
-        """
-        from training.hf_interop import load_hf_gpt2
-
-        return load_hf_gpt2(name_or_path, dropout=dropout)
-
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
             std = 0.02
@@ -251,7 +240,8 @@ class GPT(nn.Module):
         x = self.hidden_states(idx)
         if targets is not None and loss_chunk_size > 0:
             B, T, C = x.size()
-            return None, linear_cross_entropy(x.view(B * T, C), self.lm_head.weight, targets.view(B * T), loss_chunk_size)
+            loss = linear_cross_entropy(x.view(B * T, C), self.lm_head.weight, targets.view(B * T), loss_chunk_size)
+            return None, loss
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:

@@ -18,7 +18,7 @@ from data.tokenizer import get_tokenizer
 from errors import ArgumentParser, ConfigError, run_cli
 from model import GPT, GPTConfig
 from training.checkpoint import resolve_checkpoint
-from training.distributed import pick_device
+from training.runtime import pick_device
 from training.evaluation import encode_prompt
 
 
@@ -33,7 +33,8 @@ def load_model(ckpt: str, device: torch.device) -> tuple[GPT, dict]:
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="sample.py", description=__doc__)
     parser.add_argument("--ckpt", required=True, help="checkpoint .pt file or run folder")
-    parser.add_argument("--prompt", default="Hello, I'm a language model,", help="text to continue ('' = unconditional)")
+    parser.add_argument("--prompt", default="Hello, I'm a language model,",
+                        help="text to continue ('' = unconditional)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--top_k", type=int, default=50, help="0 = no top-k filter")

@@ -6,11 +6,12 @@ For each model it runs bf16-autocast forwards at B=1 and B=2 (real tensors, eage
 CPU's flash-attention kernel, like cuDNN/flash SDPA on a GPU: no T x T matrices) and sums the
 bytes of every tensor autograd saves for the backward pass, with the plain loss and with the
 fused chunked loss; the difference is the cost of one more sequence, the rest is fixed (the
-fused loss keeps a (V, C) fp32 gradient whatever B is). Weights, gradients and AdamW state add 16 bytes per parameter (fp32 weight,
-gradient, two moments). The largest B is then estimated as what fits in `gpu_gb` with 15%
-headroom for the allocator, transient buffers and CUDA context: an estimate, not a GPU
-measurement (torch.compile saves less than eager; the plain loss also has a transient peak in
-its backward that this count does not include, which makes its estimate optimistic).
+fused loss keeps a (V, C) fp32 gradient whatever B is). Weights, gradients and AdamW state add
+16 bytes per parameter (fp32 weight, gradient, two moments). The largest B is then estimated as
+what fits in `gpu_gb` with 15% headroom for the allocator, transient buffers and CUDA context:
+an estimate, not a GPU measurement (torch.compile saves less than eager; the plain loss also
+has a transient peak in its backward that this count does not include, which makes its estimate
+optimistic).
 """
 
 from __future__ import annotations

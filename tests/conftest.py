@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from data.shards import shard_name, write_shard
 
-from data.shards import shard_name, write_shard  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 # A model small enough that a training step takes milliseconds on a CPU core.
 TINY_MODEL = ["--model", "custom", "--n_layer", "2", "--n_head", "2", "--n_embd", "64",
@@ -61,7 +60,8 @@ def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
 def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, timeout: float = 300,
                 script: str = "train_gpt2.py", extra_env: dict | None = None, torchrun_args=()) -> subprocess.CompletedProcess:
     """Run the trainer as a user would: plain python, or torchrun with nproc processes."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", **(extra_env or {}))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", PYTHONPATH=str(REPO),
+               PYTHONFAULTHANDLER="1", **(extra_env or {}))
     if nproc is None:
         cmd = [sys.executable, str(REPO / script), *args]
     else:
@@ -82,3 +82,17 @@ def train_losses(out_dir: Path) -> dict[int, float]:
     from training.run_logger import read_log
 
     return {r["step"]: r["loss"] for r in read_log(Path(out_dir) / "log.jsonl") if r["kind"] == "train"}
+
+
+def build_tiny_run(data_dir: Path, out_dir: Path, **overrides):
+    """A run of the tiny model built in this process (one rank, no process group): cfg, env, runtime, run."""
+    from training.config import parse_args
+    from training.distributed import DistEnv
+    from training.run import build_run
+    from training.run_logger import RunLogger
+    from training.runtime import resolve_runtime
+
+    cfg = parse_args(base_args(data_dir, out_dir, **overrides))
+    runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops)
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, ddp=False)
+    return cfg, env, runtime, build_run(cfg, env, runtime, RunLogger(enabled=False))

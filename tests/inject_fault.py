@@ -1,56 +1,59 @@
-"""Run train_gpt2.py with a fault injected on one rank (fault-injection tests only).
+"""Run train_gpt2.py with a fault injected into one rank's training step (fault-injection tests only).
 
     torchrun ... tests/inject_fault.py TRAINER_ARGS...
-    with FAULT=nan|batch, FAULT_STEP=s, FAULT_RANK=r in the environment
+    with FAULT=nan|batch|hang, FAULT_STEP=s, FAULT_RANK=r in the environment
 
-nan:   the loss of rank r's first micro-batch of optimizer step s becomes NaN.
-batch: reading rank r's first micro-batch of step s raises a DataError (in the prefetch thread).
-Steps count from 0 whatever the run's first step. Nothing in the trainer knows about this: it
-must notice on its own and stop every rank with one line.
+The trainer runs unchanged; only the step function it is given differs, and only on rank r at
+optimizer step s (counted from the run's first step, 0):
+  nan:   a weight of rank r's replica becomes NaN before the step, so its loss is NaN;
+  batch: rank r cannot read its first micro-batch of the step (a DataError from the batches);
+  hang:  rank r stops responding (sleeps) before the step, as a hung GPU or a deadlock would.
+The trainer must notice on its own and stop every rank (one line each, or a timeout).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
+import time
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import data.loader  # noqa: E402
-import model  # noqa: E402
-import train_gpt2  # noqa: E402
-from errors import DataError  # noqa: E402
+import train_gpt2  # the repository is on PYTHONPATH (tests/conftest.py's run_trainer)
+from errors import DataError, run_cli
+from training.step import train_step
 
 FAULT = os.environ["FAULT"]
-STEP = int(os.environ["FAULT_STEP"])
+FAULT_STEP = int(os.environ["FAULT_STEP"])
 ON_THIS_RANK = int(os.environ.get("RANK", 0)) == int(os.environ.get("FAULT_RANK", "0"))
-_calls = {"forward": 0, "first_step": None}
 
 
-def forward_with_nan(self, idx, targets=None, _forward=model.GPT.forward, **kwargs):
-    logits, loss = _forward(self, idx, targets, **kwargs)
-    if self.training and targets is not None:
-        accum = int(os.environ["GRAD_ACCUM"])
-        if _calls["forward"] == STEP * accum and ON_THIS_RANK:
-            loss = loss * float("nan")
-        _calls["forward"] += 1
-    return logits, loss
+class UnreadableFirstBatch:
+    """The batches of a step whose first micro-batch this rank cannot read."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def get(self, step: int, micro_step: int):
+        if micro_step == 0:
+            self.batches.get(step, micro_step)  # consumed, as a real read would be
+            raise DataError(f"injected: rank {os.environ.get('RANK', 0)} could not read step {step}")
+        return self.batches.get(step, micro_step)
 
 
-def micro_batch_that_fails(self, step, micro_step, _micro_batch=data.loader.TrainLoader.micro_batch):
-    first = _calls["first_step"] = step if _calls["first_step"] is None else _calls["first_step"]
-    if ON_THIS_RANK and step - first == STEP and micro_step == 0:
-        raise DataError(f"injected: rank {os.environ.get('RANK', 0)} could not read step {step}")
-    return _micro_batch(self, step, micro_step)
+def faulty_step(run, model, batches, *args, **kwargs):
+    if ON_THIS_RANK and run.step - run.start_step == FAULT_STEP:
+        if FAULT == "nan":
+            with torch.no_grad():
+                run.model.lm_head.weight[0, 0] = float("nan")
+        elif FAULT == "batch":
+            batches = UnreadableFirstBatch(batches)
+        elif FAULT == "hang":
+            time.sleep(3600)
+    return train_step(run, model, batches, *args, **kwargs)
 
-
-if FAULT == "nan":
-    model.GPT.forward = forward_with_nan
-elif FAULT == "batch":
-    data.loader.TrainLoader.micro_batch = micro_batch_that_fails
-else:
-    raise SystemExit(f"unknown FAULT {FAULT!r}")
 
 if __name__ == "__main__":
-    sys.exit(train_gpt2.cli(sys.argv[1:]))
+    if FAULT not in ("nan", "batch", "hang"):
+        raise SystemExit(f"unknown FAULT {FAULT!r}")
+    sys.exit(run_cli(lambda argv: train_gpt2.main(argv, step_fn=faulty_step)))

@@ -17,6 +17,8 @@ import pytest
 from conftest import REPO, base_args, make_shards, run_trainer
 from data.shards import shard_name, write_shard
 
+pytestmark = pytest.mark.slow  # every test here starts processes
+
 
 def drop_val(d):
     for p in d.glob("*_val_*.npy"):

@@ -149,3 +149,17 @@ def test_checkpoint_of_another_model_size_is_refused_naming_the_key(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="checkpoint has n_layer=4 but this run has n_layer=2"):
         ckpt.check_compatible(state(3, n_layer=4), state(3)["model_args"], path)
     ckpt.check_compatible(state(3), state(3)["model_args"], path)
+
+
+def test_a_resume_path_that_is_no_file_names_the_key(tmp_path):
+    # checked where the file is opened, not in config validation
+    with pytest.raises(ConfigError, match="resume: no checkpoint file"):
+        ckpt.find_resume_checkpoint(tmp_path, "/no/such/ckpt.pt")
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_by_name(tmp_path):
+    path = ckpt.checkpoint_path(tmp_path, 1)
+    ckpt.save_checkpoint({**state(1), "format_version": ckpt.FORMAT_VERSION + 1}, path)
+    with pytest.raises(ckpt.CheckpointError, match=f"step_00000001.pt: checkpoint format_version "
+                                                   f"{ckpt.FORMAT_VERSION + 1} is newer than this code reads"):
+        ckpt.load_checkpoint(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -58,7 +59,6 @@ def test_command_line_overrides_yaml_and_both_syntaxes_work(tmp_path):
     (["--min_lr", "1e-2"], "min_lr: 0.01 is above max_lr"),
     (["--device", "tpu"], "device: unknown device 'tpu'"),
     (["--dtype", "float16"], "dtype: unknown dtype"),
-    (["--resume", "/no/such/ckpt.pt"], "resume: no checkpoint file"),
     (["--wandb_mode", "cloud"], "wandb_mode: unknown mode"),
     (["--beta2", "1.0"], "beta2: must be in [0, 1)"),
     (["--vocab_size", "1000"], "vocab_size: must hold GPT-2's 50257 tokens"),
@@ -90,6 +90,7 @@ def test_grad_accum_must_divide_exactly():
         cfg.grad_accum_steps(3)
 
 
+@pytest.mark.slow
 def test_trainer_reports_config_errors_on_one_line_with_exit_code_2():
     proc = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), "--max_lr", "fast"],
                           capture_output=True, text=True, cwd=REPO)
@@ -123,3 +124,16 @@ def test_seed_must_fit_every_generator_it_feeds(seed, ok):
     else:
         with pytest.raises(ConfigError, match=r"seed: must be in \[0, 2\*\*64\)"):
             parse_args(["--seed", str(seed)])
+
+
+@pytest.mark.slow
+def test_help_and_the_readme_table_cover_every_key():
+    fields = [f.name for f in dataclasses.fields(TrainConfig)]
+    helped = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), "--help"], capture_output=True, text=True)
+    for f in dataclasses.fields(TrainConfig):
+        assert f"--{f.name} (" in helped.stdout and f.metadata["help"] in helped.stdout, f.name
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("## Configuration"):readme.index("## The run folder")]
+    documented = {key for row in table.splitlines() if row.startswith("| `")
+                  for key in re.findall(r"`(\w+)`", row.split(" | ")[0])}
+    assert documented == set(fields)

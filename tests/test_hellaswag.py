@@ -235,6 +235,7 @@ def test_offline_without_cache_skips_with_one_warning(tmp_path, capsys, monkeypa
     assert not (tmp_path / "empty" / VAL_FILENAME).exists()
 
 
+@pytest.mark.slow
 def test_prep_script_fetches_into_the_cache(tmp_path, fixture_file, capsys, monkeypatch):
     env = dict(os.environ, GPT2_REPRO_CACHE=str(tmp_path / "root"), NO_PROXY="*", no_proxy="*")
     proc = subprocess.run([sys.executable, str(REPO / "prep" / "hellaswag.py"), "--url", fixture_file.as_uri()],
@@ -262,14 +263,14 @@ import json, sys
 from pathlib import Path
 
 spec = json.loads(Path(sys.argv[1]).read_text())
-sys.path.insert(0, spec["repo"])
+import datetime
 import torch
 from data.tokenizer import get_tokenizer
 from model import GPT, GPTConfig
 from training.distributed import setup_distributed, teardown_distributed
 from training.hellaswag import HellaSwagDataError, HellaSwagEval
 
-env = setup_distributed("cpu")
+env = setup_distributed(torch.device("cpu"), datetime.timedelta(minutes=5))
 try:
     torch.manual_seed(0)
     model = GPT(GPTConfig(**spec["model"])).eval()
@@ -297,6 +298,7 @@ def run_two_ranks(tmp_path: Path, jobs: list[dict]) -> tuple[list[list[dict]], s
     jobs = [dict(dict(cache_dir=None, url=UNREACHABLE_URL, batch_examples=3, limit=0), **job) for job in jobs]
     spec.write_text(json.dumps({"repo": str(REPO), "model": TINY, "jobs": jobs, "out": str(tmp_path)}))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GPT2_REPRO_CACHE=str(tmp_path / "root"),
+               PYTHONPATH=str(REPO),
                NO_PROXY="*", no_proxy="*")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(spec)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
@@ -304,6 +306,7 @@ def run_two_ranks(tmp_path: Path, jobs: list[dict]) -> tuple[list[list[dict]], s
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)], proc
 
 
+@pytest.mark.slow
 def test_two_ranks_give_the_single_process_figure_even_with_empty_shares(tmp_path, fixture_file):
     limits = [0, 12, 1]  # 13 examples: 7 + 6; 12: 6 + 6; 1: rank 1 has none
     ranks, _ = run_two_ranks(tmp_path, [dict(path=str(fixture_file), limit=limit) for limit in limits])
@@ -319,6 +322,7 @@ def test_two_ranks_give_the_single_process_figure_even_with_empty_shares(tmp_pat
         assert sorted(shares[0] + shares[1]) == expected
     assert ranks[1][2]["predictions"] == [] and ranks[1][2]["result"]["n"] == 1
 
+@pytest.mark.slow
 def test_two_ranks_offline_skip_on_every_rank_with_one_warning(tmp_path, fixture_file):
     jobs = [dict(path="", cache_dir=str(tmp_path / "empty_cache")),
             dict(path=str(fixture_file))]  # and the group is still healthy for a later eval
@@ -330,6 +334,7 @@ def test_two_ranks_offline_skip_on_every_rank_with_one_warning(tmp_path, fixture
     assert not (tmp_path / "empty_cache" / VAL_FILENAME).exists()
 
 
+@pytest.mark.slow
 def test_two_ranks_malformed_file_is_the_same_error_on_every_rank(tmp_path, fixture_file):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"ctx": "a", "endings": ["b"], "label": 0}\n')

@@ -28,7 +28,7 @@ from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E40
 from data.loader import ValLoader  # noqa: E402
 from data.tokenizer import get_tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from training.hf_interop import HFInteropError, gpt_config_from_hf  # noqa: E402
+from training.hf_interop import HFInteropError, gpt_config_from_hf, load_hf_gpt2  # noqa: E402
 
 # The shape of conftest's TINY_MODEL, with a longer position table than its block_size 32.
 TINY_HF = dict(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=50257)
@@ -84,7 +84,7 @@ def exported(tmp_path_factory, shards) -> tuple[Path, Path]:
 
 def test_from_pretrained_safetensors_matches_transformers(hf_model):
     model, folder = hf_model
-    ours = GPT.from_pretrained(str(folder)).eval()
+    ours = load_hf_gpt2(str(folder)).eval()
     assert ours.config.vocab_size == 50257 and ours.config.block_size == 64
     idx = torch.randint(0, 50257, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -102,7 +102,7 @@ def test_from_pretrained_legacy_bin_matches_transformers(hf_model, tmp_path):
         state[f"h.{i}.attn.bias"] = torch.ones(64, 64).tril().view(1, 1, 64, 64)
         state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
     torch.save(state, tmp_path / "pytorch_model.bin")
-    ours = GPT.from_pretrained(str(tmp_path)).eval()
+    ours = load_hf_gpt2(str(tmp_path)).eval()
     idx = torch.randint(0, 50257, (2, 24), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         logits, _ = ours(idx)
@@ -137,12 +137,13 @@ def test_unsupported_config_in_a_folder_names_the_file_and_field(hf_model, tmp_p
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "scale_attn_by_inverse_layer_idx": True}))
     with pytest.raises(HFInteropError, match=r"/m: scale_attn_by_inverse_layer_idx=True is not supported"):
-        GPT.from_pretrained(str(tmp_path / "m"))
+        load_hf_gpt2(str(tmp_path / "m"))
 
 
 # --- export -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_export_loads_in_transformers_with_the_same_logits_and_greedy_text(exported):
     run, out = exported
     state = torch.load(sorted((run / "checkpoints").glob("step_*.pt"))[-1], weights_only=True)
@@ -165,6 +166,7 @@ def test_export_loads_in_transformers_with_the_same_logits_and_greedy_text(expor
     assert hf_ids.tolist() == ours_ids.tolist()
 
 
+@pytest.mark.slow
 def test_export_writes_a_model_card_and_a_loadable_config(exported):
     run, out = exported
     card = (out / "README.md").read_text()
@@ -182,6 +184,7 @@ def test_export_writes_a_model_card_and_a_loadable_config(exported):
         assert f.get_tensor("transformer.wte.weight").shape == (50257, 64)
 
 
+@pytest.mark.slow
 def test_exported_tokenizer_matches_tiktoken(exported):
     _, out = exported
     tokenizer = AutoTokenizer.from_pretrained(out)
@@ -198,6 +201,7 @@ def test_exported_tokenizer_matches_tiktoken(exported):
     assert tokenizer.decode(ids) == text
 
 
+@pytest.mark.slow
 def test_export_of_a_missing_checkpoint_is_a_one_line_error(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "export_hf.py"), str(tmp_path / "nope.pt"), str(tmp_path / "o")],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -208,6 +212,7 @@ def test_export_of_a_missing_checkpoint_is_a_one_line_error(tmp_path):
 # --- init_from --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_init_from_hf_folder_starts_from_its_weights(hf_model, shards, tmp_path):
     """max_lr 0 keeps the weights at their init, so the step-1 checkpoint shows what was loaded."""
     model, folder = hf_model
@@ -236,6 +241,7 @@ def test_init_from_hf_folder_starts_from_its_weights(hf_model, shards, tmp_path)
     assert abs(val0 - hf_loss) < 2e-3
 
 
+@pytest.mark.slow
 def test_init_from_shape_mismatch_names_the_key(hf_model, shards, tmp_path):
     _, folder = hf_model
     args = base_args(shards, tmp_path / "run", init_from=folder, max_steps=1)
@@ -245,6 +251,7 @@ def test_init_from_shape_mismatch_names_the_key(hf_model, shards, tmp_path):
     assert proc.stderr.strip() == f"error: init_from: n_embd: {folder} has n_embd=64 but this run has n_embd=32"
 
 
+@pytest.mark.slow
 def test_init_from_preset_offline_is_a_one_line_error(shards, tmp_path):
     args = base_args(shards, tmp_path / "run", init_from="gpt2", max_steps=1)
     proc = run_trainer(args, check=False, extra_env={**OFFLINE_ENV, "HF_HOME": str(tmp_path / "hf_home")})

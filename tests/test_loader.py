@@ -1,4 +1,4 @@
-"""The loader's row semantics (DESIGN.md property 1) and the val window reader."""
+"""The loader's row semantics (world-size independent data order) and the val window reader."""
 
 from __future__ import annotations
 

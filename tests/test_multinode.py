@@ -7,9 +7,12 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from conftest import REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def free_port() -> int:

@@ -79,6 +79,7 @@ def runs(tmp_path_factory):
     return root, data, common
 
 
+@pytest.mark.slow
 def test_hellaswag_in_the_trainer_is_identical_for_one_and_two_ranks(runs):
     root, _, _ = runs
     results = {d: [r for r in read_log(root / d / "log.jsonl") if r["kind"] == "hellaswag"] for d in ("ddp", "single")}
@@ -88,6 +89,7 @@ def test_hellaswag_in_the_trainer_is_identical_for_one_and_two_ranks(runs):
         assert a["n"] == 11
 
 
+@pytest.mark.slow
 def test_samples_are_written_once_by_rank_zero(runs):
     root, _, _ = runs
     samples = [r for r in read_log(root / "ddp" / "log.jsonl") if r["kind"] == "sample"]
@@ -97,6 +99,7 @@ def test_samples_are_written_once_by_rank_zero(runs):
     assert single == [r["text"] for r in samples]  # seeded: the same continuations for any world size
 
 
+@pytest.mark.slow
 def test_wandb_offline_history_holds_the_logged_metrics_and_no_api_key(runs):
     root, _, _ = runs
     (run_dir,) = (root / "ddp" / "wandb").glob("offline-run-*")
@@ -113,6 +116,7 @@ def test_wandb_offline_history_holds_the_logged_metrics_and_no_api_key(runs):
             assert b"SECRET" not in path.read_bytes(), path
 
 
+@pytest.mark.slow
 def test_resume_continues_the_same_wandb_run(runs, tmp_path):
     root, data, common = runs
     out = tmp_path / "resumed"
@@ -138,6 +142,7 @@ def test_mfu_is_reported_against_the_peak_and_lookup_table():
     assert model_flops_utilization(8.5e8, 468_000, 8, 989.4e12) == pytest.approx(8.5e8 * 468_000 / 989.4e12 / 8)
 
 
+@pytest.mark.slow
 def test_train_records_carry_throughput_and_mfu_with_a_peak_override(tmp_path):
     data = make_shards(tmp_path / "shards")
     run_trainer(base_args(data, tmp_path / "out", max_steps=2, peak_flops=1e12))
@@ -153,6 +158,7 @@ def test_train_records_carry_throughput_and_mfu_with_a_peak_override(tmp_path):
     assert len(startup) == 1 and 0 < startup[0]["seconds_to_first_step"] < 120
 
 
+@pytest.mark.slow
 def test_sample_py_generates_from_a_checkpoint_like_the_model(runs):
     root, _, _ = runs
     cmd = [sys.executable, str(REPO / "sample.py"), "--ckpt", str(root / "single"), "--prompt", "Hello",
@@ -169,3 +175,22 @@ def test_sample_py_generates_from_a_checkpoint_like_the_model(runs):
     seeded = [subprocess.run(cmd[:-4] + ["--seed", "3", "--device", "cpu"], capture_output=True, text=True).stdout
               for _ in range(2)]
     assert seeded[0] == seeded[1]
+
+
+@pytest.mark.slow
+def test_every_run_records_what_produced_it(runs):
+    import subprocess as sp
+
+    root, _, _ = runs
+    record = json.loads((root / "ddp" / "run.json").read_text())
+    head = sp.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert record["git_commit"] == head and isinstance(record["git_dirty"], bool)
+    assert record["torch"] == torch.__version__ and record["world_size"] == 2 and record["device_count"] == 1
+    assert record["command"].startswith("train_gpt2.py --model custom") and len(record["config_sha256"]) == 64
+    assert len(record["data_fingerprint"]) == 16
+    saved = torch.load(root / "ddp" / "checkpoints" / "step_00000006.pt", weights_only=True)
+    assert saved["provenance"] == record
+    (run_dir,) = (root / "ddp" / "wandb").glob("offline-run-*")
+    configs = [json.loads(item.value_json) for r in wandb_records(run_dir) if r.WhichOneof("record_type") == "run"
+               for item in r.run.config.update if item.key == "provenance"]
+    assert configs and configs[0] == record

@@ -86,6 +86,7 @@ def check_image(path: Path, panels: int) -> np.ndarray:
     return image
 
 
+@pytest.mark.slow
 def test_two_runs_with_nulls_and_torn_line(tmp_path):
     records_a = fake_run(seed=0)
     records_a[5]["loss"] = None  # a null value is skipped, not plotted as 0
@@ -113,6 +114,7 @@ def test_one_panel_per_kind_of_data(tmp_path):
     check_image(tmp_path / "curves.png", panels=2)
 
 
+@pytest.mark.slow
 def test_train_records_only(tmp_path):
     records = [r for r in fake_run(steps=30, batch=2048, hellaswag=False) if r["kind"] == "train"]
     run = write_log(tmp_path / "demo", records)
@@ -140,6 +142,7 @@ def test_references_follow_model_size_and_data(tmp_path):
     assert reference_labels(figure(tmp_path, {"custom": (fake_run(), custom)})) == [[], medium]
 
 
+@pytest.mark.slow
 def test_references_flag(tmp_path):
     every = [f"{name}: {value}%" for _, refs in plot_log.HELLASWAG_REFS.values() for name, value in refs]
     fig = figure(tmp_path, {"demo": (fake_run(), DEMO)}, references="all")
@@ -185,6 +188,7 @@ def test_hellaswag_reference_sizes_match_the_model_presets():
         {size: (p["n_layer"], p["n_embd"]) for size, p in PRESETS.items()}
 
 
+@pytest.mark.slow
 def test_missing_log_is_one_error_line(tmp_path):
     out = tmp_path / "curves.png"
     proc = run_plot(tmp_path / "nothing_here", "-o", out)
@@ -197,6 +201,7 @@ def test_missing_log_is_one_error_line(tmp_path):
         plot_log.main([str(tmp_path / "nothing_here")])
 
 
+@pytest.mark.slow
 def test_empty_log_is_an_error(tmp_path):
     run = write_log(tmp_path / "empty", [], torn='{"kind": "tr')
     proc = run_plot(run, "-o", tmp_path / "curves.png")
@@ -207,6 +212,7 @@ def test_empty_log_is_an_error(tmp_path):
         plot_log.load_run(run)
 
 
+@pytest.mark.slow
 def test_bad_config_or_argument_is_one_error_line(tmp_path):
     run = write_log(tmp_path / "run", fake_run(steps=10))
     (run / "config.yaml").write_text("model: [gpt2\n")
@@ -217,6 +223,7 @@ def test_bad_config_or_argument_is_one_error_line(tmp_path):
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("error: ") and "--references" in proc.stderr
 
 
+@pytest.mark.slow
 def test_unwritable_output_is_one_error_line(tmp_path):
     run = write_log(tmp_path / "run", fake_run(steps=10))
     (tmp_path / "file").write_text("")

@@ -1,11 +1,14 @@
-"""End-to-end trainer runs: DDP equals one big batch, and resuming is exact (DESIGN.md 2, 3, 6)."""
+"""End-to-end trainer runs: DDP equals one big batch, resuming is exact, checkpoints are clean."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import base_args, load_weights, run_trainer, train_losses
 from training.run_logger import read_log
+
+pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def assert_weights_close(a: dict, b: dict, rtol: float = 1e-5) -> None:

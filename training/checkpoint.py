@@ -1,14 +1,18 @@
 """Checkpoints: `out_dir/checkpoints/step_XXXXXXXX.pt`, written atomically by rank 0.
 
-A checkpoint `step_s` holds the state after s optimizer updates: the model's state dict (from
-the unwrapped, uncompiled module, so no `module.` / `_orig_mod.` prefixes), the optimizer,
-the step, tokens seen, the resolved config, the model shape, RNG states, the W&B run id and
-the latest metrics. Only tensors and plain Python types, so it loads with
-`torch.load(weights_only=True)`.
+A checkpoint `step_s` holds the state after s optimizer updates (see training/run.py for its
+entries): tensors and plain Python values only, so it loads with `torch.load(weights_only=True)`.
+The model's state dict comes from the unwrapped, uncompiled module (no `module.` /
+`_orig_mod.` prefixes).
 
 Writes go to a temp file in the same folder, are flushed and fsynced, then renamed over the
 final name: a crash or a full disk mid-write never leaves a half-written `step_*.pt`, and the
 previous checkpoint is untouched.
+
+Lineage: a fresh start draws a `run_id`, which every checkpoint of that run and of its resumes
+carries; each checkpoint also has its own `checkpoint_id`, and `ancestry` lists the ids of
+the checkpoints its run resumed from, oldest first. That is what lets `--resume PATH` tell
+checkpoints that continued from PATH from another run's, or from an abandoned later step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import torch
 from errors import CheckpointError, CheckpointWriteError, ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
+# 1: the first format. 2: lineage (run_id, checkpoint_id, ancestry) and provenance; no RNG state.
+FORMAT_VERSION = 2
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 
 
@@ -116,6 +122,9 @@ def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) ->
         raise CheckpointError(f"{path}: unreadable checkpoint ({reason[:200]})") from None
     if not isinstance(state, dict) or not {"model", "step"} <= state.keys():
         raise CheckpointError(f"{path}: not a gpt2-repro checkpoint (no model/step entries)")
+    if state.get("format_version", 1) > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format_version {state['format_version']} is newer than this "
+                              f"code reads ({FORMAT_VERSION}); update gpt2-repro to load it")
     return state
 
 
@@ -165,6 +174,8 @@ def find_resume_checkpoint(out_dir: str | Path, resume: str, warn=warn) -> tuple
         found = newest_readable_checkpoint(out_dir, warn)
         return None if found is None else (*found, "the newest checkpoint in out_dir")
     path = Path(resume)
+    if not path.is_file():
+        raise ConfigError(f"resume: no checkpoint file at {resume!r} (use auto, never or a path to a .pt file)")
     state = load_checkpoint(path)
     descendants = []
     for step, other in list_checkpoints(out_dir):

@@ -20,68 +20,75 @@ from errors import ConfigError
 from model import PRESETS, GPTConfig
 
 
+def key(default, help: str):
+    """A config field with its help text beside it (printed by --help)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrainConfig:
-    # data and run folder
-    data_dir: str = "data/edu_fineweb10B"
-    out_dir: str = "out/gpt2_124m"
-    # model: a preset name, or "custom" with n_layer/n_head/n_embd
-    model: str = "gpt2"
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    vocab_size: int = 50304
-    block_size: int = 1024
-    dropout: float = 0.0
-    init_from: str = "scratch"  # scratch, a GPT-2 preset name or folder (HF weights), or a checkpoint .pt
-    # batch geometry: total_batch_size tokens per optimizer step over all ranks
-    total_batch_size: int = 524288
-    micro_batch_size: int = 64
-    seq_len: int = 1024
-    # optimisation (GPT-3 paper's 125M recipe at GPT-2 124M scale)
-    max_steps: int = 19073  # 10B tokens / 524,288
-    warmup_steps: int = 715  # 375M tokens
-    max_lr: float = 6e-4
-    min_lr: float = 6e-5  # 10% of max_lr at the end of the cosine
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0  # 0 disables clipping (the norm is still measured)
-    # evaluation (0 disables the periodic one; val always runs after the last step)
-    eval_interval: int = 250
-    val_tokens: int = 10485760  # 20 x 524,288
-    hellaswag_interval: int = 250
-    hellaswag_path: str = ""  # a local HellaSwag val jsonl; empty: download once into the cache
-    hellaswag_limit: int = 0  # evaluate only the first N examples (0 = all 10,042)
-    sample_interval: int = 250
-    sample_prompt: str = "Hello, I'm a language model,"
-    sample_count: int = 4
-    sample_tokens: int = 32
-    # checkpoints (0: only at the end and on preemption)
-    checkpoint_interval: int = 5000
-    final_checkpoint: bool = True  # also after the last step (benchmarks turn it off)
-    keep_last: int = 3
-    resume: str = "auto"  # auto | never | path to a checkpoint
-    # runtime
-    device: str = "auto"  # auto | cuda | mps | cpu
-    # auto: bfloat16 autocast on CUDA and bf16-capable CPUs, else float32. float64 weights and
-    # math (CPU) is for numerical checks, where float32 rounding would hide the comparison.
-    dtype: str = "auto"
-    compile: bool | None = None  # None: on for CUDA, off elsewhere
-    seed: int = 1337
-    # cross-entropy of the 50K-wide logits in chunks of this many tokens, fused with lm_head so
-    # the logits never sit in memory whole (0: plain; null: 8192 on CUDA without compile, else 0)
-    loss_chunk_size: int | None = None
-    log_interval: int = 1  # console line every N steps (log.jsonl gets every step)
-    peak_flops: float = 0.0  # bf16 FLOP/s of one device for MFU; 0: look the device up
-    preempt_exit_code: int = 0  # exit status after a SIGTERM/SIGUSR1 checkpoint
-    # Weights & Biases
-    wandb: bool = False
-    wandb_project: str = "gpt2-repro"
-    wandb_run_name: str = ""
-    wandb_mode: str = "online"  # online | offline | disabled
-    wandb_tags: list[str] = field(default_factory=list)
+    # --- data and run folder
+    data_dir: str = key("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy)")
+    out_dir: str = key("out/gpt2_124m", "run folder: config.yaml, run.json, log.jsonl, checkpoints/")
+    # --- model
+    model: str = key("gpt2", "gpt2, gpt2-medium, gpt2-large, gpt2-xl, or custom (with n_layer, n_head, n_embd)")
+    n_layer: int | None = key(None, "transformer blocks (model=custom only)")
+    n_head: int | None = key(None, "attention heads (model=custom only)")
+    n_embd: int | None = key(None, "width of the residual stream (model=custom only)")
+    vocab_size: int = key(50304, "embedding rows: GPT-2's 50257 padded to a multiple of 128 for faster matmuls")
+    block_size: int = key(1024, "longest sequence the position table covers")
+    dropout: float = key(0.0, "dropout probability (0 for pretraining)")
+    init_from: str = key("scratch", "initial weights: scratch, a GPT-2 preset or HF folder, or a checkpoint .pt "
+                                    "(weights only)")
+    # --- batch geometry
+    total_batch_size: int = key(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)")
+    micro_batch_size: int = key(64, "sequences in one forward pass on one rank (B)")
+    seq_len: int = key(1024, "tokens per sequence (T)")
+    # --- optimisation (the GPT-3 paper's 125M recipe at GPT-2 124M scale)
+    max_steps: int = key(19073, "optimizer steps (10B tokens / 524,288)")
+    warmup_steps: int = key(715, "linear warmup steps (375M tokens)")
+    max_lr: float = key(6e-4, "peak learning rate")
+    min_lr: float = key(6e-5, "learning rate at the end of the cosine (10% of max_lr)")
+    weight_decay: float = key(0.1, "AdamW weight decay, on 2-D weights only")
+    beta1: float = key(0.9, "AdamW beta1")
+    beta2: float = key(0.95, "AdamW beta2")
+    adam_eps: float = key(1e-8, "AdamW epsilon")
+    grad_clip: float = key(1.0, "clip the global gradient norm to this (0: no clipping; the norm is still logged)")
+    # --- evaluation (val loss always runs after the last step)
+    eval_interval: int = key(250, "val loss every N steps (0: only after the last)")
+    val_tokens: int = key(10485760, "tokens of the fixed val window (20 x 524,288)")
+    hellaswag_interval: int = key(250, "HellaSwag every N steps and after the last (0: off)")
+    hellaswag_path: str = key("", "a local HellaSwag val jsonl ('': download it once into the cache)")
+    hellaswag_limit: int = key(0, "score only the first N examples (0: all 10,042)")
+    sample_interval: int = key(250, "text samples every N steps and after the last (0: off)")
+    sample_prompt: str = key("Hello, I'm a language model,", "prompt of the samples ('': unconditional)")
+    sample_count: int = key(4, "samples each time")
+    sample_tokens: int = key(32, "new tokens per sample")
+    # --- checkpoints
+    checkpoint_interval: int = key(5000, "checkpoint every N steps (0: only at the end and on preemption)")
+    final_checkpoint: bool = key(True, "checkpoint after the last step (benchmarks turn it off)")
+    keep_last: int = key(3, "keep the newest N checkpoints")
+    resume: str = key("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
+    # --- runtime
+    device: str = key("auto", "auto, cuda, cuda:N, mps or cpu")
+    dtype: str = key("auto", "auto (bfloat16 autocast on CUDA and bf16 CPUs, else float32), bfloat16, float32, "
+                             "or float64 (weights and math, for numerical checks)")
+    compile: bool | None = key(None, "torch.compile the model (null: on for CUDA)")
+    seed: int = key(1337, "seed of the initial weights, epoch shuffles, dropout and samples")
+    loss_chunk_size: int | None = key(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
+                                            "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
+    log_interval: int = key(1, "console line every N steps (log.jsonl gets every step)")
+    peak_flops: float = key(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
+    hang_timeout_minutes: float = key(15.0, "after the first step, a collective that waits longer fails the run "
+                                            "(a rank hung or died); start-up gets 30 minutes")
+    # --- Weights & Biases
+    wandb: bool = key(False, "log to Weights & Biases")
+    wandb_project: str = key("gpt2-repro", "W&B project")
+    wandb_run_name: str = key("", "W&B run name ('': W&B picks one)")
+    wandb_mode: str = key("online", "online, offline (sync later) or disabled")
+    wandb_tags: list[str] = key([], "W&B tags, comma-separated on the command line")
 
     def __post_init__(self):
         self.validate()
@@ -131,12 +138,9 @@ class TrainConfig:
                 f"unknown dtype {self.dtype!r}; choose auto, bfloat16, float32 or float64")
         require(self.wandb_mode in ("online", "offline", "disabled"), "wandb_mode",
                 f"unknown mode {self.wandb_mode!r}; choose online, offline or disabled")
-        require(self.resume in ("auto", "never") or Path(self.resume).is_file(), "resume",
-                f"no checkpoint file at {self.resume!r} (use auto, never or a path to a .pt file)")
-        require(self.init_from == "scratch" or self.init_from in PRESETS or Path(self.init_from).exists(),
-                "init_from", f"{self.init_from!r} is not scratch, a GPT-2 preset name or an existing path")
-        require(not self.hellaswag_path or Path(self.hellaswag_path).is_file(), "hellaswag_path",
-                f"no file at {self.hellaswag_path!r}")
+        require(self.hang_timeout_minutes > 0, "hang_timeout_minutes",
+                f"must be positive, got {self.hang_timeout_minutes}")
+        # paths (resume, init_from, hellaswag_path, data_dir) are checked where the files are opened
 
     # --- derived values -----------------------------------------------------------------------
     def model_config(self) -> GPTConfig:
@@ -255,10 +259,12 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def usage() -> str:
-    lines = ["usage: train_gpt2.py [--config configs/NAME.yaml] [--key value | --key=value ...]", "", "keys:"]
+    lines = ["usage: train_gpt2.py [--config configs/NAME.yaml] [--key value | --key=value ...]", "",
+             "Every key below can be set in the YAML file or on the command line (the command line wins).", ""]
     for f in fields(TrainConfig):
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        lines.append(f"  --{f.name:<22} {_type_name(_base_types(f.name)):<22} default {default!r}")
+        lines.append(f"  --{f.name} ({_type_name(_base_types(f.name))}, default {default!r})")
+        lines.append(f"      {f.metadata['help']}")
     return "\n".join(lines)
 
 

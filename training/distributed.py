@@ -1,9 +1,9 @@
-"""Process-group setup from torchrun's environment, device choice, and collective helpers.
+"""Process-group setup from torchrun's environment, and the collective helpers.
 
 A plain `python train_gpt2.py` runs as one process with no process group; under torchrun
 (RANK / LOCAL_RANK / WORLD_SIZE set) we join the group: NCCL on CUDA, gloo on CPU, so the
-same code runs in CI's multi-process tests. Every helper here is a collective that *every*
-rank must call; none of them may sit behind an `if master_process`.
+same code runs in CI's multi-process tests. Every helper below `teardown_distributed` is a
+collective that *every* rank must call; none of them may sit behind an `if master_process`.
 """
 
 from __future__ import annotations
@@ -40,48 +40,6 @@ class DistEnv:
         return self.device.type
 
 
-def pick_device(requested: str, local_rank: int) -> torch.device:
-    if requested == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank)
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if requested.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device: {requested} requested but CUDA is not available")
-        try:
-            return torch.device("cuda", local_rank) if requested == "cuda" else torch.device(requested)
-        except RuntimeError:
-            raise ConfigError(f"device: unknown device {requested!r}; choose auto, cuda, cuda:N, mps or cpu") from None
-    if requested == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device: mps requested but MPS is not available")
-    if requested not in ("cpu", "mps"):
-        raise ConfigError(f"device: unknown device {requested!r}; choose auto, cuda, cuda:N, mps or cpu")
-    return torch.device(requested)
-
-
-def cpu_has_native_bf16() -> bool:
-    """True on x86 CPUs with AVX512-BF16 or AMX (Linux), where bf16 matmuls beat fp32."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
-
-
-def resolve_dtype(requested: str, device: torch.device) -> str:
-    """`auto`: bfloat16 autocast on CUDA and on CPUs with native bf16, float32 elsewhere."""
-    if requested != "auto":
-        return requested
-    if device.type == "cuda":
-        return "bfloat16"
-    if device.type == "cpu" and cpu_has_native_bf16():
-        return "bfloat16"
-    return "float32"
-
-
 def restart_safe_store(world_size: int, timeout: datetime.timedelta):
     """The rendezvous store for a worker that torchrun restarted, with keys of this attempt only.
 
@@ -115,13 +73,20 @@ def stop_when_launcher_dies() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def setup_distributed(requested_device: str, timeout_minutes: float = 30.0) -> DistEnv:
-    """Join torchrun's process group if launched by it; otherwise a single process."""
+def local_rank() -> int:
+    """This process's index on its node: torchrun's LOCAL_RANK, 0 for a plain process."""
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def setup_distributed(device: torch.device, timeout: datetime.timedelta) -> DistEnv:
+    """Join torchrun's process group if launched by it (NCCL on CUDA, gloo otherwise).
+
+    `timeout` bounds every collective until `set_collective_timeout` changes it: long enough
+    for start-up (compilation, the first evaluation), where ranks legitimately wait for each other.
+    """
     ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", 0))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    device = pick_device(requested_device, local_rank)
     stop_when_launcher_dies()
     if ddp:
         if device.type == "mps":
@@ -129,14 +94,19 @@ def setup_distributed(requested_device: str, timeout_minutes: float = 30.0) -> D
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        timeout = datetime.timedelta(minutes=timeout_minutes)
         dist.init_process_group(
             backend=backend, timeout=timeout, store=restart_safe_store(world_size, timeout),
             rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None,
         )
     elif device.type == "cuda":
         torch.cuda.set_device(device)
-    return DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device, ddp=ddp)
+    return DistEnv(rank=rank, local_rank=local_rank(), world_size=world_size, device=device, ddp=ddp)
+
+
+def set_collective_timeout(env: DistEnv, timeout: datetime.timedelta) -> None:
+    """From now on a collective that waits longer than `timeout` fails (a rank hung or died)."""
+    if env.ddp:
+        dist.distributed_c10d._set_pg_timeout(timeout)
 
 
 def teardown_distributed() -> None:
@@ -152,6 +122,14 @@ def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     if env.ddp:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """Whether flag is true on any rank, the same answer on every rank. Collective (a host sync)."""
+    if not env.ddp:
+        return flag
+    vote = torch.full((), float(flag), device=env.device)
+    return all_reduce_sum(vote, env).item() > 0
 
 
 def barrier(env: DistEnv) -> None:

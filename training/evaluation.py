@@ -1,12 +1,13 @@
-"""Val loss over the fixed val window, and text samples.
+"""The periodic evaluation of a run: val loss over the fixed val window, HellaSwag, text samples.
 
-Both run on the unwrapped, uncompiled model: no DDP hooks fire, and a compiled training
+All run on the unwrapped, uncompiled model: no DDP hooks fire, and a compiled training
 model never recompiles for eval-only shapes.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F
@@ -14,7 +15,84 @@ from torch.nn import functional as F
 from data.loader import ValLoader
 from data.tokenizer import EOT_TOKEN
 from model import upcast
-from training.distributed import DistEnv, all_reduce_sum
+from training.config import TrainConfig
+from training.distributed import DistEnv, all_reduce_sum, run_on_all_ranks
+from training.hellaswag import HellaSwagEval
+from training.run import Run
+from training.run_logger import RunLogger
+from training.runtime import Runtime
+
+
+class PeriodicEvaluation:
+    """Val loss, HellaSwag and samples, each at its interval and after the last step.
+
+    Every rank makes one (the HellaSwag data is fetched and agreed on here) and calls
+    `run_due` at every step: val loss and HellaSwag are collectives, samples are drawn by
+    rank 0 alone but their failure reaches every rank.
+    """
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime, logger: RunLogger, tokenizer):
+        self.cfg, self.env, self.runtime, self.logger, self.tokenizer = cfg, env, runtime, logger, tokenizer
+        self.hellaswag = (HellaSwagEval(cfg.hellaswag_path, cfg.hellaswag_limit, env, tokenizer, warn=logger.warn)
+                          if cfg.hellaswag_interval else None)
+
+    def due(self, step: int, last_step: bool) -> list[Callable[[Run], None]]:
+        """The evaluations of this step, in the order they run."""
+        cfg = self.cfg
+
+        def every(interval: int) -> bool:
+            return last_step or (interval > 0 and step % interval == 0)
+
+        due = []
+        if every(cfg.eval_interval):
+            due.append(self.val_loss)
+        if self.hellaswag is not None and every(cfg.hellaswag_interval):
+            due.append(self.hellaswag_accuracy)
+        if cfg.sample_interval and step > 0 and every(cfg.sample_interval):
+            due.append(self.samples)
+        return due
+
+    def run_due(self, run: Run, last_step: bool, agree_to_stop: Callable[[], bool]) -> bool:
+        """Each evaluation due at run.step, unless the ranks agree to stop; whether they did.
+
+        The ranks agree before each evaluation and once after the last one (eval steps only),
+        so a stop signal skips the rest and, arriving mid-eval, costs no extra training step.
+        """
+        due = self.due(run.step, last_step)
+        for evaluate in due:
+            if agree_to_stop():
+                return True
+            evaluate(run)
+        return bool(due) and agree_to_stop()
+
+    def val_loss(self, run: Run) -> None:
+        loss = evaluate_val_loss(run.model, run.val_loader, self.env, self.runtime.autocast())
+        run.metrics["val_loss"] = loss
+        self.logger.log({"kind": "val", "step": run.step, "loss": loss, "tokens": run.tokens_seen})
+        self.logger.console(f"step {run.step:6d} | val loss {loss:.4f}")
+
+    def hellaswag_accuracy(self, run: Run) -> None:
+        result = self.hellaswag.evaluate(run.model, self.runtime.autocast())  # a collective; None if unavailable
+        if result is not None:
+            run.metrics["hellaswag_acc_norm"] = result["acc_norm"]
+            self.logger.log({"kind": "hellaswag", "step": run.step, "tokens": run.tokens_seen, **result})
+            self.logger.console(f"step {run.step:6d} | hellaswag acc_norm {result['acc_norm']:.4f} "
+                                f"({result['n']} examples)")
+
+    def samples(self, run: Run) -> None:
+        cfg = self.cfg
+
+        def generate() -> None:  # rank 0 alone; a failure reaches every rank
+            if not self.env.master_process:
+                return
+            texts = generate_samples(run.model, self.tokenizer, cfg.sample_prompt, cfg.sample_count,
+                                     cfg.sample_tokens, self.runtime.device, seed=(cfg.seed + run.step) % 2**64,
+                                     autocast=self.runtime.autocast())
+            for text in texts:
+                self.logger.log({"kind": "sample", "step": run.step, "text": text})
+                self.logger.console(f"step {run.step:6d} | sample: {text!r}")
+
+        run_on_all_ranks(self.env, generate)
 
 
 @torch.no_grad()

@@ -35,7 +35,7 @@ from torch.nn import functional as F
 from data.tokenizer import EOT_TOKEN
 from errors import DataError
 from model import upcast
-from training.distributed import DistEnv, all_reduce_sum, barrier, first_error
+from training.distributed import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_FILENAME = "hellaswag_val.jsonl"
@@ -296,15 +296,17 @@ class HellaSwagEval:
 
     def __init__(self, path: str, limit: int, env: DistEnv, tokenizer, batch_examples: int = 16,
                  cache_dir: str | Path | None = None, *, url: str = VAL_URL,
-                 timeout: float = DOWNLOAD_TIMEOUT_S):
+                 timeout: float = DOWNLOAD_TIMEOUT_S, warn=None):
         """path: a local jsonl ('' = the cached official val split, downloaded if missing);
         limit: score only the first `limit` examples (0 = all). A malformed file raises
-        HellaSwagDataError on every rank; a failed download makes the evaluator unavailable."""
+        HellaSwagDataError on every rank; a failed download makes the evaluator unavailable,
+        with one warning through `warn` (default: a `warning:` line on stderr)."""
         if batch_examples < 1:
             raise ValueError(f"batch_examples must be >= 1, got {batch_examples}")
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         self.env = env
+        self.warn = warn or (lambda text: print(f"warning: {' '.join(text.split())}", file=sys.stderr, flush=True))
         self.batch_examples = batch_examples
         self.num_examples = 0  # over all ranks; 0 while unavailable
         self.source: Path | None = Path(path) if path else self._fetch_once_per_node(cache_dir, url, timeout)
@@ -339,25 +341,19 @@ class HellaSwagEval:
         if failure is None:
             return path
         if env.master_process:
-            reason = " ".join(failure.split())  # one line, whatever the exception text holds
-            print(f"warning: hellaswag eval skipped: could not fetch {url} into {path} ({reason}); "
-                  f"run `python prep/hellaswag.py` where there is internet, or set hellaswag_path",
-                  file=sys.stderr, flush=True)
+            self.warn(f"hellaswag eval skipped: could not fetch {url} into {path} ({failure}); "
+                      f"run `python prep/hellaswag.py` where there is internet, or set hellaswag_path")
         return None
 
     def _read_on_every_rank(self, path: Path, limit: int) -> list[Example]:
         """The file's first `limit` examples; if any rank cannot read them, all raise the same error."""
-        examples, error = [], None
-        try:
-            examples = read_examples(path, limit)
-        except HellaSwagDataError as e:
-            error = str(e)
-        except OSError as e:
-            error = f"{path}: {e.strerror or e}"
-        error = first_error(error, self.env)
-        if error:
-            raise HellaSwagDataError(error)
-        return examples
+        def read() -> list[Example]:
+            try:
+                return read_examples(path, limit)
+            except OSError as e:
+                raise HellaSwagDataError(f"hellaswag_path: {path}: {e.strerror or e}") from None
+
+        return run_on_all_ranks(self.env, read)
 
     def _batches_for(self, block_size: int) -> list[Batch]:
         """This rank's batches, built at the first eval and kept on the device.

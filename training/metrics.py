@@ -57,8 +57,11 @@ def model_flops_utilization(flops_per_token: float, tokens_per_sec: float, world
     return flops_per_token * tokens_per_sec / (peak_flops * world_size)
 
 
+_IMPORTED = time.time()  # the fallback launch time where /proc is missing: close after the first imports
+
+
 def process_start_time() -> float:
-    """When this process was launched (Unix time): from /proc on Linux, else the time of this call."""
+    """When this process was launched (Unix time): from /proc on Linux, else when this module was imported."""
     try:
         with open("/proc/self/stat") as f:
             started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time after boot
@@ -66,4 +69,4 @@ def process_start_time() -> float:
             uptime = float(f.read().split()[0])
         return time.time() - uptime + started_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return time.time()
+        return _IMPORTED

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
-from errors import WriteError
+from errors import ConfigError, WriteError
 
 LOG_NAME = "log.jsonl"
 
@@ -60,18 +61,40 @@ def _finite_or_none(value):
 
 
 class RunLogger:
-    def __init__(self, out_dir: str | Path, enabled: bool, resume_step: int = 0):
+    """Rank 0's console, warnings, run folder files, log.jsonl and W&B run; a no-op on other ranks.
+
+    Made at launch (console and warnings work at once); `open_run_folder` then creates out_dir
+    and its files once the run's starting step is known. One owner (the trainer's main) closes it.
+    """
+
+    def __init__(self, enabled: bool):
         self.enabled = enabled
         self.wandb_run = None
         self.failure: WriteError | None = None  # the first record that could not be written
+        self.path: Path | None = None  # log.jsonl, once the run folder is open
         self._jsonl = None
-        self.path = Path(out_dir) / LOG_NAME
-        if enabled:
-            truncate_log(self.path, resume_step)
-            try:
-                self._jsonl = open(self.path, "a", buffering=1)  # line-buffered: one record per line
-            except OSError as e:
-                raise WriteError(f"{self.path}: could not open ({e.strerror or e})") from None
+
+    def open_run_folder(self, out_dir: str | Path, resume_step: int, files: dict[str, str]) -> None:
+        """Create out_dir, write `files` (name -> text, e.g. config.yaml), open log.jsonl.
+
+        The log loses its records of step >= resume_step (they will be redone). Rank 0 only; a
+        failure is a ConfigError (out_dir cannot exist) or a WriteError naming the file.
+        """
+        if not self.enabled:
+            return
+        out_dir = Path(out_dir)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"out_dir: cannot create {out_dir} ({e.strerror or e})") from None
+        for name, text in files.items():
+            write_text_file(out_dir / name, text)
+        self.path = out_dir / LOG_NAME
+        truncate_log(self.path, resume_step)
+        try:
+            self._jsonl = open(self.path, "a", buffering=1)  # line-buffered: one record per line
+        except OSError as e:
+            raise WriteError(f"{self.path}: could not open ({e.strerror or e})") from None
 
     # --- W&B ----------------------------------------------------------------------------------
     def start_wandb(self, project: str, run_name: str, mode: str, config: dict, tags: list[str],
@@ -124,6 +147,11 @@ class RunLogger:
         if self.enabled:
             print(text, flush=True)
 
+    def warn(self, text: str) -> None:
+        """One `warning: ...` line on stderr (rank 0 only, like every other line)."""
+        if self.enabled:
+            print(f"warning: {' '.join(text.split())}", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self._jsonl is not None:
             try:
@@ -134,3 +162,10 @@ class RunLogger:
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
+
+
+def format_train_line(r: dict) -> str:
+    """The console line of a train record."""
+    mfu = f" | mfu {100 * r['mfu']:5.1f}%" if "mfu" in r else ""
+    return (f"step {r['step']:6d} | loss {r['loss']:.4f} | lr {r['lr']:.3e} | norm {r['grad_norm']:6.3f} | "
+            f"{r['step_ms']:8.1f} ms | {r['tokens_per_sec']:10,.0f} tok/s{mfu}")

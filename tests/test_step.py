@@ -1,0 +1,97 @@
+"""The training step driven directly, in this process: one host sync, and no update from a NaN."""
+
+from __future__ import annotations
+
+import collections
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, build_tiny_run
+from data.loader import Prefetcher
+from errors import NonFiniteLossError
+from training.preemption import PreemptionFlag
+from training.run_logger import RunLogger
+from training.step import train_step
+
+SYNCING_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+
+
+@pytest.fixture
+def count_syncs(monkeypatch):
+    """Counts, per call site, the host synchronisations the repository's own code asks for.
+
+    A host sync is anything that makes the CPU wait for a tensor's value: .item(), .tolist(),
+    .cpu(), .numpy(), bool()/float()/int() of a tensor; on a GPU each one stalls the launch
+    queue. Library internals (such as the CPU AdamW's step counter) are not ours to change.
+    """
+    counts: collections.Counter = collections.Counter()
+
+    def counting(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def method(self, *args, **kwargs):
+            frame = sys._getframe(1)
+            path = Path(frame.f_code.co_filename)
+            if REPO in path.parents and not {"tests", ".venv", "site-packages"} & set(path.relative_to(REPO).parts):
+                counts[f"{path.relative_to(REPO)}:{frame.f_lineno}"] += 1
+            return original(self, *args, **kwargs)
+
+        return method
+
+    for name in SYNCING_METHODS:
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    return counts
+
+
+def test_a_training_step_syncs_with_the_host_once(shards, tmp_path, count_syncs):
+    cfg, env, runtime, run = build_tiny_run(shards, tmp_path / "run")
+    batches = Prefetcher(run.train_loader, 0, cfg.max_steps, runtime.device)
+    count_syncs.clear()
+    try:
+        for _ in range(3):
+            train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+    finally:
+        batches.close()
+    assert run.step == 3 and run.grad_accum_steps == 4  # micro-steps do not sync
+    assert list(count_syncs.values()) == [3] and next(iter(count_syncs)).startswith("training/step.py:")
+
+
+def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs):
+    """The whole loop (logging, checkpoint and eval bookkeeping) on steps without an eval."""
+    import train_gpt2
+
+    quiet = dict(eval_interval=0, checkpoint_interval=0, final_checkpoint="false", log_interval=1000)
+    totals = {}
+    for steps in (3, 7):
+        cfg, env, runtime, run = build_tiny_run(shards, tmp_path / f"run{steps}", max_steps=steps, **quiet)
+        count_syncs.clear()
+        logger = RunLogger(enabled=False)
+        train_gpt2.train(cfg, env, runtime, run, logger, PreemptionFlag(), record={})
+        totals[steps] = dict(count_syncs)
+    growth = {site: totals[7].get(site, 0) - totals[3].get(site, 0) for site in {*totals[3], *totals[7]}}
+    assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/step.py")): 4}
+
+
+def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):
+    cfg, env, runtime, run = build_tiny_run(shards, tmp_path / "run")
+    batches = Prefetcher(run.train_loader, 0, cfg.max_steps, runtime.device)
+    try:
+        for _ in range(2):
+            train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+        with torch.no_grad():
+            run.model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
+        weights = {k: v.clone() for k, v in run.model.state_dict().items()}
+        moments = {k: v.clone() for k, v in run.optimizer.state[run.model.lm_head.weight].items()}
+        with pytest.raises(NonFiniteLossError, match="step 2: loss nan / grad norm nan is not finite; the update "
+                                                     "was not applied"):
+            train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+    finally:
+        batches.close()
+    assert run.step == 2
+    for key, value in run.model.state_dict().items():
+        torch.testing.assert_close(value, weights[key], rtol=0, atol=0, equal_nan=True)
+    for key, value in run.optimizer.state[run.model.lm_head.weight].items():
+        assert torch.equal(value, moments[key]), key

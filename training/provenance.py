@@ -1,0 +1,59 @@
+"""What produced a run: code, software, hardware, launch, configuration and data.
+
+The record goes into `out_dir/run.json` (one per launch, overwritten by a resume), into every
+checkpoint the launch writes, and into the W&B run's config, so any curve or checkpoint can be
+traced to the commit, versions, devices and command that made it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import shlex
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from training.config import TrainConfig, config_yaml
+from training.distributed import DistEnv
+from training.runtime import Runtime
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def provenance(cfg: TrainConfig, env: DistEnv, runtime: Runtime, argv: list[str], data_fingerprint: str) -> dict:
+    commit, dirty = git_state(REPO)
+    return {
+        "git_commit": commit,  # None outside a git checkout
+        "git_dirty": dirty,  # uncommitted changes to tracked files
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),  # a str subclass that weights_only loading refuses
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if runtime.device_type == "cuda" else None,
+        "device": runtime.device_name,
+        "device_count": torch.cuda.device_count() if runtime.device_type == "cuda" else 1,
+        "world_size": env.world_size,
+        "command": shlex.join([Path(sys.argv[0]).name, *argv]),
+        "config_sha256": hashlib.sha256(config_yaml(cfg).encode()).hexdigest(),
+        "data_fingerprint": data_fingerprint,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def git_state(folder: Path) -> tuple[str | None, bool | None]:
+    """(HEAD commit, whether tracked files differ from it) of the checkout holding folder."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return None, None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return commit.strip(), None if status is None else bool(status.strip())

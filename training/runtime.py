@@ -1,0 +1,103 @@
+"""Where and how the math runs: device, precision, compile, loss chunking, the FLOP/s peak.
+
+One resolution of the `auto` settings, shared by the trainer and bench.py, so both report
+what really runs: `--device cpu` on a machine with a GPU means no compile, no bf16 unless the
+CPU has it, and the CPU's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from errors import ConfigError
+from training.metrics import detect_peak_flops
+
+# The fused chunked lm_head + cross-entropy never holds the (B*T, V) logits: at B=64, T=1024
+# that saves about 30 GB where no compiler fuses the cross-entropy (eager mode on a GPU).
+DEFAULT_LOSS_CHUNK = 8192
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    dtype: str  # bfloat16 (autocast over float32 weights), float32, or float64 (weights and math)
+    compile: bool
+    loss_chunk_size: int  # 0: the plain lm_head + cross-entropy
+    peak_flops: float | None  # bf16 FLOP/s of one device, for MFU; None where unknown
+    device_name: str
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+    @property
+    def weights_dtype(self) -> torch.dtype:
+        return torch.float64 if self.dtype == "float64" else torch.float32
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward's precision context: bf16 autocast, or nothing."""
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.dtype == "bfloat16")
+
+
+def resolve_runtime(device: str, dtype: str, compile: bool | None, loss_chunk_size: int | None,
+                    peak_flops: float = 0.0, local_rank: int = 0) -> Runtime:
+    """The Runtime for the config's device/dtype/compile/loss_chunk_size/peak_flops values."""
+    chosen = pick_device(device, local_rank)
+    use_compile = compile if compile is not None else chosen.type == "cuda"
+    if loss_chunk_size is None:
+        loss_chunk_size = DEFAULT_LOSS_CHUNK if chosen.type == "cuda" and not use_compile else 0
+    return Runtime(
+        device=chosen, dtype=resolve_dtype(dtype, chosen), compile=use_compile, loss_chunk_size=loss_chunk_size,
+        peak_flops=detect_peak_flops(chosen, peak_flops), device_name=device_name(chosen),
+    )
+
+
+def pick_device(requested: str, local_rank: int = 0) -> torch.device:
+    """auto: this rank's GPU, else MPS, else the CPU. An unavailable device is a ConfigError."""
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank)
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device: {requested} requested but CUDA is not available")
+        try:
+            return torch.device("cuda", local_rank) if requested == "cuda" else torch.device(requested)
+        except RuntimeError:
+            raise ConfigError(f"device: unknown device {requested!r}; choose auto, cuda, cuda:N, mps or cpu") from None
+    if requested == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device: mps requested but MPS is not available")
+    if requested not in ("cpu", "mps"):
+        raise ConfigError(f"device: unknown device {requested!r}; choose auto, cuda, cuda:N, mps or cpu")
+    return torch.device(requested)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on x86 CPUs with AVX512-BF16 or AMX (Linux), where bf16 matmuls beat fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_dtype(requested: str, device: torch.device) -> str:
+    """`auto`: bfloat16 autocast on CUDA and on CPUs with native bf16, float32 elsewhere."""
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "bfloat16"
+    if device.type == "cpu" and cpu_has_native_bf16():
+        return "bfloat16"
+    return "float32"
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name (what MFU is measured against), else the device type."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
