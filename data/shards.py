@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
+from data.tokenizer import EOT_TOKEN
 from errors import DataError
 
 SHARD_DTYPE = np.uint16  # GPT-2 ids are < 50257 < 2**16
+SMALL_CORPUS_VAL_FRACTION = 0.1  # share of a corpus smaller than one shard that goes to val
 
 
 def shard_name(prefix: str, split: str, index: int) -> str:
@@ -74,48 +77,106 @@ def find_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
 
 
 class ShardWriter:
-    """Packs documents' tokens into fixed-size shards: index 0 is the val split, then train.
+    """Packs a stream of documents' tokens into shards: index 0 is the val split, then train.
 
-    Tokens go into one preallocated uint16 buffer (never a list of Python ints); a document
-    that does not fit is split, its remainder starting the next shard.
+    Every document starts with <|endoftext|> (EOT_TOKEN), which is how the writer sees where
+    documents begin. The val shard holds whole documents only, so no document is in both
+    splits: it ends at the last document start within `val_size` tokens (or, when the very first
+    document is longer than that, after that one document). Train shards are exactly
+    `shard_size` tokens (the last one shorter) and may split a document between two train
+    shards; the loader reads them as one stream.
+
+    `val_size=None` means "as much as a train shard" (`shard_size`) for a large corpus; a corpus
+    that ends before that much is read is split at the document start nearest to
+    `SMALL_CORPUS_VAL_FRACTION` of its tokens instead, so a small corpus still gets train data.
+
+    Tokens go into one preallocated uint16 buffer (never a list of Python ints); it only grows
+    while a first document longer than the val shard is being read. `on_shard(path, tokens)` is
+    called after each shard is on disk (resumable preps record their progress there);
+    `first_index > 0` continues a prep whose shards 0 .. first_index-1 are already written.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, prefix: str, shard_size: int, val_size: int | None = None):
+    def __init__(self, out_dir: str | os.PathLike, prefix: str, shard_size: int, val_size: int | None = None,
+                 first_index: int = 0, on_shard: Callable[[Path, np.ndarray], None] | None = None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix
         self.shard_size = shard_size
         self.val_size = val_size or shard_size
-        self.index = 0
+        self.split_small_corpus = val_size is None
+        self.on_shard = on_shard
+        self.index = first_index
         self.buffer = np.empty(max(self.shard_size, self.val_size), dtype=SHARD_DTYPE)
         self.filled = 0
+        self.val_end = 0  # the last document start in (0, val_size] seen so far; 0 = none yet
         self.written: list[Path] = []
-        self.total_tokens = 0
-
-    @property
-    def capacity(self) -> int:
-        return self.val_size if self.index == 0 else self.shard_size
+        self.total_tokens = 0  # tokens in the shards this writer wrote
 
     def add(self, tokens: np.ndarray) -> None:
+        """Append the next tokens of the stream (any cut: whole documents or not)."""
+        if self.index == 0:
+            self._add_val(tokens)
+        else:
+            self._add_train(tokens)
+
+    def _add_val(self, tokens: np.ndarray) -> None:
+        if self.filled + tokens.size > self.buffer.size:  # a first document longer than the val shard
+            grown = np.empty(max(2 * self.buffer.size, self.filled + tokens.size), dtype=SHARD_DTYPE)
+            grown[: self.filled] = self.buffer[: self.filled]
+            self.buffer = grown
+        base = self.filled
+        self.buffer[base : base + tokens.size] = tokens
+        self.filled += tokens.size
+        starts = np.flatnonzero(tokens == EOT_TOKEN) + base  # document starts, as buffer positions
+        starts = starts[starts > 0]
+        within = starts[starts <= self.val_size]
+        if within.size:
+            self.val_end = int(within[-1])
+        if self.filled <= self.val_size:
+            return  # a document may still start at or before val_size
+        if self.val_end:
+            self._end_val(self.val_end)
+        elif (starts > self.val_size).any():  # the first document alone is longer than val_size
+            self._end_val(int(starts[starts > self.val_size][0]))
+
+    def _end_val(self, end: int) -> None:
+        """Write buffer[:end] as the val shard; the tokens after it start the train split."""
+        rest = self.buffer[end : self.filled].copy()
+        self.filled = end
+        self._flush()
+        self.buffer = np.empty(self.shard_size, dtype=SHARD_DTYPE)
+        self._add_train(rest)
+
+    def _add_train(self, tokens: np.ndarray) -> None:
         while tokens.size:
-            take = min(tokens.size, self.capacity - self.filled)
+            take = min(tokens.size, self.shard_size - self.filled)
             self.buffer[self.filled : self.filled + take] = tokens[:take]
             self.filled += take
             tokens = tokens[take:]
-            if self.filled == self.capacity:
+            if self.filled == self.shard_size:
                 self._flush()
 
     def _flush(self) -> None:
         split = "val" if self.index == 0 else "train"
         path = self.out_dir / shard_name(self.prefix, split, self.index)
-        write_shard(path, self.buffer[: self.filled].copy())
+        tokens = self.buffer[: self.filled]
+        write_shard(path, tokens)
+        if self.on_shard:
+            self.on_shard(path, tokens)
         self.written.append(path)
         self.total_tokens += self.filled
         self.index += 1
         self.filled = 0
 
     def close(self) -> list[Path]:
-        """Write the last partial shard; returns every shard written."""
+        """Write what is buffered (the val shard too if the stream ended inside it); every shard written."""
+        if self.index == 0 and self.filled:
+            end = self.filled
+            if self.split_small_corpus:
+                starts = np.flatnonzero(self.buffer[1 : self.filled] == EOT_TOKEN) + 1
+                if starts.size:  # the document start nearest the target share; at least one document in val
+                    end = int(starts[np.argmin(np.abs(starts - SMALL_CORPUS_VAL_FRACTION * self.filled))])
+            self._end_val(end)
         if self.filled:
             self._flush()
         return self.written

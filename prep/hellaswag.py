@@ -20,13 +20,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: make `training` importable
 
+from errors import ArgumentParser, DataError, run_cli  # noqa: E402
 from training.hellaswag import (  # noqa: E402
     DOWNLOAD_TIMEOUT_S, VAL_FILENAME, VAL_URL, HellaSwagDataError, default_cache_dir, download_val, read_examples,
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="prep/hellaswag.py", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help=f"file to write (default: the cache's {VAL_FILENAME})")
     parser.add_argument("--url", default=VAL_URL, help="where to download from (a mirror, or a file:// URL)")
     parser.add_argument("--timeout", type=float, default=DOWNLOAD_TIMEOUT_S, help="seconds per network operation")
@@ -38,16 +40,17 @@ def main(argv: list[str] | None = None) -> None:
         try:
             count = len(read_examples(out))
         except HellaSwagDataError as e:
-            raise SystemExit(f"error: {e}; rerun with --force to download it again")
+            raise DataError(f"{e}; rerun with --force to download it again") from None
         print(f"hellaswag: {count:,} examples already in {out}")
-        return
+        return 0
     print(f"hellaswag: downloading {args.url}")
     try:
         count = download_val(out, args.url, args.timeout)
     except (OSError, http.client.HTTPException, HellaSwagDataError) as e:
-        raise SystemExit(f"error: could not download {args.url} to {out}: {e}")
+        raise DataError(f"could not download {args.url} to {out}: {e}") from None
     print(f"hellaswag: {count:,} examples in {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

