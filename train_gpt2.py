@@ -27,7 +27,6 @@ import sys
 import time
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data.loader import Prefetcher
 from data.tokenizer import get_tokenizer
@@ -37,6 +36,7 @@ from training.distributed import (DistEnv, any_rank, barrier, local_rank, run_on
                                   set_collective_timeout, setup_distributed, teardown_distributed)
 from training.evaluation import PeriodicEvaluation
 from training.metrics import model_flops_utilization, process_start_time
+from training.parallel import Strategy, local_state_bytes
 from training.preemption import PreemptionFlag
 from training.provenance import provenance
 from training.run import Run, build_run, save_run
@@ -62,7 +62,8 @@ def main(argv: list[str], step_fn=train_step) -> int:
     preemption = PreemptionFlag().install()
     logger = RunLogger(enabled=env.master_process)
     try:
-        run = build_run(cfg, env, runtime, logger)  # data, model, optimizer, and the checkpoint it resumes
+        strategy = Strategy(cfg.strategy, env, runtime)  # ddp, or FSDP's sharding (training/parallel.py)
+        run = build_run(cfg, env, runtime, strategy, logger)  # data, model, optimizer, the checkpoint it resumes
         if run is not None:  # None: that checkpoint already reached max_steps
             record = provenance(cfg, env, runtime, argv, run.data_fingerprint)
             open_run_folder(cfg, env, run, logger, record)
@@ -99,14 +100,12 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
     flops_per_token = run.model.estimate_flops_per_token(cfg.seq_len)
     logger.console(
         f"model {cfg.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
-        f"device {runtime.device} | {runtime.dtype} | compile {runtime.compile} | "
+        f"device {runtime.device} | {runtime.dtype} | compile {runtime.compile} | {cfg.strategy} | "
         f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.stream.num_rows:,} train rows "
         f"({run.train_loader.steps_per_epoch} steps/epoch)"
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
 
-    model = torch.compile(run.model) if runtime.compile else run.model  # the training forward
-    if env.ddp:
-        model = DDP(model, device_ids=[env.local_rank] if runtime.device_type == "cuda" else None)
+    model = run.strategy.training_model(run.model)  # compiled, and wrapped by DDP: the training forward
     batches = Prefetcher(run.train_loader, run.start_step, cfg.max_steps, runtime.device)
     stopping = False  # set only from all-reduced votes, so every rank stops at the same step
     try:
@@ -142,6 +141,8 @@ def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger:
     record = {"kind": "train", "step": run.step - 1, "loss": result.loss, "lr": result.lr,
               "grad_norm": result.grad_norm, "tokens": run.tokens_seen, "tokens_per_sec": tokens_per_sec,
               "step_ms": result.seconds * 1000}
+    if result.skipped:
+        record["skipped"] = True  # float16 overflow: no update (the scaler lowered its scale)
     mfu = model_flops_utilization(flops_per_token, tokens_per_sec, env.world_size, runtime.peak_flops)
     if mfu is not None:
         record["mfu"] = mfu
@@ -150,7 +151,8 @@ def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger:
     logger.log(record)
     if run.step == run.start_step + 1:
         logger.log({"kind": "startup", "step": run.start_step, "compile": runtime.compile,
-                    "seconds_to_first_step": time.time() - process_start_time()})
+                    "seconds_to_first_step": time.time() - process_start_time(),
+                    "state_gib_per_rank": local_state_bytes(run.model, run.optimizer) / 2**30})
     if record["step"] % cfg.log_interval == 0 or run.step == cfg.max_steps:
         logger.console(format_train_line(record))
 

@@ -44,8 +44,9 @@ class UnreadableFirstBatch:
 def faulty_step(run, model, batches, *args, **kwargs):
     if ON_THIS_RANK and run.step - run.start_step == FAULT_STEP:
         if FAULT == "nan":
-            with torch.no_grad():
-                run.model.lm_head.weight[0, 0] = float("nan")
+            weight = run.model.lm_head.weight
+            with torch.no_grad():  # under FSDP, this rank's shard of it
+                (weight.to_local() if hasattr(weight, "to_local") else weight)[0, 0] = float("nan")
         elif FAULT == "batch":
             batches = UnreadableFirstBatch(batches)
         elif FAULT == "hang":

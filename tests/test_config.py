@@ -58,7 +58,7 @@ def test_command_line_overrides_yaml_and_both_syntaxes_work(tmp_path):
     (["--max_steps", "0"], "max_steps: must be positive"),
     (["--min_lr", "1e-2"], "min_lr: 0.01 is above max_lr"),
     (["--device", "tpu"], "device: unknown device 'tpu'"),
-    (["--dtype", "float16"], "dtype: unknown dtype"),
+    (["--dtype", "float8"], "dtype: unknown dtype"),
     (["--wandb_mode", "cloud"], "wandb_mode: unknown mode"),
     (["--beta2", "1.0"], "beta2: must be in [0, 1)"),
     (["--vocab_size", "1000"], "vocab_size: must hold GPT-2's 50257 tokens"),

@@ -95,3 +95,31 @@ def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):
         torch.testing.assert_close(value, weights[key], rtol=0, atol=0, equal_nan=True)
     for key, value in run.optimizer.state[run.model.lm_head.weight].items():
         assert torch.equal(value, moments[key]), key
+
+
+def test_float16_overflow_skips_the_update_and_lowers_the_loss_scale(shards, tmp_path):
+    cfg, env, runtime, run = build_tiny_run(shards, tmp_path / "run", dtype="float16")
+    assert runtime.loss_scaling and run.scaler.is_enabled()
+    run.scaler.load_state_dict({**run.scaler.state_dict(), "scale": 2.0**100})  # every gradient overflows
+    batches = Prefetcher(run.train_loader, 0, cfg.max_steps, runtime.device)
+    try:
+        weights = {k: v.clone() for k, v in run.model.state_dict().items()}
+        result = train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+        assert result.skipped and run.step == 1  # the batch is consumed, the update is not applied
+        for key, value in run.model.state_dict().items():
+            assert torch.equal(value, weights[key]), key
+        assert run.scaler.get_scale() == 2.0**99
+        run.scaler.update(2.0**16)  # a scale the gradients fit in
+        result = train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+        assert not result.skipped and result.loss < 11 and not torch.equal(run.model.lm_head.weight, weights["lm_head.weight"])
+    finally:
+        batches.close()
+
+
+def test_dtype_auto_picks_float16_on_a_gpu_without_bf16(monkeypatch):
+    from training.runtime import resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert resolve_dtype("auto", torch.device("cuda", 0)) == "float16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert resolve_dtype("auto", torch.device("cuda", 0)) == "bfloat16"

@@ -99,3 +99,17 @@ def test_compiled_ddp_with_fused_loss_matches_plain_eager(shards, tmp_path):
         assert abs(compiled[step] - eager[step]) <= 1e-5 * eager[step]
     state = torch.load(tmp_path / "compiled" / "checkpoints" / "step_00000003.pt", weights_only=True)
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])  # unwrapped, uncompiled keys
+
+
+def test_float16_with_a_loss_scaler_resumes_exactly(shards, tmp_path):
+    """GPUs without bf16 (V100, T4) train in float16 with a gradient scaler, whose state is checkpointed."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    fp16 = dict(dtype="float16")
+    run_trainer(base_args(shards, straight, **fp16))
+    run_trainer(base_args(shards, resumed, max_steps=3, **fp16))
+    run_trainer(base_args(shards, resumed, **fp16))
+    assert train_losses(straight) == train_losses(resumed) and sorted(train_losses(straight)) == list(range(6))
+    a, b = (torch.load(d / "checkpoints" / "step_00000006.pt", weights_only=True) for d in (straight, resumed))
+    assert a["scaler"] == b["scaler"] and a["scaler"]["scale"] > 0
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key

@@ -19,6 +19,8 @@ import yaml
 from errors import ConfigError
 from model import PRESETS, GPTConfig
 
+STRATEGIES = ("ddp", "fsdp", "fsdp_zero2")  # see training/parallel.py
+
 
 def key(default, help: str):
     """A config field with its help text beside it (printed by --help)."""
@@ -73,14 +75,18 @@ class TrainConfig:
     resume: str = key("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
     # --- runtime
     device: str = key("auto", "auto, cuda, cuda:N, mps or cpu")
-    dtype: str = key("auto", "auto (bfloat16 autocast on CUDA and bf16 CPUs, else float32), bfloat16, float32, "
-                             "or float64 (weights and math, for numerical checks)")
+    dtype: str = key("auto", "auto (bfloat16 autocast on GPUs and CPUs that have it, float16 with a gradient scaler "
+                             "on GPUs without bf16 such as V100/T4, else float32), bfloat16, float16, float32, or "
+                             "float64 (weights and math, for numerical checks)")
     compile: bool | None = key(None, "torch.compile the model (null: on for CUDA)")
     seed: int = key(1337, "seed of the initial weights, epoch shuffles, dropout and samples")
     loss_chunk_size: int | None = key(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
                                             "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
     log_interval: int = key(1, "console line every N steps (log.jsonl gets every step)")
     peak_flops: float = key(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
+    strategy: str = key("ddp", "data parallelism: ddp (a full copy per rank), fsdp (parameters, gradients and "
+                               "AdamW state sharded, like ZeRO-3) or fsdp_zero2 (fsdp keeping a block's parameters "
+                               "gathered from its forward to its backward)")
     hang_timeout_minutes: float = key(15.0, "after the first step, a collective that waits longer fails the run "
                                             "(a rank hung or died); start-up gets 30 minutes")
     # --- Weights & Biases
@@ -134,8 +140,10 @@ class TrainConfig:
                 f"{self.total_batch_size} is not a multiple of seq_len {self.seq_len}")
         require(self.device in ("auto", "cuda", "mps", "cpu") or self.device.startswith("cuda:"), "device",
                 f"unknown device {self.device!r}; choose auto, cuda, mps or cpu")
-        require(self.dtype in ("auto", "bfloat16", "float32", "float64"), "dtype",
-                f"unknown dtype {self.dtype!r}; choose auto, bfloat16, float32 or float64")
+        require(self.dtype in ("auto", "bfloat16", "float16", "float32", "float64"), "dtype",
+                f"unknown dtype {self.dtype!r}; choose auto, bfloat16, float16, float32 or float64")
+        require(self.strategy in STRATEGIES, "strategy",
+                f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
         require(self.wandb_mode in ("online", "offline", "disabled"), "wandb_mode",
                 f"unknown mode {self.wandb_mode!r}; choose online, offline or disabled")
         require(self.hang_timeout_minutes > 0, "hang_timeout_minutes",

@@ -62,7 +62,8 @@ class PeriodicEvaluation:
         for evaluate in due:
             if agree_to_stop():
                 return True
-            evaluate(run)
+            with run.strategy.evaluation(run.model):
+                evaluate(run)
         return bool(due) and agree_to_stop()
 
     def val_loss(self, run: Run) -> None:
@@ -82,8 +83,8 @@ class PeriodicEvaluation:
     def samples(self, run: Run) -> None:
         cfg = self.cfg
 
-        def generate() -> None:  # rank 0 alone; a failure reaches every rank
-            if not self.env.master_process:
+        def generate() -> None:  # rank 0 alone (every rank under FSDP); a failure reaches every rank
+            if not (self.env.master_process or run.strategy.samples_on_every_rank):
                 return
             texts = generate_samples(run.model, self.tokenizer, cfg.sample_prompt, cfg.sample_count,
                                      cfg.sample_tokens, self.runtime.device, seed=(cfg.seed + run.step) % 2**64,

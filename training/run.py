@@ -22,6 +22,7 @@ from training.checkpoint import (FORMAT_VERSION, check_compatible, checkpoint_pa
                                  list_checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint)
 from training.config import TrainConfig
 from training.distributed import DistEnv, broadcast_object, run_on_all_ranks
+from training.parallel import Strategy
 from training.run_logger import LOG_NAME, RunLogger
 from training.runtime import Runtime
 from training.weights import load_initial_weights
@@ -35,6 +36,8 @@ class Run:
 
     model: GPT
     optimizer: torch.optim.Optimizer
+    strategy: Strategy  # how model and optimizer are spread over the ranks
+    scaler: torch.amp.GradScaler  # float16's loss scale (a no-op in every other dtype)
     train_loader: TrainLoader
     val_loader: ValLoader
     grad_accum_steps: int
@@ -48,7 +51,7 @@ class Run:
     metrics: dict = field(default_factory=dict)  # the latest val / HellaSwag figures, saved with checkpoints
 
 
-def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, logger: RunLogger) -> Run | None:
+def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strategy, logger: RunLogger) -> Run | None:
     """The run this launch continues or starts; None when its checkpoint already reached max_steps.
 
     Every rank calls this. Rank 0 picks the checkpoint, every rank loads that same file; a
@@ -69,27 +72,31 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, logger: RunLogge
 
     train_loader, val_loader, fingerprint = run_on_all_ranks(env, open_data)
 
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (the same as one process's)
     model = GPT(cfg.model_config())
     load_initial_weights(model, cfg.init_from)
+    strategy.shard(model)  # under FSDP: before the optimizer, which must hold the sharded parameters
     model.to(runtime.device, dtype=runtime.weights_dtype)
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.max_lr, (cfg.beta1, cfg.beta2), cfg.adam_eps,
                                            runtime.device_type)
-    run = Run(model=model, optimizer=optimizer, train_loader=train_loader, val_loader=val_loader,
+    scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.loss_scaling)
+    run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
+              val_loader=val_loader,
               grad_accum_steps=grad_accum_steps, start_step=0, step=0, tokens_seen=0,
               lineage={"run_id": uuid.uuid4().hex, "ancestry": []}, data_fingerprint=fingerprint)
     if resume_path is None:
         return run
 
-    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(resume_path, model))
+    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(resume_path, cfg.model_config()))
     if state["step"] >= cfg.max_steps:  # decided on every rank: all of them stop here
         if state["step"] > cfg.max_steps:
             raise ConfigError(f"max_steps: {cfg.max_steps} is below step {state['step']} of {resume_path}; "
                               f"raise max_steps to train on, or start another run in another out_dir")
         logger.console(f"nothing to do: {resume_path} is at max_steps {cfg.max_steps}; raise max_steps to train on")
         return None
-    model.load_state_dict(state["model"])
-    load_optimizer_state(optimizer, state["optimizer"])
+    strategy.load_state(model, optimizer, state["model"], with_current_settings(state["optimizer"], optimizer))
+    if scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was: exact resume
+        scaler.load_state_dict(state["scaler"])
     run.start_step = run.step = state["step"]
     run.tokens_seen = state["tokens_seen"]
     run.resumed_from = resume_path
@@ -130,25 +137,26 @@ def refuse_used_out_dir(out_dir: Path) -> None:
                           f"continue it with --resume auto, or give this run another out_dir")
 
 
-def load_compatible_checkpoint(path: Path, model: GPT) -> dict:
-    state = load_checkpoint(path)
-    check_compatible(state, model.config.to_dict(), path)
+def load_compatible_checkpoint(path: Path, model_config) -> dict:
+    """The checkpoint's state, its tensors memory-mapped: every rank pages in only what it copies."""
+    state = load_checkpoint(path, mmap=True)
+    check_compatible(state, model_config.to_dict(), path)
     return state
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
-    """AdamW moments and step counts from the checkpoint; every setting from this run's config.
+def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
+    """The saved optimizer state (AdamW moments, step counts) with every setting of this run.
 
     The saved groups carry the old run's lr, betas, eps, weight decay and kernel choice (fused
-    on CUDA or not); this run's values replace them before loading, so a resume with changed
-    settings trains with what config.yaml says (weight decay stays on the decay group only).
+    on CUDA or not); this run's values replace them, so a resume with changed settings trains
+    with what config.yaml says (weight decay stays on the decay group only).
     """
     if len(saved["param_groups"]) != len(optimizer.param_groups):
         raise CheckpointError(f"the checkpoint's optimizer has {len(saved['param_groups'])} parameter groups, "
                               f"this run's {len(optimizer.param_groups)}")
     groups = [{**group, **{k: v for k, v in current.items() if k != "params"}}
               for group, current in zip(saved["param_groups"], optimizer.param_groups)]
-    optimizer.load_state_dict({**saved, "param_groups": groups})
+    return {**saved, "param_groups": groups}
 
 
 def warn_on_changed_settings(cfg: TrainConfig, saved: dict, logger: RunLogger) -> None:
@@ -163,23 +171,28 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, logger: RunLogger) -
 
 def save_run(run: Run, cfg: TrainConfig, env: DistEnv, logger: RunLogger, provenance: dict) -> None:
     """Checkpoint `step_{run.step}`: rank 0 writes, every rank learns whether that worked. Collective."""
+    model_state, optimizer_state = run.strategy.full_state(run.model, run.optimizer)  # gathered under FSDP
+
     def write() -> None:
         if not env.master_process:
             return
         logger.check()  # a log that could not be written stops the run before anything else
         path = checkpoint_path(cfg.out_dir, run.step)
-        save_checkpoint(checkpoint_state(run, cfg, logger.wandb_run_id, provenance), path)
+        state = checkpoint_state(run, cfg, model_state, optimizer_state, logger.wandb_run_id, provenance)
+        save_checkpoint(state, path)
         prune_checkpoints(cfg.out_dir, cfg.keep_last, written_step=run.step, warn=logger.warn)
         logger.console(f"saved checkpoint {path}")
 
     run_on_all_ranks(env, write)
 
 
-def checkpoint_state(run: Run, cfg: TrainConfig, wandb_run_id: str | None, provenance: dict) -> dict:
+def checkpoint_state(run: Run, cfg: TrainConfig, model_state: dict, optimizer_state: dict,
+                     wandb_run_id: str | None, provenance: dict) -> dict:
     """Tensors and plain Python values only, so the file loads with torch.load(weights_only=True)."""
     return {
-        "model": run.model.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
+        "model": model_state,
+        "optimizer": optimizer_state,
+        "scaler": run.scaler.state_dict(),  # {} unless float16
         "step": run.step,
         "tokens_seen": run.tokens_seen,
         "config": cfg.to_dict(),

@@ -23,7 +23,7 @@ DEFAULT_LOSS_CHUNK = 8192
 @dataclass(frozen=True)
 class Runtime:
     device: torch.device
-    dtype: str  # bfloat16 (autocast over float32 weights), float32, or float64 (weights and math)
+    dtype: str  # bfloat16 or float16 (autocast over float32 weights), float32, or float64 (weights and math)
     compile: bool
     loss_chunk_size: int  # 0: the plain lm_head + cross-entropy
     peak_flops: float | None  # bf16 FLOP/s of one device, for MFU; None where unknown
@@ -37,9 +37,15 @@ class Runtime:
     def weights_dtype(self) -> torch.dtype:
         return torch.float64 if self.dtype == "float64" else torch.float32
 
+    @property
+    def loss_scaling(self) -> bool:
+        """float16's narrow range needs the gradient scaler (training/step.py); bfloat16's does not."""
+        return self.dtype == "float16"
+
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The forward's precision context: bf16 autocast, or nothing."""
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.dtype == "bfloat16")
+        """The forward's precision context: bf16 or fp16 autocast, or nothing."""
+        half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.dtype)
+        return torch.autocast(device_type=self.device.type, dtype=half or torch.bfloat16, enabled=half is not None)
 
 
 def resolve_runtime(device: str, dtype: str, compile: bool | None, loss_chunk_size: int | None,
@@ -88,11 +94,12 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_dtype(requested: str, device: torch.device) -> str:
-    """`auto`: bfloat16 autocast on CUDA and on CPUs with native bf16, float32 elsewhere."""
+    """`auto`: bfloat16 autocast on CUDA and on CPUs with native bf16 (float16 on GPUs without
+    bf16: V100, T4), float32 elsewhere."""
     if requested != "auto":
         return requested
     if device.type == "cuda":
-        return "bfloat16"
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     if device.type == "cpu" and cpu_has_native_bf16():
         return "bfloat16"
     return "float32"

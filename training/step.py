@@ -4,12 +4,12 @@ Each rank runs grad_accum_steps micro-batches of (micro_batch_size, seq_len); DD
 the gradients once, on the last micro-step (no_sync covers the forward and backward of the
 others), so W ranks x A micro-steps equal one process with W*A micro-steps. The step makes
 one collective of its own (the loss, the stop votes and the failure votes together) and one
-host synchronisation, which decides, before the update is applied, whether to apply it.
+host synchronisation, which decides, before the update is applied, whether to apply it. (FSDP
+adds its own reduce-scatters and the global gradient-norm all-reduce; no host sync.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -31,11 +31,12 @@ class StepResult:
     lr: float
     stop: bool  # some rank was asked to stop (SIGTERM/SIGUSR1): all ranks see the same value
     seconds: float
+    skipped: bool = False  # float16 only: the gradients overflowed, the scaler skipped the update
 
 
 def train_step(run: Run, model: torch.nn.Module, batches, cfg: TrainConfig, env: DistEnv, runtime: Runtime,
                stop_requested: bool, pending: ReproError | None = None) -> StepResult:
-    """Apply update run.step to run.model through `model` (its compiled / DDP wrapper).
+    """Apply update run.step to run.model through `model` (its compiled / DDP wrapper, see training/parallel.py).
 
     batches.get(step, micro_step) gives (B, T) inputs and targets on the device. `pending` is
     a failure this rank has seen since the last step (a log record it could not write); with
@@ -51,7 +52,7 @@ def train_step(run: Run, model: torch.nn.Module, batches, cfg: TrainConfig, env:
     lr = learning_rate(step, cfg.warmup_steps, cfg.max_steps, cfg.max_lr, cfg.min_lr)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    loss_sum = torch.zeros((), device=runtime.device)
+    loss_sum = torch.zeros((), device=runtime.device, dtype=runtime.weights_dtype)  # float64 in float64 runs
     failure = pending
     for micro_step in range(run.grad_accum_steps):
         try:
@@ -59,14 +60,15 @@ def train_step(run: Run, model: torch.nn.Module, batches, cfg: TrainConfig, env:
         except Exception as e:  # noqa: BLE001 - keep stepping in lockstep, fail together below
             failure = failure or as_repro_error(e, env)
             x = y = torch.zeros((cfg.micro_batch_size, cfg.seq_len), dtype=torch.long, device=runtime.device)
-        sync = micro_step == run.grad_accum_steps - 1
-        with model.no_sync() if env.ddp and not sync else contextlib.nullcontext():
+        # gradients are synced (all-reduced, or reduce-scattered) only on the last micro-step
+        with run.strategy.gradient_sync(run.model, model, enabled=micro_step == run.grad_accum_steps - 1):
             with runtime.autocast():
                 _, loss = model(x, y, loss_chunk_size=runtime.loss_chunk_size)
             loss = loss / run.grad_accum_steps  # gradients add up to the mean over the whole batch
             loss_sum += loss.detach()
-            loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.grad_clip or math.inf)
+            run.scaler.scale(loss).backward()  # float16: scaled up, so small gradients do not flush to zero
+    run.scaler.unscale_(run.optimizer)  # back to true gradients before clipping (a no-op unless float16)
+    grad_norm = run.strategy.clip_grad_norm(run.model, cfg.grad_clip or math.inf)  # global, over all shards
     # the step's one collective: the summed loss, the stop votes, the failure votes
     stats = all_reduce_sum(torch.stack([loss_sum, loss_sum.new_full((), float(stop_requested)),
                                         loss_sum.new_full((), float(failure is not None))]), env)
@@ -75,13 +77,17 @@ def train_step(run: Run, model: torch.nn.Module, batches, cfg: TrainConfig, env:
         [stats[0] / env.world_size, stats[1], stats[2], grad_norm]).tolist()
     if failures:
         raise_first_error(failure, env)  # every rank raises the same error
-    if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+    # float16's gradients overflow now and then: the scaler skips that update and lowers the scale
+    overflow = run.scaler.is_enabled() and not math.isfinite(norm_value)
+    if not (math.isfinite(loss_value) and (math.isfinite(norm_value) or overflow)):
         raise NonFiniteLossError(
             f"step {step}: loss {loss_value} / grad norm {norm_value} is not finite; the update was "
             f"not applied and the newest checkpoint in {cfg.out_dir} is the last good state")
-    run.optimizer.step()
+    if not overflow:
+        run.optimizer.step()
+    run.scaler.update()  # from the overflow check unscale_ recorded: no host sync
     run.optimizer.zero_grad(set_to_none=True)
     run.step += 1
     run.tokens_seen += cfg.total_batch_size
     return StepResult(loss=loss_value, grad_norm=norm_value, lr=lr, stop=bool(stop_votes),
-                      seconds=time.perf_counter() - t0)
+                      seconds=time.perf_counter() - t0, skipped=overflow)

@@ -1,0 +1,127 @@
+"""FSDP2 (strategy fsdp / fsdp_zero2) on CPU with gloo: the same training as DDP, one checkpoint format.
+
+Runs through real 2-rank torchrun. float64 makes the strategies' different summation orders
+negligible, so their losses and weights must agree to ~1e-12; in float32 they agree within
+summation noise, and a resume under the same strategy is bitwise.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+from test_faults import children, env_for_workers, torchrun_cmd, wait_for_step
+from training.checkpoint import list_checkpoints
+from training.run_logger import read_log
+
+pytestmark = pytest.mark.slow  # every test here starts processes
+
+STEPS = 6
+F64 = dict(dtype="float64", checkpoint_interval=3)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_shards(tmp_path_factory.mktemp("fsdp") / "shards")
+
+
+@pytest.fixture(scope="module")
+def runs(data, tmp_path_factory) -> dict[str, Path]:
+    """Straight runs of the same training: 2 ranks under each strategy, and one process."""
+    root = tmp_path_factory.mktemp("strategies")
+    out = {}
+    for name, nproc, extra in [("ddp", 2, F64), ("fsdp", 2, F64), ("fsdp_zero2", 2, F64), ("single", None, F64),
+                               ("ddp32", 2, {}), ("fsdp32", 2, {})]:
+        strategy = name.removesuffix("32") if name != "single" else "ddp"
+        out[name] = root / name
+        run_trainer(base_args(data, out[name], strategy=strategy, **extra), nproc=nproc)
+    return out
+
+
+def assert_same_training(a: Path, b: Path, rtol: float, weights_rtol: float | None = None) -> None:
+    """Losses within rtol, and every weight tensor within weights_rtol (default rtol) in relative norm."""
+    la, lb = train_losses(a), train_losses(b)
+    assert sorted(la) == sorted(lb) == list(range(STEPS))
+    for step in la:
+        assert abs(la[step] - lb[step]) <= rtol * abs(lb[step]), (step, la[step], lb[step])
+    wa, wb = load_weights(a, STEPS), load_weights(b, STEPS)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.linalg.norm(wa[key] - wb[key]) <= (weights_rtol or rtol) * torch.linalg.norm(wb[key]), key
+
+
+def test_fsdp_trains_exactly_like_ddp_and_one_process(runs):
+    for name in ("fsdp", "fsdp_zero2", "single"):
+        assert_same_training(runs[name], runs["ddp"], rtol=1e-12)
+    # float32: the summation order alone moves the losses by ~1e-7 and some bias weights (sums of
+    # many cancelling terms, scaled up to lr-sized steps by Adam) by ~1e-4, as between DDP and one process
+    assert_same_training(runs["fsdp32"], runs["ddp32"], rtol=1e-5, weights_rtol=1e-3)
+    assert train_losses(runs["fsdp"])[STEPS - 1] < train_losses(runs["fsdp"])[0]  # it learns
+
+
+def test_fsdp_holds_about_half_the_model_state_per_rank_on_two_ranks(runs):
+    def state_gib(run: Path) -> float:
+        (startup,) = [r for r in read_log(run / "log.jsonl") if r["kind"] == "startup"]
+        return startup["state_gib_per_rank"]  # parameters + gradients + AdamW state, from the local tensors
+
+    ddp, fsdp = state_gib(runs["ddp"]), state_gib(runs["fsdp"])
+    assert 0.45 <= fsdp / ddp <= 0.55, (fsdp, ddp)
+
+
+@pytest.mark.parametrize("first,then,nproc", [("fsdp", "ddp", 2), ("ddp", "fsdp", 2), ("fsdp", "ddp", None)],
+                         ids=["fsdp-to-ddp", "ddp-to-fsdp", "fsdp-2-ranks-to-1-process"])
+def test_a_checkpoint_resumes_under_another_strategy_or_world_size(runs, data, tmp_path, first, then, nproc):
+    out = tmp_path / "resumed"
+    shutil.copytree(runs[first], out)
+    for step, path in list_checkpoints(out):
+        if step > 3:
+            path.unlink()
+    run_trainer(base_args(data, out, strategy=then, **F64), nproc=nproc)
+    assert_same_training(out, runs["ddp"], rtol=1e-12)
+
+
+def test_sigterm_under_fsdp_saves_and_the_same_command_continues_bitwise(runs, data, tmp_path):
+    out = tmp_path / "preempted"
+    args = base_args(data, out, strategy="fsdp", max_steps=STEPS, checkpoint_interval=0)
+    proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=env_for_workers(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(out, 1, proc)
+    assert len(children(proc.pid)) == 2
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert "SIGTERM received: saved step" in stdout, stderr[-3000:]
+    assert 1 < [s for s, _ in list_checkpoints(out)][-1] < STEPS
+    run_trainer(args, nproc=2)
+    straight = train_losses(runs["fsdp32"])
+    assert train_losses(out) == straight  # bitwise: the same strategy and world size
+
+
+def test_a_nan_on_one_rank_under_fsdp_stops_both_before_the_update(data, tmp_path):
+    out = tmp_path / "nan"
+    proc = run_trainer(base_args(data, out, strategy="fsdp", checkpoint_interval=1), nproc=2, check=False,
+                       script="tests/inject_fault.py", extra_env={"FAULT": "nan", "FAULT_STEP": "2", "FAULT_RANK": "1"})
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and "step 2: loss nan" in errors[0], proc.stderr[-3000:]
+    assert "exitcode  : 3" in proc.stderr
+    assert [s for s, _ in list_checkpoints(out)] == [1, 2]  # nothing after the last good step
+
+
+def test_checkpoints_written_under_fsdp_serve_every_reader(runs, tmp_path):
+    """sample.py and export_hf.py read an FSDP run's checkpoint like any other."""
+    ckpt = runs["fsdp32"] / "checkpoints" / f"step_{STEPS:08d}.pt"
+    ddp = torch.load(runs["ddp32"] / "checkpoints" / f"step_{STEPS:08d}.pt", weights_only=True)
+    fsdp = torch.load(ckpt, weights_only=True)
+    assert fsdp["model"].keys() == ddp["model"].keys() and fsdp["optimizer"].keys() == ddp["optimizer"].keys()
+    assert fsdp["optimizer"]["param_groups"] == ddp["optimizer"]["param_groups"]
+    assert fsdp["optimizer"]["state"].keys() == ddp["optimizer"]["state"].keys()
+    sampled = subprocess.run([sys.executable, str(REPO / "sample.py"), "--ckpt", str(ckpt),
+                              "--num_samples", "1", "--max_new_tokens", "4", "--device", "cpu"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120, env=env_for_workers())
+    assert sampled.returncode == 0 and "--- sample 0" in sampled.stdout, sampled.stderr[-2000:]

@@ -1,0 +1,175 @@
+"""How the model is spread over the ranks: the `strategy` key, as one choice in one place.
+
+ddp         every rank holds the whole model, its gradients and the AdamW state (16 bytes per
+            parameter); DistributedDataParallel all-reduces the gradients once per step.
+fsdp        PyTorch's FSDP2 (`fully_shard`) on every transformer block and on the whole model:
+            parameters, gradients and AdamW state are sharded over the ranks, like ZeRO-3;
+            a block's parameters are all-gathered just before its forward and its backward,
+            and freed after each.
+fsdp_zero2  the same, but a block keeps its gathered parameters from its forward to its
+            backward (reshard_after_forward=False): one all-gather per step instead of two,
+            more memory, like ZeRO-2.
+
+Everything else is the same for all of them: the data (the loader is world-size independent),
+the step's math (bf16 autocast over float32 parameters, as under DDP), and the checkpoint
+format (full state dicts, gathered to rank 0 under FSDP), so a run can resume under another
+strategy or world size. Gradient accumulation never syncs gradients before the last micro-step
+(DDP's no_sync, FSDP's set_requires_gradient_sync); gradient clipping uses the global norm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from errors import ConfigError
+from model import GPT
+from training.config import STRATEGIES
+from training.distributed import DistEnv
+from training.runtime import Runtime
+
+
+class Strategy:
+    """The data-parallel strategy of a run. Every method is called on every rank."""
+
+    def __init__(self, name: str, env: DistEnv, runtime: Runtime):
+        assert name in STRATEGIES, name
+        self.name, self.env, self.runtime = name, env, runtime
+        self.sharded = name != "ddp"
+        if self.sharded and not env.ddp:
+            raise ConfigError(f"strategy: {name} shards over the ranks of a torchrun launch; one process uses ddp")
+        if self.sharded and runtime.loss_scaling:  # the scaler's overflow check would see one shard per rank
+            raise ConfigError(f"strategy: {name} does not support dtype float16; use ddp, or a GPU with bfloat16")
+
+    # --- building ------------------------------------------------------------------------------
+    def shard(self, model: GPT) -> None:
+        """Under FSDP, shard the model's parameters in place (before the optimizer is made)."""
+        if not self.sharded:
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(self.runtime.device_type, (self.env.world_size,))
+        keep_gathered = self.name == "fsdp_zero2"
+        for block in model.transformer.h:
+            fully_shard(block, mesh=mesh, reshard_after_forward=not keep_gathered)
+        # the root holds the embeddings (tied with lm_head), the final LayerNorm; its parameters
+        # are used last in the forward, so resharding them after it would only re-gather them
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
+
+    def training_model(self, model: GPT) -> torch.nn.Module:
+        """The module the training forward goes through: compiled, and wrapped by DDP."""
+        if self.sharded:
+            # FSDP sets itself up at the root's first forward; evaluations call the blocks
+            # directly, so that first forward (one token, no gradients) happens now
+            with torch.no_grad():
+                model(torch.zeros((1, 1), dtype=torch.long, device=self.runtime.device))
+        train_model = torch.compile(model) if self.runtime.compile else model
+        if self.env.ddp and not self.sharded:
+            train_model = DDP(train_model, device_ids=[self.env.local_rank] if self.runtime.device_type == "cuda"
+                              else None)
+        return train_model
+
+    # --- the step ------------------------------------------------------------------------------
+    def gradient_sync(self, model: GPT, train_model: torch.nn.Module, enabled: bool):
+        """Context for one micro-step's forward and backward: sync gradients only when enabled."""
+        if self.sharded:
+            model.set_requires_gradient_sync(enabled)
+            return contextlib.nullcontext()
+        if self.env.ddp and not enabled:
+            return train_model.no_sync()
+        return contextlib.nullcontext()
+
+    def clip_grad_norm(self, model: GPT, max_norm: float) -> torch.Tensor:
+        """Clip to the global gradient norm over all shards; that norm, as a plain tensor."""
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP
+
+    # --- evaluation ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def evaluation(self, model: GPT):
+        """Let model.hidden_states / lm_head / generate run outside forward().
+
+        Under FSDP only forward() calls gather a module's parameters, so the root's own
+        (embeddings, lm_head, final LayerNorm) are gathered for the evaluation's duration; the
+        blocks gather theirs when called. A collective: every rank evaluates.
+        """
+        if not self.sharded:
+            yield
+            return
+        model.unshard()
+        try:
+            yield
+        finally:
+            model.reshard()
+
+    @property
+    def samples_on_every_rank(self) -> bool:
+        """Under FSDP every forward is a collective, so every rank draws the (identical) samples."""
+        return self.sharded
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def full_state(self, model: GPT, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+        """Model and optimizer state dicts in the checkpoint format (plain tensors, optimizer
+        state keyed by parameter index). Under FSDP a collective that gathers them onto rank 0's
+        CPU: the other ranks get empty dicts."""
+        if not self.sharded:
+            return model.state_dict(), optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state = get_model_state_dict(model, options=options)
+        optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
+        if not self.env.master_process:
+            return {}, {}
+        return model_state, by_index(optimizer_state, parameter_names(model, optimizer))
+
+    def load_state(self, model: GPT, optimizer: torch.optim.Optimizer, model_state: dict,
+                   optimizer_state: dict) -> None:
+        """Load full state dicts (every rank has them) into the model and optimizer, sharding under FSDP."""
+        if not self.sharded:
+            model.load_state_dict(model_state)
+            optimizer.load_state_dict(optimizer_state)
+            return
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, model_state, options=options)
+        set_optimizer_state_dict(model, optimizer, by_name(optimizer_state, parameter_names(model, optimizer)),
+                                 options=options)
+
+
+def parameter_names(model: GPT, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name of each optimizer parameter, in the order optimizer.state_dict() numbers them."""
+    names = {id(p): name for name, p in model.named_parameters()}  # a tied weight under its first name
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def by_index(state: dict, names: list[str]) -> dict:
+    """An optimizer state dict keyed by parameter name (torch.distributed.checkpoint's) -> by index."""
+    index = {name: i for i, name in enumerate(names)}
+    return {"state": {index[name]: value for name, value in state["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                             for group in state["param_groups"]]}
+
+
+def by_name(state: dict, names: list[str]) -> dict:
+    """An optimizer state dict keyed by parameter index (optimizer.state_dict()'s) -> by name."""
+    return {"state": {names[i]: value for i, value in state["state"].items()},
+            "param_groups": [{**group, "params": [names[i] for i in group["params"]]}
+                             for group in state["param_groups"]]}
+
+
+def local_state_bytes(model: GPT, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes this rank holds of parameters, gradients and optimizer state (its shards under FSDP)."""
+    def nbytes(t: torch.Tensor) -> int:
+        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
+        return local.numel() * local.element_size()
+
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    return sum(map(nbytes, tensors))
