@@ -85,7 +85,7 @@ def describe_run(cfg, world_size: int) -> dict:
     return {
         "model": cfg.model, "params": params, "B": cfg.micro_batch_size, "T": cfg.seq_len,
         "total_batch_size": cfg.total_batch_size, "world_size": world_size,
-        "grad_accum": cfg.grad_accum_steps(world_size), "compile": runtime.compile,
+        "grad_accum": cfg.grad_accum_steps(world_size), "strategy": cfg.strategy, "compile": runtime.compile,
         "loss_chunk_size": runtime.loss_chunk_size, "dtype": runtime.dtype, "device": runtime.device_name,
         "torch": torch.__version__,
     }
@@ -94,10 +94,10 @@ def describe_run(cfg, world_size: int) -> dict:
 def table(row: dict) -> str:
     mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
     mem = f"{row['peak_mem_gb']:.1f}" if row.get("peak_mem_gb") is not None else "-"
-    header = ("model", "params", "B", "T", "world", "accum", "compile", "loss_chunk", "ms/step (p10-p90)",
+    header = ("model", "params", "B", "T", "world", "accum", "strategy", "compile", "loss_chunk", "ms/step (p10-p90)",
               "tokens/s", "MFU", "peak GB", "compile s", "startup s")
     values = (row["model"], f"{row['params'] / 1e6:.0f}M", row["B"], row["T"], row["world_size"], row["grad_accum"],
-              row["compile"], row["loss_chunk_size"],
+              row["strategy"], row["compile"], row["loss_chunk_size"],
               f"{row['ms_per_step']:.1f} ({row['ms_p10']:.1f}-{row['ms_p90']:.1f})",
               f"{row['tokens_per_sec']:,.0f}", mfu, mem, f"{row['compile_s']:.1f}", f"{row['startup_s']:.1f}")
     widths = [max(len(str(h)), len(str(v))) for h, v in zip(header, values)]

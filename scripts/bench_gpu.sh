@@ -1,41 +1,137 @@
 #!/usr/bin/env bash
-# Every GPU measurement of docs/PERFORMANCE.md in one go (one H100 80GB, ~20 minutes).
+# The GPU benchmarks of docs/PERFORMANCE.md: one bench.py run (the trainer's real step) per variant.
 #
-#   bash scripts/bench_gpu.sh [RESULTS_DIR]        # default: bench_results/
-#   DATA_DIR=data/shakespeare bash scripts/bench_gpu.sh
+#   bash scripts/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp
+#   DATA_DIR=data/shakespeare bash scripts/bench_gpu.sh  # real tokens: final_loss values compare (numerics)
+#   BENCH_DRY_RUN=1 bash scripts/bench_gpu.sh /tmp/b     # every variant as a 3-step tiny CPU run (plumbing)
+#   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash scripts/bench_gpu.sh DIR speed presets   # some labels only
 #
-# Each variant is one bench.py run (the real trainer step) writing RESULTS_DIR/<label>.json; a
-# variant that fails (e.g. out of memory) is recorded in RESULTS_DIR/failed.txt and the rest go
-# on. With DATA_DIR set, all variants read the same real tokens and their final_loss values
-# after 50 steps can be compared (numerics check); otherwise bench.py generates random tokens.
+# scripts/gpu_check.sh calls this for its speed, levers and presets parts. Each variant writes
+# RESULTS_DIR/<label>.json (bench.py's row) and <label>.log. A variant that fails (out of memory,
+# its time limit) adds "label<TAB>why" to failed.txt and the rest go on; with BENCH_DEADLINE
+# (Unix seconds) set, one that would start with less than BENCH_MIN_S left adds a line to
+# skipped.txt instead, and none runs past the deadline. order.txt lists the labels in run order.
+#
+# Every variant compiles into its own empty inductor cache, so compile_s and startup_s are what
+# a first launch on a fresh machine costs, whatever ran before.
+#
+# To add a variant, add one `run LABEL [NAME=value...] ARGS...` line to a group (leading NAME=value
+# words are environment variables, e.g. inductor switches; TORCHRUN=1 launches the variant under
+# `torchrun --nproc_per_node=1`, which a sharded --strategy needs); `fit` tries micro-batch sizes in turn.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${1:-bench_results}
+shift $(( $# > 0 ? 1 : 0 ))
+GROUPS_TO_RUN=${*:-speed levers presets fsdp}
 mkdir -p "$RESULTS"
 PY=${PYTHON:-python3}
 DATA=()
 [ -n "${DATA_DIR:-}" ] && DATA=(--data_dir "$DATA_DIR")
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$RESULTS/gpu.txt"
-$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$RESULTS/gpu.txt"
+# dry run: the same list, each variant shrunk to a tiny model on the CPU (the last value of a key wins)
+TINY=()
+[ "${BENCH_DRY_RUN:-0}" = 1 ] && TINY=(--model custom --n_layer 2 --n_head 2 --n_embd 64 --block_size 32
+    --seq_len 32 --micro_batch_size 2 --total_batch_size 128 --device cpu --dtype float32 --compile false
+    --warmup 1 --steps 2)
+BENCH_MIN_S=${BENCH_MIN_S:-60}          # a variant with less than this left would only time out
+BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-900}  # one variant's limit when there is no deadline
 
-run() {  # label, then bench/trainer arguments
-    local label=$1; shift
-    echo "=== $label: $*"
-    if ! timeout 900 $PY bench.py --label "$label" --json "$RESULTS/$label.json" "${DATA[@]}" "$@" 2>&1 \
-            | tee "$RESULTS/$label.log" | tail -4; then
-        echo "$label" >> "$RESULTS/failed.txt"
+run() {  # label, [NAME=value...], bench/trainer arguments; status 0 when the JSON was written
+    local label=$1 limit=$BENCH_TIMEOUT_S status why
+    shift
+    local envs=() patterns=() pattern chosen=no launch=("$PY")
+    while [ $# -gt 0 ] && [[ $1 =~ ^[A-Z_][A-Z0-9_]*= ]]; do
+        if [ "$1" = TORCHRUN=1 ]; then launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1)
+        else envs+=("$1"); fi
+        shift
+    done
+    read -r -a patterns <<< "${BENCH_ONLY:-*}"  # label patterns, read without expanding them as file names
+    for pattern in "${patterns[@]}"; do
+        [[ $label == $pattern ]] && chosen=yes  # unquoted: a glob match
+    done
+    [ $chosen = yes ] || return 1
+    if [ -n "${BENCH_DEADLINE:-}" ]; then
+        local left=$(( BENCH_DEADLINE - $(date +%s) ))
+        if (( left < BENCH_MIN_S )); then
+            printf '%s\t%ss of the time budget left\n' "$label" "$left" >> "$RESULTS/skipped.txt"
+            echo "=== $label: skipped, ${left}s left"
+            return 1
+        fi
+        (( left < limit )) && limit=$left
     fi
+    echo "$label" >> "$RESULTS/order.txt"
+    echo "=== $label: ${envs[*]:+${envs[*]} }$* (limit ${limit}s)"
+    local cache
+    cache=$(mktemp -d)
+    env "${envs[@]}" TORCHINDUCTOR_CACHE_DIR="$cache" timeout --kill-after=20 "$limit" \
+        "${launch[@]}" bench.py --label "$label" --json "$RESULTS/$label.json" "${DATA[@]}" "$@" "${TINY[@]}" \
+        > "$RESULTS/$label.log" 2>&1
+    status=$?
+    rm -rf "$cache"
+    tail -4 "$RESULTS/$label.log"
+    [ $status = 0 ] && return 0
+    if [ $status = 124 ] || [ $status = 137 ]; then why="timed out after ${limit}s"
+    elif grep -qi "out of memory" "$RESULTS/$label.log"; then why="out of memory"
+    else why="exit $status: $(grep -m1 '^error:' "$RESULTS/$label.log" || tail -1 "$RESULTS/$label.log")"
+    fi
+    printf '%s\t%s\n' "$label" "$why" >> "$RESULTS/failed.txt"
+    return 1
 }
 
-STEPS=(--warmup 5 --steps 45)   # 50 steps: timings after warm-up, and a loss to compare
-# GPT-2 124M, T=1024, 524,288 tokens per step: the reference loop's setting, then one lever at a time
-run 124m-compile-plain-b64   --model gpt2 --micro_batch_size 64 --compile true  --loss_chunk_size 0    "${STEPS[@]}"
-run 124m-compile-fused-b64   --model gpt2 --micro_batch_size 64 --compile true  --loss_chunk_size 8192 "${STEPS[@]}"
-run 124m-compile-plain-b32   --model gpt2 --micro_batch_size 32 --compile true  --loss_chunk_size 0    "${STEPS[@]}"
-run 124m-eager-fused-b64     --model gpt2 --micro_batch_size 64 --compile false --loss_chunk_size 8192 "${STEPS[@]}"
-run 124m-eager-plain-b64     --model gpt2 --micro_batch_size 64 --compile false --loss_chunk_size 0    --warmup 2 --steps 3
-# larger models at the largest micro-batch expected to fit (see scripts/activation_memory.py)
-run 350m-compile-b32   --model gpt2-medium --micro_batch_size 32 --compile true --warmup 3 --steps 7
-run 774m-compile-b16   --model gpt2-large  --micro_batch_size 16 --compile true --warmup 3 --steps 7
-run 1558m-compile-b8   --model gpt2-xl --micro_batch_size 8 --total_batch_size 1048576 --compile true --warmup 2 --steps 4
+fit() {  # label prefix, micro-batch sizes largest first, then arguments: the largest that does not run out of memory
+    local prefix=$1 sizes=$2 b
+    shift 2
+    for b in $sizes; do
+        run "$prefix-b$b" "$@" --micro_batch_size "$b" && return
+        # only running out of memory is worth a smaller batch (not a timeout, an error or a skip)
+        [ "$(tail -1 "$RESULTS/failed.txt" 2>/dev/null)" = "$prefix-b$b	out of memory" ] || return
+    done
+}
+
+# GPT-2 124M, T=1024, 524,288 tokens per step. 30 steps: 25 timed after 5 of warm-up (the first
+# compiles), ~1 s each on an H100, and final_loss after 30 steps on the same tokens for numerics.
+SPEED=(--model gpt2 --warmup 5 --steps 25)
+
+group_speed() {  # the reference's setting first, then one lever at a time
+    run 124m-compile-plain-b64 "${SPEED[@]}" --micro_batch_size 64 --compile true  --loss_chunk_size 0
+    run 124m-compile-fused-b64 "${SPEED[@]}" --micro_batch_size 64 --compile true  --loss_chunk_size 8192
+    run 124m-eager-fused-b64   "${SPEED[@]}" --micro_batch_size 64 --compile false --loss_chunk_size 8192
+    run 124m-compile-plain-b32 "${SPEED[@]}" --micro_batch_size 32 --compile true  --loss_chunk_size 0
+}
+
+group_levers() {  # memory and compiler switches; max-autotune compiles for minutes, so it is last
+    run 124m-eager-plain-b64 --model gpt2 --micro_batch_size 64 --compile false --loss_chunk_size 0 --warmup 2 --steps 3
+    run 124m-compile-plain-b64-cudagraphs TORCHINDUCTOR_CUDAGRAPHS=1 "${SPEED[@]}" --micro_batch_size 64 \
+        --compile true --loss_chunk_size 0
+    run 124m-compile-fused-b64-cudagraphs TORCHINDUCTOR_CUDAGRAPHS=1 "${SPEED[@]}" --micro_batch_size 64 \
+        --compile true --loss_chunk_size 8192
+    run 124m-compile-plain-b64-maxautotune TORCHINDUCTOR_MAX_AUTOTUNE=1 "${SPEED[@]}" --micro_batch_size 64 \
+        --compile true --loss_chunk_size 0
+}
+
+group_presets() {  # B from scripts/activation_memory.py's estimate (docs/PERFORMANCE.md), halved on out of memory
+    fit 350m "32 16" --model gpt2-medium --compile true --warmup 2 --steps 4
+    fit 774m "16 8"  --model gpt2-large  --compile true --warmup 2 --steps 3
+    fit 1558m "8 4"  --model gpt2-xl     --compile true --warmup 1 --steps 2
+}
+
+group_fsdp() {  # FSDP2 on one GPU (torchrun, world size 1): its overhead against the DDP rows above
+    run 124m-fsdp-compile-plain-b64 TORCHRUN=1 "${SPEED[@]}" --micro_batch_size 64 --compile true \
+        --loss_chunk_size 0 --strategy fsdp
+    run 124m-fsdp-zero2-compile-plain-b64 TORCHRUN=1 "${SPEED[@]}" --micro_batch_size 64 --compile true \
+        --loss_chunk_size 0 --strategy fsdp_zero2
+    fit 1558m-fsdp "8 4" TORCHRUN=1 --model gpt2-xl --compile true --warmup 1 --steps 2 --strategy fsdp
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1 \
+    || echo "no nvidia-smi" > "$RESULTS/gpu.txt"
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$RESULTS/gpu.txt"
+for group in $GROUPS_TO_RUN; do
+    if ! declare -F "group_$group" > /dev/null; then
+        echo "unknown group $group (groups: $(declare -F | sed -n 's/^declare -f group_//p' | tr '\n' ' '))" >&2
+        exit 2
+    fi
+done
+for group in $GROUPS_TO_RUN; do
+    "group_$group"
+done
 echo "results in $RESULTS/"
