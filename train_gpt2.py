@@ -113,10 +113,12 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
             last_step = run.step == cfg.max_steps
             stopping = stopping or evaluation.run_due(run, last_step, lambda: any_rank(preemption.requested, env))
             if stopping:
-                if run.step > run.start_step:
-                    save_run(run, cfg, env, logger, record)
-                logger.console(f"{preemption.signal_name or 'a stop signal (on another rank)'} received: "
-                               f"saved step {run.step}; {resume_hint(cfg)}")
+                signal_name = preemption.signal_name or "a stop signal (on another rank)"
+                if run.step == run.start_step:  # no update since the launch: nothing new to save
+                    logger.console(f"{signal_name} received before the first step; nothing new to save")
+                    return
+                save_run(run, cfg, env, logger, record)
+                logger.console(f"{signal_name} received: saved step {run.step}; {resume_hint(cfg)}")
                 return
             if run.step > run.start_step and ((last_step and cfg.final_checkpoint) or (
                     cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0)):
@@ -177,4 +179,4 @@ def cli(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli(sys.argv[1:]))
+    sys.exit(run_cli(main))

@@ -14,6 +14,7 @@ The trainer must notice on its own and stop every rank (one line each, or a time
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -49,7 +50,8 @@ def faulty_step(run, model, batches, *args, **kwargs):
                 (weight.to_local() if hasattr(weight, "to_local") else weight)[0, 0] = float("nan")
         elif FAULT == "batch":
             batches = UnreadableFirstBatch(batches)
-        elif FAULT == "hang":
+        elif FAULT == "hang":  # stuck for good; killable (not saving) when torchrun stops the workers
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             time.sleep(3600)
     return train_step(run, model, batches, *args, **kwargs)
 

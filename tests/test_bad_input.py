@@ -7,17 +7,13 @@ raised before any process group exists, run as one process.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO, base_args, make_shards, run_trainer
+from conftest import REPO, base_args, build_tiny_run, make_shards, run_trainer
 from data.shards import shard_name, write_shard
 
-pytestmark = pytest.mark.slow  # every test here starts processes
 
 
 def drop_val(d):
@@ -46,22 +42,28 @@ def corrupt(d):
     (d / "tiny_train_000009.npy").write_bytes(b"\x93NUMPY garbage that is not a header")
 
 
-DATA_CASES = [
-    (drop_val, [], "no val shards (*_val_*.npy)"),
-    (empty_dir, [], "no train shards (*_train_*.npy)"),
+# Under 2-rank torchrun: a problem one rank sees (here: token ranges are checked rank by rank,
+# dtypes on every rank) and the messages that depend on the world size.
+RANK_CASES = [
     (wrong_dtype, [], "tiny_train_000009.npy: token shards must be uint16, found int32"),
-    (wrong_dimension, [], "tiny_train_000009.npy: token shards must be 1-D"),
     (out_of_range, [], "tiny_train_000004.npy: token id 50304 at position 0 is out of range for vocab_size 50304"),
-    (corrupt, [], "tiny_train_000009.npy: not a readable .npy token shard"),
-    (None, ["--data_dir", "/no/such/folder"], "data_dir /no/such/folder: no such directory"),
     (None, ["--total_batch_size", "448"], "total_batch_size: 448 is not divisible by micro_batch_size * seq_len * world_size = 4 * 32 * 2 = 256"),
     (None, ["--total_batch_size", "32", "--micro_batch_size", "1"], "total_batch_size: a step of 32 tokens holds 1 rows of seq_len 32, fewer than the 2 ranks"),
-    (None, ["--total_batch_size", "65536"], "fewer than one step needs (2048)"),
-    (None, ["--val_tokens", "1000000"], "fewer than val_tokens 1000000 needs"),
+]
+# The same mechanism for the other problems, in this process (one rank): the message and exit code 2.
+IN_PROCESS_CASES = [
+    (drop_val, {}, "no val shards (*_val_*.npy)"),
+    (empty_dir, {}, "no train shards (*_train_*.npy)"),
+    (wrong_dimension, {}, "tiny_train_000009.npy: token shards must be 1-D"),
+    (corrupt, {}, "tiny_train_000009.npy: not a readable .npy token shard"),
+    (None, {"data": "/no/such/folder"}, "data_dir /no/such/folder: no such directory"),
+    (None, {"total_batch_size": 65536}, "fewer than one step needs (2048)"),
+    (None, {"val_tokens": 1000000}, "fewer than val_tokens 1000000 needs"),
 ]
 
 
-@pytest.mark.parametrize("damage,extra,message", DATA_CASES, ids=[c[2][:40] for c in DATA_CASES])
+@pytest.mark.slow
+@pytest.mark.parametrize("damage,extra,message", RANK_CASES, ids=[c[2][:40] for c in RANK_CASES])
 def test_bad_data_fails_cleanly_on_every_rank(tmp_path, damage, extra, message):
     data = make_shards(tmp_path / "shards")
     if damage:
@@ -72,6 +74,18 @@ def test_bad_data_fails_cleanly_on_every_rank(tmp_path, damage, extra, message):
     assert errors[0] == errors[1] and message in errors[0], errors
     assert "exitcode  : 2" in proc.stderr
     assert "train_gpt2.py\", line" not in proc.stderr  # no traceback from the trainer
+
+
+@pytest.mark.parametrize("damage,overrides,message", IN_PROCESS_CASES, ids=[c[2][:40] for c in IN_PROCESS_CASES])
+def test_bad_data_is_one_error_naming_the_file_or_key(tmp_path, damage, overrides, message):
+    from errors import ReproError
+
+    data = make_shards(tmp_path / "shards")
+    if damage:
+        damage(data)
+    with pytest.raises(ReproError) as raised:
+        build_tiny_run(overrides.pop("data", data), tmp_path / "out", **overrides)
+    assert message in str(raised.value) and raised.value.exit_code == 2
 
 
 CONFIG_CASES = [
@@ -85,12 +99,17 @@ CONFIG_CASES = [
 
 
 @pytest.mark.parametrize("extra,message", CONFIG_CASES, ids=[c[1][7:40] for c in CONFIG_CASES])
-def test_bad_config_is_one_line_and_exit_code_2(tmp_path, extra, message):
-    proc = run_trainer(base_args(tmp_path, tmp_path / "out") + extra, check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [message] or proc.stderr.strip().startswith(message), proc.stderr
+def test_bad_config_is_one_line_and_exit_code_2(tmp_path, extra, message, capfd):
+    """`python train_gpt2.py ARGS` in this process: main through run_cli, as its __main__ does."""
+    import train_gpt2
+    from errors import run_cli
+
+    assert run_cli(train_gpt2.main, base_args(tmp_path, tmp_path / "out") + extra) == 2
+    stderr = capfd.readouterr().err
+    assert stderr.strip().splitlines() == [message] or stderr.strip().startswith(message), stderr
 
 
+@pytest.mark.slow
 def test_unreadable_resume_checkpoint_fails_on_every_rank(tmp_path):
     data = make_shards(tmp_path / "shards")
     bogus = tmp_path / "step_00000003.pt"
@@ -102,22 +121,36 @@ def test_unreadable_resume_checkpoint_fails_on_every_rank(tmp_path):
 
 
 ENTRY_POINT_CASES = [
-    (["sample.py", "--ckpt", "x.pt", "--num_samples", "0"], "--num_samples: must be >= 1, got 0"),
-    (["sample.py", "--ckpt", "x.pt", "--top_k", "-1"], "--top_k: must be >= 0, got -1"),
-    (["sample.py", "--ckpt", "x.pt", "--device", "cuda"], "device: cuda requested but CUDA is not available"),
-    (["sample.py", "--ckpt", "x.pt", "--device", "tpu"], "device: unknown device 'tpu'"),
-    (["sample.py", "--ckpt", "x.pt", "--max_new_tokens", "ten"], "sample.py: argument --max_new_tokens: invalid int"),
-    (["sample.py"], "sample.py: the following arguments are required: --ckpt"),
-    (["sample.py", "--ckpt", "no/such.pt"], "no/such.pt: no such checkpoint"),
-    (["export_hf.py", "only_one_argument"], "export_hf.py: the following arguments are required: out_dir"),
-    (["bench.py", "--warmup", "0"], "--warmup and --steps must be at least 1"),
-    (["bench.py", "--micro_batch_size", "x"], "micro_batch_size: expected an integer"),
+    ("sample", ["--ckpt", "x.pt", "--num_samples", "0"], "--num_samples: must be >= 1, got 0"),
+    ("sample", ["--ckpt", "x.pt", "--top_k", "-1"], "--top_k: must be >= 0, got -1"),
+    ("sample", ["--ckpt", "x.pt", "--device", "cuda"], "device: cuda requested but CUDA is not available"),
+    ("sample", ["--ckpt", "x.pt", "--device", "tpu"], "device: unknown device 'tpu'"),
+    ("sample", ["--ckpt", "x.pt", "--max_new_tokens", "ten"], "sample.py: argument --max_new_tokens: invalid int"),
+    ("sample", [], "sample.py: the following arguments are required: --ckpt"),
+    ("sample", ["--ckpt", "no/such.pt"], "no/such.pt: no such checkpoint"),
+    ("export_hf", ["only_one_argument"], "export_hf.py: the following arguments are required: out_dir"),
+    ("bench", ["--warmup", "0"], "--warmup and --steps must be at least 1"),
+    ("bench", ["--micro_batch_size", "x"], "micro_batch_size: expected an integer"),
 ]
 
 
-@pytest.mark.parametrize("argv,message", ENTRY_POINT_CASES, ids=[" ".join(c[0])[:40] for c in ENTRY_POINT_CASES])
-def test_every_entry_point_answers_bad_input_with_one_line_and_exit_2(argv, message):
-    proc = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
-    assert (proc.returncode, proc.stderr.count("\n")) == (2, 1), proc.stderr
-    assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+@pytest.mark.parametrize("script,argv,message", ENTRY_POINT_CASES, ids=[f"{c[0]} {' '.join(c[1])}"[:40] for c in ENTRY_POINT_CASES])
+def test_every_entry_point_answers_bad_input_with_one_line_and_exit_2(script, argv, message, capfd, monkeypatch):
+    """What `python SCRIPT.py ARGS` does: its main through run_cli (in this process, on a CPU-only view)."""
+    import importlib
+
+    import torch
+
+    from errors import run_cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run_cli(importlib.import_module(script).main, argv) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_entry_points_end_with_run_cli():
+    """Every script's __main__ goes through the same wrapper (so the in-process test above is what runs)."""
+    for script in ("train_gpt2.py", "sample.py", "export_hf.py", "bench.py", "plot_log.py", "eval_lm.py",
+                   "prep/fineweb.py", "prep/shakespeare.py", "prep/hellaswag.py"):
+        assert "run_cli(" in (REPO / script).read_text().split('if __name__ == "__main__":')[1], script

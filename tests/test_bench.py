@@ -55,6 +55,7 @@ def test_bench_reports_what_runs_on_the_cpu_of_a_gpu_machine(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: False)
     row = bench.describe_run(parse_args([*TINY_MODEL, "--total_batch_size", "512", "--micro_batch_size", "4",
                                          "--device", "cpu"]), world_size=1)

@@ -25,8 +25,9 @@ from data.shards import shard_name, write_shard
 from training.checkpoint import list_checkpoints
 from training.run_logger import read_log
 
-STEPS = 24
-ARGS = dict(max_steps=STEPS, checkpoint_interval=5, eval_interval=0, val_tokens=64)
+STEPS = 12
+ARGS = dict(max_steps=STEPS, checkpoint_interval=3, eval_interval=0, val_tokens=64)  # checkpoints 3, 6, 9, 12
+PREEMPTIBLE = {**ARGS, "checkpoint_interval": 0}  # every checkpoint of such a run is a preemption's
 
 
 @pytest.fixture(scope="module")
@@ -90,15 +91,19 @@ def children(pid: int) -> list[int]:
 @pytest.mark.slow
 def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight, tmp_path):
     out = tmp_path / "preempted"
-    args = base_args(data, out, **ARGS)
+    args = base_args(data, out, **PREEMPTIBLE)
     proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=env_for_workers(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_step(out, 6, proc)
+    wait_for_step(out, 3, proc)
     proc.send_signal(signal.SIGTERM)  # what SLURM / the cloud sends to the launcher
     stdout, stderr = proc.communicate(timeout=120)
     assert "SIGTERM received: saved step" in stdout, stdout + stderr
-    saved = [s for s, _ in list_checkpoints(out)]
-    assert saved[-1] not in (5, 10, 15, 20) and 6 < saved[-1] < STEPS  # an off-interval, preemption checkpoint
+    # torchrun itself exits 1 and prints its SignalException, although both workers exited 0
+    # after the checkpoint: the README's failure table says so
+    assert proc.returncode == 1 and "SignalException" in stderr, (proc.returncode, stderr[-2000:])
+    assert "torchrun itself exits 1" in (REPO / "README.md").read_text()
+    (saved,) = [s for s, _ in list_checkpoints(out)]
+    assert 3 < saved < STEPS  # the preemption's checkpoint, at the next step boundary
     run_trainer(args, nproc=2)  # the same command again
     assert_same_run(out, straight)
 
@@ -109,7 +114,7 @@ def test_worker_killed_under_max_restarts_recovers_and_matches(data, straight, t
     args = base_args(data, out, **ARGS)
     proc = subprocess.Popen(torchrun_cmd(args, "--max-restarts=1"), cwd=REPO, env=env_for_workers(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_step(out, 12, proc)  # past the step-10 checkpoint
+    wait_for_step(out, 7, proc)  # past the step-6 checkpoint
     workers = children(proc.pid)
     assert len(workers) == 2, workers
     os.kill(max(workers), signal.SIGKILL)  # a GPU falls off the bus
@@ -131,19 +136,19 @@ def crashed_copy(straight: Path, out: Path, last_checkpoint: int) -> None:
 def test_auto_resume_falls_back_past_damaged_checkpoints(data, straight, tmp_path):
     out = tmp_path / "damaged"
     args = base_args(data, out, **ARGS)
-    crashed_copy(straight, out, last_checkpoint=15)  # checkpoints 5, 10, 15
-    newest = out / "checkpoints" / "step_00000015.pt"
+    crashed_copy(straight, out, last_checkpoint=9)  # checkpoints 3, 6, 9
+    newest = out / "checkpoints" / "step_00000009.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated by a crash mid-copy
-    (out / "checkpoints" / "step_00000010.pt").write_bytes(b"\x00" * 4096)  # garbage
+    (out / "checkpoints" / "step_00000006.pt").write_bytes(b"\x00" * 4096)  # garbage
     proc = run_trainer(args, nproc=2)
-    assert "warning: skipping" in proc.stderr and "step_00000015.pt" in proc.stderr
-    assert "resumed from" in proc.stdout and "at step 5" in proc.stdout
+    assert "warning: skipping" in proc.stderr and "step_00000009.pt" in proc.stderr
+    assert "resumed from" in proc.stdout and "at step 3" in proc.stdout
     assert_same_run(out, straight)
 
 
 @pytest.mark.slow
 def test_checkpoint_of_another_model_size_is_refused_by_name(data, straight, tmp_path):
-    args = base_args(data, tmp_path / "other", resume=straight / "checkpoints" / "step_00000024.pt", **ARGS)
+    args = base_args(data, tmp_path / "other", resume=straight / "checkpoints" / "step_00000012.pt", **ARGS)
     args[args.index("--n_layer") + 1] = "3"
     proc = run_trainer(args, nproc=2, check=False)
     assert proc.returncode != 0
@@ -157,8 +162,8 @@ def test_checkpoint_of_another_model_size_is_refused_by_name(data, straight, tmp
 def test_full_disk_keeps_previous_checkpoint_and_the_run_resumes(data, straight, tmp_path):
     out = tmp_path / "full"
     args = base_args(data, out, **ARGS)
-    crashed_copy(straight, out, last_checkpoint=5)
-    before = (out / "checkpoints" / "step_00000005.pt").read_bytes()
+    crashed_copy(straight, out, last_checkpoint=3)
+    before = (out / "checkpoints" / "step_00000003.pt").read_bytes()
 
     def small_files_only():  # files above 1 MB fail with EFBIG, as on a full disk
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
@@ -167,9 +172,9 @@ def test_full_disk_keeps_previous_checkpoint_and_the_run_resumes(data, straight,
                           timeout=180, preexec_fn=small_files_only)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2, proc.stderr[-3000:]
-    assert "step_00000010.pt: could not write checkpoint (File too large); earlier checkpoints are intact" in errors[0]
-    assert (out / "checkpoints" / "step_00000005.pt").read_bytes() == before
-    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_00000005.pt"]  # no temp file left
+    assert "step_00000006.pt: could not write checkpoint (File too large); earlier checkpoints are intact" in errors[0]
+    assert (out / "checkpoints" / "step_00000003.pt").read_bytes() == before
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_00000003.pt"]  # no temp file left
     run_trainer(args, nproc=2)
     assert_same_run(out, straight)
 
@@ -183,7 +188,7 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(dat
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "step 7: loss nan" in errors[0], proc.stderr[-3000:]
     assert "exitcode  : 3" in proc.stderr
-    assert [s for s, _ in list_checkpoints(out)] == [5]
+    assert [s for s, _ in list_checkpoints(out)] == [3, 6]
     assert max(r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train") == 6
     # the checkpoint is the last good state: resuming (without the fault) matches the straight run
     run_trainer(args, nproc=2)
@@ -218,7 +223,7 @@ def test_resuming_past_max_steps_is_a_clear_message_not_a_hang(data, straight, t
     crashed_copy(straight, out, last_checkpoint=STEPS)
     below = run_trainer(base_args(data, out, **{**ARGS, "max_steps": 5}), nproc=2, check=False, timeout=60)
     errors = error_lines(below.stderr)
-    assert len(errors) == 2 and "max_steps: 5 is below step 24 of" in errors[0], below.stderr[-2000:]
+    assert len(errors) == 2 and "max_steps: 5 is below step 12 of" in errors[0], below.stderr[-2000:]
     assert "exitcode  : 2" in below.stderr
     at = run_trainer(base_args(data, out, **ARGS), nproc=2, timeout=60)  # a requeued job that had finished
     assert "nothing to do" in at.stdout
@@ -228,24 +233,24 @@ def test_resuming_past_max_steps_is_a_clear_message_not_a_hang(data, straight, t
 @pytest.mark.slow
 def test_a_fresh_start_never_mixes_with_the_run_in_out_dir(data, straight, tmp_path):
     out = tmp_path / "used"
-    crashed_copy(straight, out, last_checkpoint=15)
+    crashed_copy(straight, out, last_checkpoint=9)
     log_before = (out / "log.jsonl").read_bytes()
     proc = run_trainer(base_args(data, out, **{**ARGS, "resume": "never", "checkpoint_interval": 2}),
                        nproc=2, check=False, timeout=60)
     errors = error_lines(proc.stderr)
     assert len(errors) == 2 and "resume: " in errors[0] and "already holds a run" in errors[0], proc.stderr[-2000:]
     assert "--resume auto" in errors[0]
-    assert [s for s, _ in list_checkpoints(out)] == [5, 10, 15] and (out / "log.jsonl").read_bytes() == log_before
+    assert [s for s, _ in list_checkpoints(out)] == [3, 6, 9] and (out / "log.jsonl").read_bytes() == log_before
 
 
 @pytest.mark.slow
 def test_fallback_past_a_truncated_checkpoint_with_keep_last_1_keeps_what_it_writes(data, straight, tmp_path):
     out = tmp_path / "keep1"
-    crashed_copy(straight, out, last_checkpoint=15)
-    newest = out / "checkpoints" / "step_00000015.pt"
+    crashed_copy(straight, out, last_checkpoint=9)
+    newest = out / "checkpoints" / "step_00000009.pt"
     newest.write_bytes(newest.read_bytes()[:1000])
     proc = run_trainer(base_args(data, out, **{**ARGS, "keep_last": 1}), nproc=2)
-    assert "renamed it to step_00000015.pt.unreadable" in proc.stderr
+    assert "renamed it to step_00000009.pt.unreadable" in proc.stderr
     assert [s for s, _ in list_checkpoints(out)] == [STEPS]
     assert_same_run(out, straight)
 
@@ -253,24 +258,30 @@ def test_fallback_past_a_truncated_checkpoint_with_keep_last_1_keeps_what_it_wri
 @pytest.mark.slow
 def test_resume_path_repeated_by_a_requeue_continues_from_the_newest_descendant(data, straight, tmp_path):
     out = tmp_path / "branch"
-    args = base_args(data, out, **{**ARGS, "resume": straight / "checkpoints" / "step_00000005.pt"})
-    first = run_trainer(args[:-2] + ["--max_steps", "12"] + args[-2:], nproc=2)  # preempted at 12, say
-    assert "resuming from" in first.stdout and "step_00000005.pt (resume)" in first.stdout
+    args = base_args(data, out, **{**ARGS, "resume": straight / "checkpoints" / "step_00000003.pt"})
+    first = run_trainer(args[:-2] + ["--max_steps", "8"] + args[-2:], nproc=2)  # preempted at 8, say
+    assert "resuming from" in first.stdout and "step_00000003.pt (resume)" in first.stdout
     again = run_trainer(args, nproc=2)  # the same arguments again, as a SLURM requeue repeats them
-    assert f"resuming from {out / 'checkpoints' / 'step_00000012.pt'}" in again.stdout
+    assert f"resuming from {out / 'checkpoints' / 'step_00000008.pt'}" in again.stdout
     assert "continued from" in again.stdout
-    assert [r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train"] == list(range(5, STEPS))
+    assert [r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train"] == list(range(3, STEPS))
 
 
 @pytest.mark.slow
-def test_changed_optimizer_settings_apply_on_resume_and_are_named(data, straight, tmp_path):
+def test_changed_settings_and_data_on_resume_apply_and_are_named(data, straight, tmp_path):
+    moved = tmp_path / "data"
+    shutil.copytree(data, moved)
+    write_shard(moved / shard_name("tiny", "train", 4), np.arange(2000, dtype=np.uint16))  # more data arrived
     out = tmp_path / "changed"
-    crashed_copy(straight, out, last_checkpoint=20)
-    proc = run_trainer(base_args(data, out, **{**ARGS, "weight_decay": 0.5, "beta2": 0.5, "adam_eps": 1e-3,
-                                               "seed": 7}), nproc=2)
+    crashed_copy(straight, out, last_checkpoint=9)
+    proc = run_trainer(base_args(moved, out, **{**ARGS, "weight_decay": 0.5, "beta2": 0.5, "adam_eps": 1e-3,
+                                                "seed": 7}), nproc=2)
     (warning,) = [line for line in proc.stderr.splitlines() if "differ from the checkpoint" in line]
-    for change in ("weight_decay 0.1 -> 0.5", "beta2 0.95 -> 0.5", "adam_eps 1e-08 -> 0.001", "seed 1234 -> 7"):
+    for change in ("weight_decay 0.1 -> 0.5", "beta2 0.95 -> 0.5", "adam_eps 1e-08 -> 0.001", "seed 1234 -> 7",
+                   f"data_dir '{data}' -> '{moved}'"):
         assert change in warning
+    (warning,) = [line for line in proc.stderr.splitlines() if "changed since" in line]
+    assert f"the shards in {moved} changed since" in warning and "data fingerprint" in warning
     groups = torch.load(out / "checkpoints" / f"step_{STEPS:08d}.pt", weights_only=True)["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.5, 0.0]  # decay on the 2-D weights only
     assert all(g["betas"] == (0.9, 0.5) and g["eps"] == 1e-3 for g in groups)
@@ -286,8 +297,8 @@ def test_rank_zero_write_failures_reach_every_rank_as_one_line(data, tmp_path):
     assert f"out_dir: cannot create {blocker / 'run'} (Not a directory)" in errors[0]
     assert "exitcode  : 2" in proc.stderr and "train_gpt2.py\", line" not in proc.stderr
 
-    def small_files_only():  # the log outgrows 3 KB first (no checkpoint before the end): a full disk
-        resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+    def small_files_only():  # the log outgrows 1.5 KB first (no checkpoint before the end): a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1500, 1500))
 
     out = tmp_path / "full_log"
     proc = subprocess.run(torchrun_cmd(base_args(data, out, **{**ARGS, "checkpoint_interval": 0})), cwd=REPO,
@@ -320,28 +331,12 @@ def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path)
 
 
 @pytest.mark.slow
-def test_torchrun_sigterm_exit_status_is_documented_as_it_really_is(data, tmp_path):
-    out = tmp_path / "status"
-    proc = subprocess.Popen(torchrun_cmd(base_args(data, out, **ARGS)), cwd=REPO, env=env_for_workers(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_step(out, 3, proc)
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert "SIGTERM received: saved step" in stdout
-    # torchrun itself exits 1 and prints its SignalException, although both workers exited 0
-    # after the checkpoint: README's failure table says so
-    assert proc.returncode == 1 and "SignalException" in stderr, (proc.returncode, stderr[-2000:])
-    readme = (REPO / "README.md").read_text()
-    assert "torchrun itself exits 1" in readme
-
-
-@pytest.mark.slow
 def test_sigusr1_to_a_plain_torchrun_stops_the_orphaned_workers_with_a_checkpoint(data, straight, tmp_path):
     out = tmp_path / "orphans"
-    args = base_args(data, out, **ARGS)
+    args = base_args(data, out, **PREEMPTIBLE)
     proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=env_for_workers(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_step(out, 6, proc)
+    wait_for_step(out, 3, proc)
     workers = children(proc.pid)
     proc.send_signal(signal.SIGUSR1)  # not in torchrun's default --signals-to-handle: it dies at once
     stdout, stderr = proc.communicate(timeout=120)  # the pipes close when the workers are gone too
@@ -358,8 +353,8 @@ def test_sigusr1_to_a_plain_torchrun_stops_the_orphaned_workers_with_a_checkpoin
         time.sleep(0.1)
     assert not any(map(running, workers))
     assert "SIGTERM received: saved step" in stdout, stdout[-2000:] + stderr[-2000:]
-    saved = [s for s, _ in list_checkpoints(out)][-1]
-    assert 6 < saved < STEPS and saved not in (10, 15, 20)
+    (saved,) = [s for s, _ in list_checkpoints(out)]
+    assert 3 < saved < STEPS
     run_trainer(args, nproc=2)  # the same command again
     assert_same_run(out, straight)
 
@@ -384,7 +379,7 @@ def test_a_large_seed_with_dropout_trains_across_an_epoch_boundary(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_batch_one_rank_cannot_read_stops_every_rank_before_the_update(data, straight, tmp_path):
+def test_a_batch_one_rank_cannot_read_stops_every_rank_before_the_update(data, tmp_path):
     out = tmp_path / "unreadable_batch"
     args = base_args(data, out, **ARGS)
     proc = run_trainer(args, nproc=2, check=False, script="tests/inject_fault.py",
@@ -393,8 +388,7 @@ def test_a_batch_one_rank_cannot_read_stops_every_rank_before_the_update(data, s
     assert errors == ["error: injected: rank 1 could not read step 7"] * 2, proc.stderr[-3000:]
     assert "exitcode  : 2" in proc.stderr and "train_gpt2.py\", line" not in proc.stderr
     assert max(r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train") == 6
-    run_trainer(args, nproc=2)  # nothing half-applied: resuming from step 5 matches the straight run
-    assert_same_run(out, straight)
+    assert [s for s, _ in list_checkpoints(out)] == [3, 6]  # the last good state (resuming from it: the NaN test)
 
 
 @pytest.mark.slow
@@ -403,19 +397,6 @@ def test_a_hung_rank_fails_the_run_within_the_hang_timeout(data, tmp_path):
     args = base_args(data, tmp_path / "hung", **{**ARGS, "hang_timeout_minutes": 0.1})
     started = time.time()
     proc = run_trainer(args, nproc=2, check=False, timeout=120, script="tests/inject_fault.py",
-                       extra_env={"FAULT": "hang", "FAULT_STEP": "3", "FAULT_RANK": "1",
-                                  "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "2"})
+                       extra_env={"FAULT": "hang", "FAULT_STEP": "1", "FAULT_RANK": "1"})
     assert proc.returncode != 0 and "Timed out waiting 6000ms" in proc.stderr, proc.stderr[-3000:]
-    assert time.time() - started < 60
-
-
-@pytest.mark.slow
-def test_a_resume_on_changed_data_says_so(data, straight, tmp_path):
-    moved = tmp_path / "data"
-    shutil.copytree(data, moved)
-    write_shard(moved / shard_name("tiny", "train", 4), np.arange(2000, dtype=np.uint16))  # more data arrived
-    out = tmp_path / "changed_data"
-    crashed_copy(straight, out, last_checkpoint=20)
-    proc = run_trainer(base_args(moved, out, **ARGS), nproc=2)
-    (warning,) = [line for line in proc.stderr.splitlines() if "changed since" in line]
-    assert f"the shards in {moved} changed since" in warning and "data fingerprint" in warning
+    assert time.time() - started < 45  # start-up, one step, the 6 s timeout, the teardown

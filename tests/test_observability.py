@@ -17,6 +17,7 @@ from training.metrics import model_flops_utilization, peak_flops_for
 from training.run_logger import read_log
 
 
+
 def hellaswag_fixture(path: Path, n: int = 11) -> Path:
     """A small file in the official HellaSwag jsonl format."""
     rng = random.Random(0)
