@@ -34,7 +34,7 @@ demo: install
 # Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once.
 XDIST := -n 2 --dist loadfile
 
-# everything (CI); about 7 minutes on 2 CPU cores
+# everything (CI); about 7.5 minutes on 2 CPU cores
 test: install lint
 	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST)
 

@@ -58,6 +58,12 @@ def torchrun_cmd(args: list[str], *torchrun_args: str) -> list[str]:
             str(REPO / "train_gpt2.py"), *args]
 
 
+def start_torchrun(args: list[str], *torchrun_args: str) -> subprocess.Popen:
+    """A 2-rank torchrun of the trainer, running in the background, its output piped."""
+    return subprocess.Popen(torchrun_cmd(args, *torchrun_args), cwd=REPO, env=env_for_workers(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def env_for_workers() -> dict:
     return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
@@ -92,8 +98,7 @@ def children(pid: int) -> list[int]:
 def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight, tmp_path):
     out = tmp_path / "preempted"
     args = base_args(data, out, **PREEMPTIBLE)
-    proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=env_for_workers(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_torchrun(args)
     wait_for_step(out, 3, proc)
     proc.send_signal(signal.SIGTERM)  # what SLURM / the cloud sends to the launcher
     stdout, stderr = proc.communicate(timeout=120)
@@ -112,8 +117,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight,
 def test_worker_killed_under_max_restarts_recovers_and_matches(data, straight, tmp_path):
     out = tmp_path / "killed"
     args = base_args(data, out, **ARGS)
-    proc = subprocess.Popen(torchrun_cmd(args, "--max-restarts=1"), cwd=REPO, env=env_for_workers(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_torchrun(args, "--max-restarts=1")
     wait_for_step(out, 7, proc)  # past the step-6 checkpoint
     workers = children(proc.pid)
     assert len(workers) == 2, workers
@@ -318,8 +322,7 @@ def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path)
     # val (about 2 s) and a sample are due every 6 steps; the signal comes while step 5 ends or during val
     args = base_args(data, out, max_steps=STEPS, eval_interval=6, val_tokens=16384, sample_interval=6,
                      sample_count=1, sample_tokens=4, checkpoint_interval=0, resume="never")
-    proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=env_for_workers(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_torchrun(args)
     wait_for_step(out, 5, proc)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
@@ -334,8 +337,7 @@ def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path)
 def test_sigusr1_to_a_plain_torchrun_stops_the_orphaned_workers_with_a_checkpoint(data, straight, tmp_path):
     out = tmp_path / "orphans"
     args = base_args(data, out, **PREEMPTIBLE)
-    proc = subprocess.Popen(torchrun_cmd(args), cwd=REPO, env=env_for_workers(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_torchrun(args)
     wait_for_step(out, 3, proc)
     workers = children(proc.pid)
     proc.send_signal(signal.SIGUSR1)  # not in torchrun's default --signals-to-handle: it dies at once

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,22 +22,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_nodes_with_c10d_rendezvous_match_one_node(tmp_path):
-    data = make_shards(tmp_path / "shards")
-    run_trainer(base_args(data, tmp_path / "one_node"), nproc=2)
-
+def run_two_nodes(args: list[str], cwds: tuple[Path, Path] = (REPO, REPO)) -> list[subprocess.Popen]:
+    """One torchrun agent per "node" (each in its own working directory), meeting through c10d
+    rendezvous; the finished processes, with .stdout and .stderr read into .outputs."""
     port = free_port()
-    args = base_args(data, tmp_path / "two_nodes")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     nodes = [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
              f"--node_rank={rank}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
              "--rdzv_id=gpt2-repro-test", str(REPO / "train_gpt2.py"), *args],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in (0, 1)
+            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank, cwd in enumerate(cwds)
     ]
-    outputs = [node.communicate(timeout=240) for node in nodes]
+    for node in nodes:
+        node.outputs = node.communicate(timeout=240)
+    return nodes
+
+
+def test_two_nodes_with_c10d_rendezvous_match_one_node(tmp_path):
+    data = make_shards(tmp_path / "shards")
+    run_trainer(base_args(data, tmp_path / "one_node"), nproc=2)
+
+    nodes = run_two_nodes(base_args(data, tmp_path / "two_nodes"))
+    outputs = [node.outputs for node in nodes]
     for node, (stdout, stderr) in zip(nodes, outputs):
         assert node.returncode == 0, stdout[-2000:] + stderr[-4000:]
     assert "world size 2" in outputs[0][0] + outputs[1][0]
@@ -49,21 +58,11 @@ def test_two_nodes_with_c10d_rendezvous_match_one_node(tmp_path):
 
 def test_data_missing_on_one_node_stops_both_with_one_line(tmp_path):
     """A relative data_dir that exists on node 0 only: every rank fails the same way, exit 2."""
-    port = free_port()
-    nodes_dirs = [tmp_path / "node0", tmp_path / "node1"]
+    nodes_dirs = (tmp_path / "node0", tmp_path / "node1")
     make_shards(nodes_dirs[0] / "shards")
     nodes_dirs[1].mkdir()
     args = base_args("shards", tmp_path / "run")  # relative: resolved in each node's own cwd
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    nodes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-             f"--node_rank={rank}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
-             "--rdzv_id=gpt2-repro-data", str(REPO / "train_gpt2.py"), *args],
-            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank, cwd in enumerate(nodes_dirs)
-    ]
-    outputs = [node.communicate(timeout=120) for node in nodes]
+    outputs = [node.outputs for node in run_two_nodes(args, nodes_dirs)]
     errors = [[line for line in stderr.splitlines() if line.startswith("error:")] for _, stderr in outputs]
     assert errors[0] == errors[1] == ["error: data_dir shards: no such directory (prepare data first, e.g. "
                                       "`python prep/fineweb.py`)"], outputs

@@ -75,9 +75,9 @@ class TrainConfig:
     resume: str = key("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
     # --- runtime
     device: str = key("auto", "auto, cuda, cuda:N, mps or cpu")
-    dtype: str = key("auto", "auto (bfloat16 autocast on GPUs and CPUs that have it, float16 with a gradient scaler "
-                             "on GPUs without bf16 such as V100/T4, else float32), bfloat16, float16, float32, or "
-                             "float64 (weights and math, for numerical checks)")
+    dtype: str = key("auto", "auto (bfloat16 autocast on GPUs and on CPUs where it is faster, float16 with a "
+                             "gradient scaler on GPUs without bf16 such as V100/T4, else float32), bfloat16, float16, "
+                             "float32, or float64 (weights and math, for numerical checks)")
     compile: bool | None = key(None, "torch.compile the model (null: on for CUDA)")
     seed: int = key(1337, "seed of the initial weights, epoch shuffles, dropout and samples")
     loss_chunk_size: int | None = key(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
