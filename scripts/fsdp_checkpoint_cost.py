@@ -85,7 +85,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     if args.method == "full":
-        state = load_checkpoint(folder / "state.pt", mmap=True)
+        state = load_checkpoint(folder / "state.pt")
         strategy.load_state(model, optimizer, state["model"], state["optimizer"])
         del state
     else:

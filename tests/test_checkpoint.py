@@ -163,3 +163,34 @@ def test_a_checkpoint_of_a_newer_format_is_refused_by_name(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match=f"step_00000001.pt: checkpoint format_version "
                                                    f"{ckpt.FORMAT_VERSION + 1} is newer than this code reads"):
         ckpt.load_checkpoint(path)
+
+
+CHOOSE_AND_MEASURE = """
+import os, sys
+from training.checkpoint import find_resume_checkpoint
+def resident_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
+before = resident_mib()
+path, state, _ = find_resume_checkpoint(sys.argv[1], sys.argv[2])  # state held: its tensors count if read
+print(state["step"], resident_mib() - before)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("resume", ["auto", "path"])
+def test_choosing_the_checkpoint_to_resume_reads_no_tensors_into_memory(tmp_path, resume):
+    """Rank 0 picks the checkpoint from its metadata; the ranks then load the file themselves,
+    so reading gpt2-xl's ~19 GB of weights and AdamW state here would only waste memory and time."""
+    import subprocess
+    import sys
+
+    big = {"w": torch.ones(64 * 2**20, dtype=torch.float32)}  # 256 MiB of "weights"
+    out = tmp_path / "out"
+    ckpt.save_checkpoint({**state(3), "model": big, **lineage("r", "c3")}, ckpt.checkpoint_path(out, 3))
+    ckpt.save_checkpoint({**state(6), "model": big, **lineage("r", "c6", "c3")}, ckpt.checkpoint_path(out, 6))
+    arg = "auto" if resume == "auto" else str(ckpt.checkpoint_path(out, 3))  # path: 3, then its descendant 6
+    proc = subprocess.run([sys.executable, "-c", CHOOSE_AND_MEASURE, str(out), arg],
+                          capture_output=True, text=True, check=True)
+    step, grown_mib = map(int, proc.stdout.split())
+    assert step == 6
+    assert grown_mib < 64, f"choosing a checkpoint grew the process by {grown_mib} MiB"

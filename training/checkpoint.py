@@ -107,14 +107,17 @@ class _FileWriter:
         self.f.flush()
 
 
-def load_checkpoint(path: str | Path, map_location="cpu", mmap: bool = False) -> dict:
+def load_checkpoint(path: str | Path) -> dict:
     """Load with weights_only=True; an unreadable file is a CheckpointError naming it.
 
-    mmap=True leaves the tensors on disk until touched: cheap when only metadata is needed.
+    The tensors are memory-mapped onto the CPU: they stay on disk until touched, so reading a
+    checkpoint's metadata (choosing which one to resume) costs no memory, and each rank pages
+    in only what it copies. A truncated file, or one that is not a checkpoint, still fails here:
+    the zip directory (at the end of the file) and the pickled record are read in full.
     """
     path = Path(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
     except Exception as e:  # truncated zip, garbage bytes, unpickling refusal...
@@ -182,7 +185,7 @@ def find_resume_checkpoint(out_dir: str | Path, resume: str, warn=warn) -> tuple
         if other.resolve() == path.resolve():
             continue
         try:
-            lineage = load_checkpoint(other, mmap=True)  # the tensors stay on disk: metadata only
+            lineage = load_checkpoint(other)  # metadata only: the tensors stay on disk
         except CheckpointError as e:
             set_aside(other, e, warn)
             continue

@@ -139,7 +139,7 @@ def refuse_used_out_dir(out_dir: Path) -> None:
 
 def load_compatible_checkpoint(path: Path, model_config) -> dict:
     """The checkpoint's state, its tensors memory-mapped: every rank pages in only what it copies."""
-    state = load_checkpoint(path, mmap=True)
+    state = load_checkpoint(path)
     check_compatible(state, model_config.to_dict(), path)
     return state
 
