@@ -7,8 +7,10 @@ Tests never touch the network: corpora are generated here. Multi-process runs go
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +60,8 @@ def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
 
 
 def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, timeout: float = 300,
-                script: str = "train_gpt2.py", extra_env: dict | None = None, torchrun_args=()) -> subprocess.CompletedProcess:
+                script: str = "train_gpt2.py", extra_env: dict | None = None, torchrun_args=(),
+                cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run the trainer as a user would: plain python, or torchrun with nproc processes."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", PYTHONPATH=str(REPO),
                PYTHONFAULTHANDLER="1", **(extra_env or {}))
@@ -67,10 +70,65 @@ def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, t
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                *torchrun_args, str(REPO / script), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = run_and_reap(cmd, env, timeout, cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     return proc
+
+
+LAUNCH_TOKEN = "GPT2_REPRO_TEST_LAUNCH"  # in the environment of every process a test launches, and their children
+
+
+def launched_processes(token: str) -> list[int]:
+    """The live processes whose environment carries LAUNCH_TOKEN=token: a launcher and its workers.
+
+    torchrun starts each worker in a session of its own, so neither the process group nor the
+    session finds them; the environment they inherit does.
+    """
+    marker = f"{LAUNCH_TOKEN}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_and_reap(cmd: list[str], env: dict, timeout: float, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run cmd; on a timeout it and every process it started are killed, and the test fails.
+
+    A hung launch must not leave workers behind (they would hold the CPU for the rest of the
+    suite), and a finished one must have left none: the test fails if any of its processes
+    outlives it.
+    """
+    token = uuid.uuid4().hex
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**env, LAUNCH_TOKEN: token}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_all(launched_processes(token))
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout} s (killed)\n{stdout[-3000:]}\n"
+                             f"{stderr[-5000:]}") from None
+    left = launched_processes(token)
+    if left:
+        kill_all(left)
+        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode} but left processes {left} running")
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def load_weights(out_dir: Path, step: int) -> dict[str, torch.Tensor]:
