@@ -232,6 +232,11 @@ class ValLoader:
         self.rank = rank
         self.world_size = world_size
 
+    @property
+    def batches_per_rank(self) -> int:
+        """The most batches any rank scores (rank 0's share)."""
+        return -(-self.num_batches // self.world_size)
+
     def batches(self):
         """Yield (batch index, x, y), x and y of shape (b, T) with b <= batch_size: this rank's batches."""
         for index in range(self.rank, self.num_batches, self.world_size):

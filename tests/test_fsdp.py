@@ -121,3 +121,51 @@ def test_checkpoints_written_under_fsdp_serve_every_reader(runs, tmp_path):
                               "--num_samples", "1", "--max_new_tokens", "4", "--device", "cpu"],
                              cwd=REPO, capture_output=True, text=True, timeout=120, env=env_for_workers())
     assert sampled.returncode == 0 and "--- sample 0" in sampled.stdout, sampled.stderr[-2000:]
+
+
+def test_evaluations_that_split_unevenly_over_the_ranks_finish_with_the_ddp_figures(data, tmp_path):
+    """3 val batches and 33 HellaSwag examples (17 + 16: 2 batches and 1) over 2 ranks.
+
+    Every FSDP forward all-gathers the blocks' parameters, so a rank with fewer batches must
+    still join the others' forwards (it ran out of batches and hung before); the figures are
+    those of DDP, where evaluation has no collective but the final sums.
+    """
+    from test_hellaswag import write_fixture
+
+    hellaswag = write_fixture(tmp_path / "hellaswag.jsonl", n=40)
+    logs = {}
+    for strategy in ("ddp", "fsdp"):
+        out = tmp_path / strategy
+        run_trainer(base_args(data, out, strategy=strategy, dtype="float64", max_steps=2, eval_interval=1,
+                              val_tokens=384, micro_batch_size=4, hellaswag_interval=1, hellaswag_path=hellaswag,
+                              hellaswag_limit=33, sample_interval=2, sample_count=1, sample_tokens=3,
+                              checkpoint_interval=0), nproc=2, timeout=120)
+        logs[strategy] = [r for r in read_log(out / "log.jsonl") if r["kind"] in ("val", "hellaswag", "sample")]
+    assert [(r["kind"], r["step"]) for r in logs["fsdp"]] == [(r["kind"], r["step"]) for r in logs["ddp"]]
+    assert [r["n"] for r in logs["fsdp"] if r["kind"] == "hellaswag"] == [33, 33, 33]
+    for a, b in zip(logs["fsdp"], logs["ddp"]):
+        if a["kind"] == "val":
+            assert abs(a["loss"] - b["loss"]) <= 1e-12 * b["loss"], (a, b)
+        elif a["kind"] == "hellaswag":
+            assert (a["acc"], a["acc_norm"]) == (b["acc"], b["acc_norm"]), (a, b)
+
+
+def test_fsdp_resumes_with_another_micro_batch_size(runs, data, tmp_path):
+    out = tmp_path / "resumed"
+    shutil.copytree(runs["fsdp"], out)
+    for step, path in list_checkpoints(out):
+        if step > 3:
+            path.unlink()
+    run_trainer(base_args(data, out, strategy="fsdp", micro_batch_size=2, **F64), nproc=2)
+    assert_same_training(out, runs["ddp"], rtol=1e-12)  # 4 micro-steps of 2 rows per rank instead of 2 of 4
+
+
+def test_fsdp_on_three_ranks_shards_parameters_that_do_not_divide_and_trains_like_one_process(data, tmp_path):
+    """Every LayerNorm (64 values) and the (192,) attention biases split unevenly over 3 ranks;
+    the 2 val batches leave the third rank with none (it joins with idle forwards)."""
+    geometry = dict(total_batch_size=384, micro_batch_size=4, dtype="float64", checkpoint_interval=3)
+    run_trainer(base_args(data, tmp_path / "fsdp3", strategy="fsdp", **geometry), nproc=3)
+    run_trainer(base_args(data, tmp_path / "single", **geometry))
+    assert_same_training(tmp_path / "fsdp3", tmp_path / "single", rtol=1e-12)
+    vals = [[r["loss"] for r in read_log(tmp_path / d / "log.jsonl") if r["kind"] == "val"] for d in ("fsdp3", "single")]
+    assert len(vals[0]) == 3 and all(abs(a - b) <= 1e-12 * b for a, b in zip(*vals))

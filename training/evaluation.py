@@ -7,7 +7,7 @@ model never recompiles for eval-only shapes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch.nn import functional as F
@@ -67,13 +67,15 @@ class PeriodicEvaluation:
         return bool(due) and agree_to_stop()
 
     def val_loss(self, run: Run) -> None:
-        loss = evaluate_val_loss(run.model, run.val_loader, self.env, self.runtime.autocast())
+        loss = evaluate_val_loss(run.model, run.val_loader, self.env, self.runtime.autocast(),
+                                 idle_forward=lambda: run.strategy.idle_forward(run.model))
         run.metrics["val_loss"] = loss
         self.logger.log({"kind": "val", "step": run.step, "loss": loss, "tokens": run.tokens_seen})
         self.logger.console(f"step {run.step:6d} | val loss {loss:.4f}")
 
     def hellaswag_accuracy(self, run: Run) -> None:
-        result = self.hellaswag.evaluate(run.model, self.runtime.autocast())  # a collective; None if unavailable
+        result = self.hellaswag.evaluate(run.model, self.runtime.autocast(),  # a collective; None if unavailable
+                                         idle_forward=lambda: run.strategy.idle_forward(run.model))
         if result is not None:
             run.metrics["hellaswag_acc_norm"] = result["acc_norm"]
             self.logger.log({"kind": "hellaswag", "step": run.step, "tokens": run.tokens_seen, **result})
@@ -98,19 +100,22 @@ class PeriodicEvaluation:
 
 @torch.no_grad()
 def evaluate_val_loss(model: torch.nn.Module, val_loader: ValLoader, env: DistEnv,
-                      autocast: contextlib.AbstractContextManager, chunk_tokens: int = 8192) -> float:
+                      autocast: contextlib.AbstractContextManager, chunk_tokens: int = 8192,
+                      idle_forward: Callable[[], None] | None = None) -> float:
     """Mean token cross-entropy over the whole val window, the same number for any world size.
 
     Every rank calls this (it ends in an all-reduce), including ranks with no batch. Each val
     batch is the same rows on any world size (ValLoader), and its summed token loss goes into
     its own slot of a float64 vector; the all-reduce adds only zeros to each slot, and every
     rank then sums the slots in the same order. So 1, 2 or 8 ranks give a bitwise-equal figure.
+    A rank with fewer batches than rank 0 calls idle_forward() once for each one it lacks
+    (forwards are collectives under FSDP).
     """
     was_training = model.training
     model.eval()
     acc_dtype = torch.float32 if env.device_type == "mps" else torch.float64  # MPS has no float64
     sums = torch.zeros(val_loader.num_batches, device=env.device, dtype=acc_dtype)
-    for index, x, y in val_loader.batches():
+    for index, x, y in in_lockstep(val_loader.batches(), val_loader.batches_per_rank, idle_forward):
         x, y = x.to(env.device), y.to(env.device)  # (b, T)
         with autocast:
             hidden = model.hidden_states(x).flatten(0, 1)  # (b*T, C)
@@ -123,6 +128,21 @@ def evaluate_val_loss(model: torch.nn.Module, val_loader: ValLoader, env: DistEn
     all_reduce_sum(sums, env)
     model.train(was_training)
     return sums.sum().item() / (val_loader.num_rows * val_loader.stream.seq_len)
+
+
+def in_lockstep(items: Iterable, rounds: int, idle_forward: Callable[[], None] | None):
+    """Yield items, then call idle_forward() until `rounds` forwards were made in all.
+
+    For a rank whose share of an evaluation is smaller than the largest rank's: under FSDP
+    every forward is a collective, so each rank runs `rounds` of them (see Strategy.idle_forward).
+    """
+    made = 0
+    for item in items:
+        made += 1
+        yield item
+    if idle_forward is not None:
+        for _ in range(rounds - made):
+            idle_forward()
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -387,13 +387,20 @@ class HellaSwagEval:
                 scores.append(ExampleScore(index=index, label=label, sum_losses=tuple(s), mean_losses=tuple(m)))
         return sorted(scores, key=lambda score: score.index)
 
+    @property
+    def batches_per_rank(self) -> int:
+        """The most batches any rank scores: rank 0's, whose share of the examples is the largest."""
+        largest_share = -(-self.num_examples // self.env.world_size)
+        return -(-largest_share // self.batch_examples)
+
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module,
-                 autocast: contextlib.AbstractContextManager | None = None) -> dict | None:
+    def evaluate(self, model: torch.nn.Module, autocast: contextlib.AbstractContextManager | None = None,
+                 idle_forward: Callable[[], None] | None = None) -> dict | None:
         """{"acc_norm", "acc", "n"} over all ranks' examples, or None (on every rank) when unavailable.
 
         A collective when available: every rank calls it, including ranks with no examples.
-        The model is left in the train/eval mode it came in.
+        The model is left in the train/eval mode it came in. A rank with fewer batches than
+        rank 0 calls idle_forward() once for each one it lacks (forwards are collectives under FSDP).
         """
         if not self.available:
             return None
@@ -404,6 +411,9 @@ class HellaSwagEval:
             counts[0] += (means.argmin(dim=1) == labels).sum()
             counts[1] += (sums.argmin(dim=1) == labels).sum()
             counts[2] += labels.numel()
+        if idle_forward is not None:
+            for _ in range(self.batches_per_rank - len(self._batches_for(model.config.block_size))):
+                idle_forward()
         all_reduce_sum(counts, self.env)  # integers: the same figure for any world size
         correct_norm, correct, n = counts.tolist()
         return {"acc_norm": correct_norm / n, "acc": correct / n, "n": n}

@@ -110,6 +110,18 @@ class Strategy:
         """Under FSDP every forward is a collective, so every rank draws the (identical) samples."""
         return self.sharded
 
+    def idle_forward(self, model: GPT) -> None:
+        """Join the other ranks' evaluation forward with one whose result is discarded.
+
+        Under FSDP every block's forward all-gathers its parameters, so every rank must run as
+        many forwards as the others, also when its share of an evaluation's batches is smaller
+        (3 val batches over 2 ranks): it pads with these. A no-op under DDP, whose evaluation
+        forwards run on the unwrapped model with no collective.
+        """
+        if self.sharded:
+            with torch.no_grad():
+                model.hidden_states(torch.zeros((1, 1), dtype=torch.long, device=self.runtime.device))
+
     # --- checkpoints ---------------------------------------------------------------------------
     def full_state(self, model: GPT, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
         """Model and optimizer state dicts in the checkpoint format (plain tensors, optimizer
