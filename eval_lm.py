@@ -35,8 +35,7 @@ from pathlib import Path
 
 from data.tokenizer import get_tokenizer
 from errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, run_cli
-from model import GPT, GPTConfig
-from training.checkpoint import CHECKPOINT_DIR, resolve_checkpoint
+from training.checkpoint import CHECKPOINT_DIR, read_model
 from training.run_logger import write_text_file
 from training.runtime import resolve_runtime
 
@@ -81,9 +80,8 @@ def main(argv: list[str]) -> int:
     task_manager = TaskManager(include_path=args.include_path)
     check_tasks(tasks, task_manager.all_tasks)
     runtime = resolve_runtime(args.device, args.dtype, compile=False, loss_chunk_size=0)
-    path, state = resolve_checkpoint(args.ckpt)
-    model = GPT(GPTConfig(**state["model_args"]))
-    model.load_state_dict(state.pop("model"))
+    model, state, path = read_model(args.ckpt, "eval_lm.py")
+    del state["model"]  # the model holds the weights now
     model.to(runtime.device, dtype=runtime.weights_dtype)
     lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast())
     print(f"# evaluating step {state['step']} of {path} on {', '.join(tasks)} ({runtime.device}, {runtime.dtype})",
@@ -94,6 +92,10 @@ def main(argv: list[str]) -> int:
     except ConnectionError as e:  # datasets' "Couldn't reach ... on the Hub", offline or not cached
         raise DataError(f"--tasks: could not load a task's data ({e}); run once where the Hugging Face Hub "
                         f"is reachable to fill the datasets cache, then HF_DATASETS_OFFLINE=1 works") from None
+    except FileNotFoundError as e:  # a task YAML's data_files that do not resolve (from the working directory)
+        task = task_missing_data(tasks, task_manager) or ", ".join(tasks)
+        raise DataError(f"--tasks: {task}: data file not found ({e}); a relative data_files path in a task YAML "
+                        f"is read from the working directory ({Path.cwd()})") from None
 
     settings = dict(lm_eval_version=metadata.version("lm_eval"), limit=args.limit, batch_size=args.batch_size,
                     device=str(runtime.device), dtype=runtime.dtype,
@@ -126,6 +128,18 @@ def check_tasks(tasks: list[str], known: list[str]) -> None:
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"did you mean {', '.join(close)}?" if close else "`lm-eval ls tasks` lists them"
         raise ConfigError(f"--tasks: unknown task {name!r} ({hint})")
+
+
+def task_missing_data(tasks: list[str], task_manager) -> str | None:
+    """The first task whose data files cannot be found (after a load of them all failed for that reason)."""
+    for name in tasks:
+        try:
+            task_manager.load_task_or_group([name])
+        except FileNotFoundError:
+            return name
+        except Exception:  # noqa: BLE001 - another problem of another task: not the one being named
+            continue
+    return None
 
 
 def run_folder(ckpt: Path) -> Path:

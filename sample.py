@@ -16,17 +16,15 @@ import torch
 
 from data.tokenizer import get_tokenizer
 from errors import ArgumentParser, ConfigError, run_cli
-from model import GPT, GPTConfig
-from training.checkpoint import resolve_checkpoint
+from model import GPT
+from training.checkpoint import read_model
 from training.runtime import pick_device
 from training.evaluation import encode_prompt
 
 
 def load_model(ckpt: str, device: torch.device) -> tuple[GPT, dict]:
     """The model of a checkpoint file or of a run folder's newest readable checkpoint."""
-    _, state = resolve_checkpoint(ckpt)
-    model = GPT(GPTConfig(**state["model_args"]))
-    model.load_state_dict(state["model"])
+    model, state, _ = read_model(ckpt, "sample.py")
     return model.to(device).eval(), state
 
 

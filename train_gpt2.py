@@ -40,6 +40,7 @@ from training.parallel import Strategy, local_state_bytes
 from training.preemption import PreemptionFlag
 from training.provenance import provenance
 from training.run import Run, build_run, save_run
+from training.run_folder import claim_run_folder
 from training.run_logger import RunLogger, format_train_line
 from training.runtime import Runtime, resolve_runtime
 from training.step import train_step
@@ -61,11 +62,15 @@ def main(argv: list[str], step_fn=train_step) -> int:
     env = setup_distributed(runtime.device, STARTUP_TIMEOUT)
     preemption = PreemptionFlag().install()
     logger = RunLogger(enabled=env.master_process)
+    lock = None
     try:
         strategy = Strategy(cfg.strategy, env, runtime)  # ddp, or FSDP's sharding (training/parallel.py)
+        # one launch at a time per out_dir: rank 0 holds its lock until the end
+        lock = run_on_all_ranks(env, lambda: claim_run_folder(cfg.out_dir, logger.warn, logger.console)
+                                if env.master_process else None)
         run = build_run(cfg, env, runtime, strategy, logger)  # data, model, optimizer, the checkpoint it resumes
         if run is not None:  # None: that checkpoint already reached max_steps
-            record = provenance(cfg, env, runtime, argv, run.data_fingerprint)
+            record = provenance(cfg, env, runtime, argv, run.data_fingerprint, run.lineage["run_id"])
             open_run_folder(cfg, env, run, logger, record)
             train(cfg, env, runtime, run, logger, preemption, record, step_fn)
         barrier(env)  # leave together: a gloo rank torn down while its peer still talks can abort
@@ -73,6 +78,8 @@ def main(argv: list[str], step_fn=train_step) -> int:
     finally:
         preemption.restore()
         logger.close()
+        if lock is not None:
+            lock.release()
         teardown_distributed()
 
 

@@ -154,3 +154,46 @@ def test_entry_points_end_with_run_cli():
     for script in ("train_gpt2.py", "sample.py", "export_hf.py", "bench.py", "plot_log.py", "eval_lm.py",
                    "prep/fineweb.py", "prep/shakespeare.py", "prep/hellaswag.py"):
         assert "run_cli(" in (REPO / script).read_text().split('if __name__ == "__main__":')[1], script
+
+
+def tiny_checkpoint(tmp_path, drop: str) -> tuple:
+    """A real checkpoint of the tiny model (step 0, written by save_run) without entry `drop`; data and path."""
+    import torch
+
+    from training.run import save_run
+    from training.run_logger import RunLogger
+
+    data = make_shards(tmp_path / "shards")
+    cfg, env, _, run = build_tiny_run(data, tmp_path / "source")
+    save_run(run, cfg, env, RunLogger(enabled=False), provenance={})
+    path = tmp_path / "source" / "checkpoints" / "step_00000000.pt"
+    state = torch.load(path, weights_only=True)
+    del state[drop]
+    torch.save(state, path)
+    return data, path
+
+
+@pytest.mark.parametrize("drop", ["optimizer", "tokens_seen", "config", "model_args"])
+def test_resuming_a_checkpoint_without_an_entry_names_the_file_and_the_entry(tmp_path, drop, capfd):
+    import train_gpt2
+    from errors import run_cli
+
+    data, path = tiny_checkpoint(tmp_path, drop)
+    assert run_cli(train_gpt2.main, base_args(data, tmp_path / "out", resume=path)) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and f"error: {path}: checkpoint has no '{drop}' entry" in err, err
+
+
+@pytest.mark.parametrize("script", ["sample", "export_hf", "eval_lm"])
+def test_reading_a_checkpoint_without_model_args_names_the_file_and_the_entry(tmp_path, script, capfd):
+    import importlib
+
+    from errors import run_cli
+
+    _, path = tiny_checkpoint(tmp_path, "model_args")
+    argv = {"sample": ["--ckpt", str(path), "--device", "cpu"], "export_hf": [str(path), str(tmp_path / "hf")],
+            "eval_lm": [str(path), "--tasks", "hellaswag_fixture", "--include_path",
+                        str(REPO / "tests" / "fixtures" / "lm_eval"), "--device", "cpu"]}[script]
+    assert run_cli(importlib.import_module(script).main, argv) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and f"error: {path}: checkpoint has no 'model_args' entry" in err, err

@@ -194,3 +194,16 @@ def test_choosing_the_checkpoint_to_resume_reads_no_tensors_into_memory(tmp_path
     step, grown_mib = map(int, proc.stdout.split())
     assert step == 6
     assert grown_mib < 64, f"choosing a checkpoint grew the process by {grown_mib} MiB"
+
+
+def test_a_newer_format_checkpoint_stops_every_reader_and_stays_where_it_is(tmp_path):
+    """Written by newer code, not damaged: refused, never set aside for an older checkpoint."""
+    ckpt.save_checkpoint(state(3), ckpt.checkpoint_path(tmp_path, 3))
+    newer = ckpt.checkpoint_path(tmp_path, 6)
+    ckpt.save_checkpoint({**state(6), "format_version": ckpt.FORMAT_VERSION + 1}, newer)
+    for read in (lambda: ckpt.find_resume_checkpoint(tmp_path, "auto"),
+                 lambda: ckpt.resolve_checkpoint(tmp_path),  # sample.py, export_hf.py, eval_lm.py
+                 lambda: ckpt.find_resume_checkpoint(tmp_path, str(ckpt.checkpoint_path(tmp_path, 3)))):
+        with pytest.raises(ckpt.CheckpointError, match="step_00000006.pt: checkpoint format_version .* is newer"):
+            read()
+        assert newer.exists() and [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [3, 6]

@@ -3,7 +3,7 @@
 Tasks come from tests/fixtures/lm_eval/: 20 examples in the HellaSwag jsonl format read from a
 local file, as `hellaswag_fixture` (lm_eval's built-in acc and character-normalised acc_norm)
 and `hellaswag_fixture_tokens` (the trainer's token-normalised acc_norm as an lm_eval metric).
-The fixture YAML names its data file relative to the repository root, hence the chdir.
+The fixture tasks find their data file beside their YAML, from any working directory.
 """
 
 from __future__ import annotations
@@ -152,11 +152,11 @@ def test_results_table_and_metric_names():
 # --- the command on a trained run ------------------------------------------------------------
 
 
-def eval_lm(*args: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    """eval_lm.py as a user runs it, from the repository root, with no Hugging Face Hub."""
+def eval_lm(*args: str, extra_env: dict | None = None, include_path=FIXTURES, cwd=REPO) -> subprocess.CompletedProcess:
+    """eval_lm.py as a user runs it (from the repository root unless cwd says otherwise), with no Hugging Face Hub."""
     env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **(extra_env or {})}
-    return run_trainer([*args, "--include_path", str(FIXTURES), "--device", "cpu", "--dtype", "float32"],
-                       script="eval_lm.py", extra_env=env, check=False)
+    return run_trainer([*args, "--include_path", str(include_path), "--device", "cpu", "--dtype", "float32"],
+                       script="eval_lm.py", extra_env=env, check=False, cwd=cwd)
 
 
 @pytest.fixture(scope="module")
@@ -238,3 +238,26 @@ def test_a_task_whose_data_is_not_cached_offline_is_one_error_line(evaluated_run
     assert proc.returncode == 2
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith("error: --tasks: could not load a task's data (Couldn't reach") and "HF_DATASETS_OFFLINE" in line
+
+
+@pytest.mark.slow
+def test_the_fixture_task_finds_its_data_from_any_folder_and_a_missing_file_is_one_line(evaluated_run, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cache = {"HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    found = eval_lm(str(evaluated_run[0]), "--tasks", "hellaswag_fixture", "--limit", "2", extra_env=cache,
+                    cwd=elsewhere)
+    assert found.returncode == 0 and "| hellaswag_fixture | acc |" in found.stdout, found.stderr[-3000:]
+    # a task of the user's own whose data_files path does not resolve from the current folder
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "mine.yaml").write_text(
+        "task: mine\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    validation: data/mine.jsonl\n"
+        "output_type: multiple_choice\nvalidation_split: validation\ndoc_to_text: '{{ctx}}'\n"
+        "doc_to_choice: endings\ndoc_to_target: label\n")
+    missing = eval_lm(str(evaluated_run[0]), "--tasks", "mine", "--limit", "2", extra_env=cache, include_path=tasks,
+                      cwd=elsewhere)
+    assert missing.returncode == 2, missing.stderr[-3000:]
+    (line,) = [line for line in missing.stderr.splitlines() if line.startswith("error:")]
+    assert line.startswith("error: --tasks: mine: data file not found") and "data/mine.jsonl" in line, line
+    assert "Traceback" not in missing.stderr

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from errors import CheckpointError, CheckpointWriteError, ConfigError
+from model import GPT, GPTConfig
 
 CHECKPOINT_DIR = "checkpoints"
 # 1: the first format. 2: lineage (run_id, checkpoint_id, ancestry) and provenance; no RNG state.
@@ -107,6 +108,32 @@ class _FileWriter:
         self.f.flush()
 
 
+class CheckpointTooNewError(CheckpointError):
+    """A checkpoint written by newer code. It is not damaged: readers stop, and it stays where it is."""
+
+
+# The entries each reader needs, with their types: a checkpoint written by other code (or edited)
+# that lacks one is refused where it is read, with a message naming the file and the entry.
+WEIGHTS_ENTRIES = {"model": dict, "model_args": dict, "step": int}  # sample, export, eval, init_from
+RESUME_ENTRIES = {**WEIGHTS_ENTRIES, "optimizer": dict, "tokens_seen": int, "config": dict}
+
+
+def require_entries(state: dict, entries: dict[str, type], path: str | Path, reader: str) -> dict:
+    """state, once every entry `reader` needs is there with its type; else a CheckpointError naming it."""
+    for key, kind in entries.items():
+        if key not in state:
+            raise CheckpointError(f"{path}: checkpoint has no '{key}' entry, which {reader} needs "
+                                  f"(written by other code, or edited)")
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            raise CheckpointError(f"{path}: checkpoint entry '{key}' is a {type(state[key]).__name__}, "
+                                  f"expected a {kind.__name__}")
+    if "optimizer" in entries:
+        for key in ("state", "param_groups"):
+            if key not in state["optimizer"]:
+                raise CheckpointError(f"{path}: checkpoint entry 'optimizer' has no '{key}', which {reader} needs")
+    return state
+
+
 def load_checkpoint(path: str | Path) -> dict:
     """Load with weights_only=True; an unreadable file is a CheckpointError naming it.
 
@@ -125,9 +152,11 @@ def load_checkpoint(path: str | Path) -> dict:
         raise CheckpointError(f"{path}: unreadable checkpoint ({reason[:200]})") from None
     if not isinstance(state, dict) or not {"model", "step"} <= state.keys():
         raise CheckpointError(f"{path}: not a gpt2-repro checkpoint (no model/step entries)")
-    if state.get("format_version", 1) > FORMAT_VERSION:
-        raise CheckpointError(f"{path}: checkpoint format_version {state['format_version']} is newer than this "
-                              f"code reads ({FORMAT_VERSION}); update gpt2-repro to load it")
+    version = state.get("format_version", 1)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointTooNewError(
+            f"{path}: checkpoint format_version {version!r} is newer than this code reads ({FORMAT_VERSION}); "
+            f"it was written by a newer gpt2-repro: update the code to use it (nothing was changed)")
     return state
 
 
@@ -139,11 +168,14 @@ def newest_readable_checkpoint(out_dir: str | Path, warn=warn) -> tuple[Path, di
     """The newest checkpoint in out_dir that loads, and its state; None when there is none.
 
     A newer file that does not load (truncated by a crash mid-copy, damaged) is set aside (see
-    `set_aside`), so it can no longer outrank good checkpoints in any later resume.
+    `set_aside`), so it can no longer outrank good checkpoints in any later resume. A file of a
+    newer format is not damaged: CheckpointTooNewError stops the reader, and the file stays.
     """
     for _, path in reversed(list_checkpoints(out_dir)):
         try:
             return path, load_checkpoint(path)
+        except CheckpointTooNewError:
+            raise
         except CheckpointError as e:
             set_aside(path, e, warn)
     return None
@@ -186,6 +218,8 @@ def find_resume_checkpoint(out_dir: str | Path, resume: str, warn=warn) -> tuple
             continue
         try:
             lineage = load_checkpoint(other)  # metadata only: the tensors stay on disk
+        except CheckpointTooNewError:
+            raise
         except CheckpointError as e:
             set_aside(other, e, warn)
             continue
@@ -214,12 +248,38 @@ def resolve_checkpoint(ckpt: str | Path) -> tuple[Path, dict]:
     return path, load_checkpoint(path)
 
 
-def remove_stale_temp_files(out_dir: str | Path) -> None:
-    """Delete temp files of writes that a killed process never finished (never a real checkpoint)."""
+def read_model(ckpt: str | Path, reader: str) -> tuple[GPT, dict, Path]:
+    """The model of a checkpoint file or run folder (its newest readable checkpoint), on the CPU,
+    with the checkpoint's state and path: what sample.py, eval_lm.py and export read."""
+    path, state = resolve_checkpoint(ckpt)
+    require_entries(state, WEIGHTS_ENTRIES, path, reader)
+    try:
+        model = GPT(GPTConfig(**state["model_args"]))
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: checkpoint entry 'model_args' is not a GPT-2 shape ({e})") from None
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as e:
+        reason = str(e).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: the checkpoint's model does not fit its model_args ({reason[:200]})") from None
+    return model, state, path
+
+
+def remove_stale_temp_files(out_dir: str | Path) -> list[Path]:
+    """Delete the temp files of saves that a killed process never finished; what was deleted.
+
+    Only names of save_checkpoint's temp pattern (never a checkpoint). Call it only while no
+    save can be running into out_dir: rank 0, holding the run folder's lock, before its first save.
+    """
     folder = Path(out_dir) / CHECKPOINT_DIR
-    if folder.is_dir():
-        for tmp in folder.glob(".step_*.pt.tmp"):
+    if not folder.is_dir():
+        return []
+    removed = []
+    for tmp in sorted(folder.glob(".step_*.pt.tmp")):
+        if _NAME.match(tmp.name[1:-len(".tmp")]):
             tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
 
 
 def prune_checkpoints(out_dir: str | Path, keep_last: int, written_step: int, warn=warn) -> list[Path]:

@@ -30,7 +30,7 @@ import torch
 from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, load_bpe_ranks
 from errors import DataError
 from model import GPT, PRESETS, GPTConfig
-from training.checkpoint import resolve_checkpoint
+from training.checkpoint import WEIGHTS_ENTRIES, require_entries, resolve_checkpoint
 
 # Where the presets live on the Hub (the historic un-namespaced names redirect there).
 HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
@@ -400,7 +400,11 @@ def _write_json(path: Path, data: dict) -> None:
 
 def export_hf(state_or_ckpt: dict | str | Path, out_dir: str | Path, license: str = "mit") -> Path:
     """Write a transformers-loadable GPT-2 folder (weights, config, tokenizer, model card)."""
-    state = state_or_ckpt if isinstance(state_or_ckpt, dict) else resolve_checkpoint(state_or_ckpt)[1]
+    if isinstance(state_or_ckpt, dict):
+        state = state_or_ckpt
+    else:
+        path, state = resolve_checkpoint(state_or_ckpt)
+        require_entries(state, WEIGHTS_ENTRIES, path, "export_hf.py")
     config = GPTConfig(**state["model_args"])
     if config.vocab_size < GPT2_VOCAB_SIZE:
         raise HFInteropError(f"vocab_size: the model has {config.vocab_size} rows, "

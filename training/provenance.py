@@ -24,9 +24,11 @@ from training.runtime import Runtime
 REPO = Path(__file__).resolve().parents[1]
 
 
-def provenance(cfg: TrainConfig, env: DistEnv, runtime: Runtime, argv: list[str], data_fingerprint: str) -> dict:
+def provenance(cfg: TrainConfig, env: DistEnv, runtime: Runtime, argv: list[str], data_fingerprint: str,
+               run_id: str) -> dict:
     commit, dirty = git_state(REPO)
     return {
+        "run_id": run_id,  # the run this launch continues or starts: the run folder's owner (training/run_folder.py)
         "git_commit": commit,  # None outside a git checkout
         "git_dirty": dirty,  # uncommitted changes to tracked files
         "python": platform.python_version(),

@@ -18,11 +18,13 @@ from data.loader import TrainLoader, ValLoader, validate_shards
 from data.manifest import data_fingerprint
 from errors import CheckpointError, ConfigError
 from model import GPT
-from training.checkpoint import (FORMAT_VERSION, check_compatible, checkpoint_path, find_resume_checkpoint,
-                                 list_checkpoints, load_checkpoint, prune_checkpoints, save_checkpoint)
+from training.checkpoint import (FORMAT_VERSION, RESUME_ENTRIES, check_compatible, checkpoint_path,
+                                 find_resume_checkpoint, list_checkpoints, load_checkpoint, prune_checkpoints,
+                                 require_entries, save_checkpoint)
 from training.config import TrainConfig
 from training.distributed import DistEnv, broadcast_object, run_on_all_ranks
 from training.parallel import Strategy
+from training.run_folder import check_one_history
 from training.run_logger import LOG_NAME, RunLogger
 from training.runtime import Runtime
 from training.weights import load_initial_weights
@@ -120,6 +122,7 @@ def choose_resume_checkpoint(cfg: TrainConfig, env: DistEnv, logger: RunLogger) 
         if cfg.resume == "never":
             refuse_used_out_dir(Path(cfg.out_dir))
         found = find_resume_checkpoint(cfg.out_dir, cfg.resume, warn=logger.warn)
+        check_one_history(cfg.out_dir, None if found is None else found[:2])
         if found is None:
             return None
         path, _, how = found
@@ -139,7 +142,7 @@ def refuse_used_out_dir(out_dir: Path) -> None:
 
 def load_compatible_checkpoint(path: Path, model_config) -> dict:
     """The checkpoint's state, its tensors memory-mapped: every rank pages in only what it copies."""
-    state = load_checkpoint(path)
+    state = require_entries(load_checkpoint(path), RESUME_ENTRIES, path, "resuming")
     check_compatible(state, model_config.to_dict(), path)
     return state
 

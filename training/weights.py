@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from model import GPT, PRESETS
-from training.checkpoint import check_compatible, load_checkpoint
+from training.checkpoint import WEIGHTS_ENTRIES, check_compatible, load_checkpoint, require_entries
 from errors import ConfigError
 from training.hf_interop import HFInteropError, load_hf_into
 
@@ -24,7 +24,7 @@ def load_initial_weights(model: GPT, init_from: str) -> None:
         return
     path = Path(init_from)
     if path.is_file():
-        state = load_checkpoint(path)
+        state = require_entries(load_checkpoint(path), WEIGHTS_ENTRIES, path, "init_from")
         check_compatible(state, model.config.to_dict(), path)
         model.load_state_dict(state["model"])
         return

@@ -1,0 +1,163 @@
+"""One run folder, one line of history: concurrent launches, another run's files, leftover temp files.
+
+The trainer runs in this process (one rank, `train_gpt2.main` through run_cli as its __main__
+does) where a second process is not the point; concurrent launches are real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train_gpt2
+from conftest import REPO, base_args, make_shards, train_losses
+from errors import ConfigError, run_cli
+from training import checkpoint as ckpt
+from training.run_folder import LOCK_NAME, RunFolderLock, check_one_history
+from training.run_logger import read_log
+
+RUN = dict(max_steps=3, checkpoint_interval=3, eval_interval=0, val_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    return make_shards(tmp_path_factory.mktemp("folder") / "shards")
+
+
+def train(data: Path, out: Path, capfd=None, **overrides) -> int:
+    return run_cli(train_gpt2.main, base_args(data, out, **{**RUN, **overrides}))
+
+
+def error_line(capfd) -> str:
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_copied_in_checkpoint_of_another_run_is_refused_and_nothing_changes(data, tmp_path, capfd):
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    assert train(data, ours) == 0 and train(data, theirs, max_steps=6, checkpoint_interval=6) == 0
+    shutil.copy(ckpt.checkpoint_path(theirs, 6), ckpt.checkpoint_path(ours, 6))
+    log_before = (ours / "log.jsonl").read_bytes()
+    capfd.readouterr()
+    assert train(data, ours, max_steps=9) == 2
+    message = error_line(capfd)
+    assert f"resume: {ours} holds more than one run" in message and "step_00000006.pt" in message, message
+    assert (ours / "log.jsonl").read_bytes() == log_before
+    assert [s for s, _ in ckpt.list_checkpoints(ours)] == [3, 6]
+
+
+def test_resume_path_into_a_folder_of_a_third_run_is_refused(data, tmp_path, capfd):
+    source, third = tmp_path / "source", tmp_path / "third"
+    assert train(data, source) == 0
+    assert train(data, third, checkpoint_interval=0, final_checkpoint="false") == 0  # a log, no checkpoint
+    log_before = (third / "log.jsonl").read_bytes()
+    capfd.readouterr()
+    assert train(data, third, max_steps=6, resume=ckpt.checkpoint_path(source, 3)) == 2
+    message = error_line(capfd)
+    assert "step_00000003.pt belongs to run" in message and f"but {third} holds run" in message, message
+    assert (third / "log.jsonl").read_bytes() == log_before and not (third / "checkpoints").exists()
+
+
+def test_resume_path_into_a_new_folder_and_again_continues_one_history(data, tmp_path):
+    """The lineage check must not refuse the legitimate uses: fork into a new folder, requeue there."""
+    source, fork = tmp_path / "source", tmp_path / "fork"
+    assert train(data, source) == 0
+    assert train(data, fork, max_steps=5, checkpoint_interval=5, resume=ckpt.checkpoint_path(source, 3)) == 0
+    assert train(data, fork, max_steps=6, checkpoint_interval=6, resume=ckpt.checkpoint_path(source, 3)) == 0
+    assert sorted(train_losses(fork)) == [3, 4, 5]
+    run_ids = {json.loads((d / "run.json").read_text())["run_id"] for d in (source, fork)}
+    assert len(run_ids) == 1
+
+
+def test_temporaries_of_a_killed_save_are_removed_before_the_first_save(data, tmp_path, capfd):
+    out = tmp_path / "out"
+    assert train(data, out) == 0
+    folder = out / "checkpoints"
+    stale = folder / ".step_00000006.pt.tmp"
+    stale.write_bytes(b"half a checkpoint")  # a writer SIGKILLed mid-save
+    unrelated = folder / ".notes.tmp"
+    unrelated.write_text("not ours")
+    capfd.readouterr()
+    assert train(data, out, max_steps=4, checkpoint_interval=0) == 0
+    assert "removed 1 temporary file(s) of an interrupted checkpoint save: .step_00000006.pt.tmp" in capfd.readouterr().out
+    assert not stale.exists() and unrelated.exists()
+    assert sorted(p.name for p in folder.iterdir()) == [".notes.tmp", "step_00000003.pt", "step_00000004.pt"]
+
+
+def test_the_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
+    warnings = []
+    lock = RunFolderLock(tmp_path / "out", warnings.append)
+    with pytest.raises(ConfigError, match=f"out_dir: {tmp_path / 'out'} is in use by another launch \\(pid {os.getpid()} "):
+        RunFolderLock(tmp_path / "out", warnings.append)
+    lock.release()
+    assert not (tmp_path / "out").exists()  # it created the folder and left nothing in it
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from training.run_folder import RunFolderLock; "
+                               f"lock = RunFolderLock({str(tmp_path / 'out')!r}, print); print('locked', flush=True); "
+                               "time.sleep(600)"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(ConfigError, match=f"pid {holder.pid} on"):
+        RunFolderLock(tmp_path / "out", warnings.append)
+    holder.kill()  # a crashed run: the kernel drops its lock
+    holder.wait()
+    RunFolderLock(tmp_path / "out", warnings.append).release()
+    assert (tmp_path / "out" / LOCK_NAME).exists() and warnings == []
+
+
+@pytest.mark.slow
+def test_a_second_launch_into_a_busy_folder_is_refused_and_the_first_goes_on(data, tmp_path):
+    out = tmp_path / "busy"
+    args = base_args(data, out, **{**RUN, "max_steps": 100_000, "checkpoint_interval": 0})
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    first = subprocess.Popen([sys.executable, str(REPO / "train_gpt2.py"), *args], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not ((out / "log.jsonl").exists() and any(r["kind"] == "train" for r in read_log(out / "log.jsonl"))):
+            assert time.time() < deadline and first.poll() is None, "the first launch never trained"
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), *args], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr[-2000:]
+        assert second.stderr.strip() == (f"error: out_dir: {out} is in use by another launch (pid {first.pid} on "
+                                          + second.stderr.split(f"pid {first.pid} on ", 1)[1].strip())
+        first.send_signal(signal.SIGTERM)  # the first run is untouched: it saves and stops as usual
+        stdout, _ = first.communicate(timeout=120)
+        assert first.returncode == 0 and "SIGTERM received: saved step" in stdout
+    finally:
+        first.kill()
+    (saved,) = ckpt.list_checkpoints(out)
+    assert torch.load(saved[1], weights_only=True)["run_id"] == json.loads((out / "run.json").read_text())["run_id"]
+
+
+def lineage_state(run_id: str, step: int) -> dict:
+    return {"model": {}, "step": step, "run_id": run_id, "checkpoint_id": f"{run_id}-{step}", "ancestry": []}
+
+
+def test_one_history_rules(tmp_path):
+    out = tmp_path / "out"
+    ckpt.save_checkpoint(lineage_state("a" * 32, 3), ckpt.checkpoint_path(out, 3))
+    check_one_history(out, None)
+    check_one_history(out, (ckpt.checkpoint_path(out, 3), lineage_state("a" * 32, 3)))
+    (out / "run.json").write_text(json.dumps({"run_id": "b" * 32}))
+    with pytest.raises(ConfigError, match="holds more than one run \\(run bbbbbbbb in run.json and log.jsonl, "
+                                          "run aaaaaaaa in checkpoints/step_00000003.pt\\)"):
+        check_one_history(out, None)
+    (out / "run.json").write_text(json.dumps({"run_id": "a" * 32}))
+    elsewhere = ckpt.checkpoint_path(tmp_path / "other", 9)
+    with pytest.raises(ConfigError, match="belongs to run cccccccc, but .* holds run aaaaaaaa"):
+        check_one_history(out, (elsewhere, lineage_state("c" * 32, 9)))
+    legacy = tmp_path / "legacy"  # a log from older code, no run_id anywhere
+    legacy.mkdir()
+    (legacy / "log.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="holds a log.jsonl of another run"):
+        check_one_history(legacy, (elsewhere, lineage_state("c" * 32, 9)))
