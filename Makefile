@@ -15,12 +15,13 @@ endif
 # keeping it mapped makes CPU training (the demo) about 1.7x faster.
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
 
-.PHONY: install demo test test-fast lint clean-demo
+.PHONY: install demo test test-fast lint lock clean-demo
 
-$(VENV)/.installed: requirements.txt
+# requirements.txt holds lower bounds; requirements.lock the exact versions CI passed with
+$(VENV)/.installed: requirements.txt requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_INDEX)
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements.txt -c requirements.lock
 	touch $@
 
 install: $(VENV)/.installed
@@ -44,6 +45,16 @@ test-fast: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+
+# remake requirements.lock from the newest versions requirements.txt allows (then run make test)
+lock:
+	rm -rf .lock-venv
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_INDEX)
+	.lock-venv/bin/python -m pip install --quiet -r requirements.txt
+	{ sed -n '1,3p' requirements.lock; .lock-venv/bin/python -m pip freeze --exclude torch; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+	rm -rf .lock-venv
 
 clean-demo:
 	rm -rf out/demo data/shakespeare
