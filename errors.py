@@ -60,6 +60,22 @@ class NonFiniteLossError(ReproError):
     exit_code = 3
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its class name when it has none), at most `limit` characters.
+
+    Library errors often carry a multi-line message (a traceback of their own, a hint
+    paragraph); the one-line convention keeps what says what went wrong.
+    """
+    lines = str(e).strip().splitlines()
+    return (lines[0].strip() if lines else type(e).__name__)[:limit]
+
+
+def print_warning(text: str) -> None:
+    """One `warning: ...` line on stderr, whitespace folded, written at once."""
+    sys.stdout.flush()
+    print(f"warning: {' '.join(text.split())}", file=sys.stderr, flush=True)
+
+
 def report(error: ReproError) -> int:
     """Print `error: message` as one write (ranks sharing a terminal never interleave); the exit code."""
     sys.stdout.flush()

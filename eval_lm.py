@@ -4,7 +4,7 @@
     python eval_lm.py out/demo/checkpoints/step_00000200.pt --tasks lambada_openai --limit 500 --device cpu
 
 The checkpoint (a .pt file, or a run folder: its newest readable checkpoint) is scored by
-training/lm_eval_model.py, an lm_eval model class around our GPT: no export step, and it scores
+evals/lm_eval_harness.py, an lm_eval model class around our GPT: no export step, and it scores
 exactly as the trainer's in-loop HellaSwag does (see that module for why). Results are
 
 - printed as a table (task, metric, value, standard error, examples scored);
@@ -33,8 +33,8 @@ from importlib import metadata
 import sys
 from pathlib import Path
 
-from data.tokenizer import get_tokenizer
-from errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, run_cli
+from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer
+from errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
 from training.checkpoint import CHECKPOINT_DIR, read_model
 from training.run_logger import write_text_file
 from training.runtime import resolve_runtime
@@ -75,13 +75,16 @@ def main(argv: list[str]) -> int:
 
     lm_eval = import_lm_eval()
     from lm_eval.tasks import TaskManager
-    from training.lm_eval_model import GPTLM
+    from evals.lm_eval_harness import GPTLM
 
     task_manager = TaskManager(include_path=args.include_path)
     check_tasks(tasks, task_manager.all_tasks)
     runtime = resolve_runtime(args.device, args.dtype, compile=False, loss_chunk_size=0)
     model, state, path = read_model(args.ckpt, "eval_lm.py")
     del state["model"]  # the model holds the weights now
+    if model.config.vocab_size < GPT2_VOCAB_SIZE:
+        raise CheckpointError(f"{path}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
+                              f"tokenized with GPT-2's tokenizer, which needs {GPT2_VOCAB_SIZE}")
     model.to(runtime.device, dtype=runtime.weights_dtype)
     lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast())
     print(f"# evaluating step {state['step']} of {path} on {', '.join(tasks)} ({runtime.device}, {runtime.dtype})",
@@ -239,8 +242,8 @@ def log_to_wandb(state: dict, entries: dict[str, dict], out_dir: Path, mode: str
         run.log({f"{WANDB_PREFIX}/step": state["step"], **metrics})
         run.finish()
     except Exception as e:  # network, authentication, W&B service: the results file is already written
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise WriteError(f"W&B: could not log to run {run_id} ({reason[:160]}); the results file is written") from None
+        raise WriteError(f"W&B: could not log to run {run_id} ({first_line(e, 160)}); "
+                         f"the results file is written") from None
     return run_id
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 
 from errors import ArgumentParser, WriteError, run_cli
-from training.hf_interop import export_hf
+from hf_interop.export import export_hf
+from training.checkpoint import WEIGHTS_ENTRIES, require_entries, resolve_checkpoint
 
 
 def main(argv: list[str]) -> int:
@@ -23,8 +24,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out_dir", help="folder to write the Hugging Face files into")
     parser.add_argument("--license", default="mit", help="license named in the model card (default mit)")
     args = parser.parse_args(argv)
+    path, state = resolve_checkpoint(args.ckpt)
+    require_entries(state, WEIGHTS_ENTRIES, path, "export_hf.py")
     try:
-        out = export_hf(args.ckpt, args.out_dir, license=args.license)
+        out = export_hf(state, args.out_dir, license=args.license)
     except OSError as e:  # the output folder cannot be written
         raise WriteError(f"{args.out_dir}: {e.strerror or e}") from None
     print(f"exported {args.ckpt} to {out}")

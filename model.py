@@ -7,6 +7,7 @@ B = batch, T = sequence length, C = n_embd, nh = n_head, hs = C // nh, V = vocab
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -248,6 +249,20 @@ class GPT(nn.Module):
             # bf16 logits are upcast: the softmax over 50K classes needs fp32 precision
             loss = F.cross_entropy(upcast(logits).view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
+
+    def logits_and_losses(self, hidden: torch.Tensor, targets: torch.Tensor,
+                          chunk_size: int = 8192) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """lm_head and the cross-entropy of each position's next token, `chunk_size` positions at a time.
+
+        hidden (N, C) final-LayerNorm activations, targets (N,). Yields (logits (n, V), losses (n,))
+        per chunk, both at least float32, so the whole (N, V) logits never exist at once: for a
+        val batch of 64 x 1024 positions they would take 13 GB in fp32. lm_head runs in the
+        caller's autocast; the softmax over the 50K classes runs in float32 (float64 weights:
+        float64). For evaluations (no fused backward, unlike LinearCrossEntropy).
+        """
+        for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size)):
+            logits = upcast(self.lm_head(h))  # (n, V)
+            yield logits, F.cross_entropy(logits, t, reduction="none")
 
     def configure_optimizers(
         self, weight_decay: float, learning_rate: float, betas: tuple[float, float],

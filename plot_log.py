@@ -5,9 +5,11 @@
 
 One panel per kind of data the runs logged, side by side against tokens seen: loss (train
 loss as a trailing moving average over --smooth N points, raw values faint behind it, and val
-loss), then HellaSwag acc_norm if any run evaluated it. One colour per run, labelled by its
-folder name; a thin vertical line in the run's colour marks each resume (a launch that
-started from step S > 0, as its `startup` record says).
+loss), then one panel per other evaluation a run logged (HellaSwag acc_norm, ...): the panels
+come from the record kinds in the logs, as the trainer's evaluations declare them
+(evals/periodic.py). One colour per run, labelled by its folder name; a thin vertical line in
+the run's colour marks each resume (a launch that started from step S > 0, as its `startup`
+record says).
 
 Reference lines (--references, default auto) follow each run folder's config.yaml:
 - val loss 3.29, OpenAI's GPT-2 124M checkpoint on FineWeb-Edu: for runs of a GPT-2 size on
@@ -34,6 +36,8 @@ import yaml  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from errors import ArgumentParser, DataError, WriteError, run_cli  # noqa: E402
+from evals.base import TRAIN_LOSS, Series  # noqa: E402
+from evals.periodic import EVALUATORS  # noqa: E402
 from training.run_logger import LOG_NAME, read_log  # noqa: E402
 
 GPT2_VAL_LOSS = 3.29
@@ -47,16 +51,15 @@ HELLASWAG_REFS = {
 }
 PANEL_SIZE, DPI = (6.0, 4.5), 100  # each panel 600 x 450 pixels
 MIN_FILL = 0.6
-SERIES = {"train": "loss", "val": "loss", "hellaswag": "acc_norm"}  # the record kinds plotted, and their value
-PANELS = {"loss": ("train", "val"), "hellaswag": ("hellaswag",)}  # the kinds each panel draws
+SERIES: list[Series] = [TRAIN_LOSS] + [cls.series for cls in EVALUATORS if cls.series]  # what is plotted
 
 
-class Run(NamedTuple):
+class PlottedRun(NamedTuple):
     records: list[dict]  # of log.jsonl
     config: dict  # of config.yaml
 
 
-def load_run(out_dir: str | Path) -> Run:
+def load_run(out_dir: str | Path) -> PlottedRun:
     """The records and config of the run folder OUT_DIR; DataError (naming the file) if its log is
     missing or has nothing to plot."""
     path = Path(out_dir) / LOG_NAME
@@ -66,9 +69,10 @@ def load_run(out_dir: str | Path) -> Run:
         raise DataError(f"{path}: no such file") from None
     except OSError as e:
         raise DataError(f"{path}: {e.strerror or e}") from None
-    if not any(len(series(records, kind, key)[0]) for kind, key in SERIES.items()):
-        raise DataError(f"{path}: no train, val or hellaswag records")
-    return Run(records, load_config(out_dir))
+    if not any(len(series(records, s.kind, s.field)[0]) for s in SERIES):
+        kinds = [s.kind for s in SERIES]
+        raise DataError(f"{path}: no {', '.join(kinds[:-1])} or {kinds[-1]} records")
+    return PlottedRun(records, load_config(out_dir))
 
 
 def load_config(out_dir: str | Path) -> dict:
@@ -154,12 +158,12 @@ def applicable_references(configs: list[dict], mode: str) -> tuple[bool, list[tu
     return loss, [ref for size, (_, refs) in HELLASWAG_REFS.items() if mode == "all" or size in sizes for ref in refs]
 
 
-def plot(runs: dict[str, Run], out: Path, window: int = 1, title: str | None = None,
+def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | None = None,
          references: str = "auto") -> Figure:
-    """Draw the panels that runs (label -> Run) have data for into the image `out`; the figure."""
-    data = {label: {kind: series(run.records, kind, key) for kind, key in SERIES.items()}
-            for label, run in runs.items()}
-    panels = [p for p, kinds in PANELS.items() if any(len(d[kind][0]) for d in data.values() for kind in kinds)]
+    """Draw the panels that runs (label -> PlottedRun) have data for into the image `out`; the figure."""
+    data = {label: {s: series(run.records, s.kind, s.field) for s in SERIES} for label, run in runs.items()}
+    panels = list(dict.fromkeys(s.panel for s in SERIES if any(len(d[s][0]) for d in data.values())))
+    shared = {panel: sum(s.panel == panel for s in SERIES) > 1 for panel in panels}  # label curves by kind
     fig, row = plt.subplots(1, len(panels), figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), dpi=DPI,
                             squeeze=False)
     axes = dict(zip(panels, row[0]))
@@ -167,34 +171,38 @@ def plot(runs: dict[str, Run], out: Path, window: int = 1, title: str | None = N
     scale, unit = token_unit(max(x.max() for d in data.values() for x, _ in d.values() if len(x)))
     for i, (label, d) in enumerate(data.items()):
         color = colors[i % len(colors)]
-        (tx, ty), (vx, vy), (hx, hy) = d["train"], d["val"], d["hellaswag"]
-        if len(tx):
-            if window > 1:
-                axes["loss"].plot(tx / scale, ty, color=color, alpha=0.2, linewidth=0.8)
-            axes["loss"].plot(tx / scale, smooth(ty, window), color=color, linewidth=1.2, label=f"{label} train")
-        if len(vx):
-            axes["loss"].plot(vx / scale, vy, color=color, linestyle="--", marker="o", markersize=3,
-                              label=f"{label} val")
-        if len(hx):
-            axes["hellaswag"].plot(hx / scale, hy * 100, color=color, marker="o", markersize=3, label=label)
+        for s, (x, y) in d.items():
+            if not len(x):
+                continue
+            ax, y = axes[s.panel], y * 100 if s.percent else y
+            name = f"{label} {s.kind}" if shared[s.panel] else label
+            if s is TRAIN_LOSS:  # every step: smoothed, raw values faint behind
+                if window > 1:
+                    ax.plot(x / scale, y, color=color, alpha=0.2, linewidth=0.8)
+                ax.plot(x / scale, smooth(y, window), color=color, linewidth=1.2, label=name)
+            else:  # evaluations: every N steps
+                ax.plot(x / scale, y, color=color, linestyle="--" if shared[s.panel] else "-", marker="o",
+                        markersize=3, label=name)
         for tokens in resume_tokens(runs[label].records):
             for ax in axes.values():
                 ax.axvline(tokens / scale, color=color, linewidth=0.8, alpha=0.6, label=f"{label} resumed")
+    for s in SERIES:
+        if s.panel in axes:
+            axes[s.panel].set(ylabel=s.ylabel, title=s.panel)
     loss_ref, hellaswag_refs = applicable_references([run.config for run in runs.values()], references)
     if "loss" in axes:
         ax = axes["loss"]
-        fits = reference_fits(GPT2_VAL_LOSS, [y for d in data.values() for _, y in (d["train"], d["val"])])
+        fits = reference_fits(GPT2_VAL_LOSS, [y for d in data.values() for s, (_, y) in d.items() if s.panel == "loss"])
         if loss_ref and (fits or references == "all"):
             ax.axhline(GPT2_VAL_LOSS, color="gray", linestyle=":", label=f"GPT-2 124M checkpoint: {GPT2_VAL_LOSS}")
         elif loss_ref:
             ax.text(0.01, 0.02, f"GPT-2 124M reference ({GPT2_VAL_LOSS}) off-scale: --references all draws it",
                     transform=ax.transAxes, ha="left", va="bottom", fontsize=8, color="gray")
-        ax.set(ylabel="loss", title="loss" + (f" (train smoothed over {window})" if window > 1 else ""))
-    if "hellaswag" in axes:
+        ax.set(title="loss" + (f" (train smoothed over {window})" if window > 1 else ""))
+    if "HellaSwag" in axes:
         for name, value in hellaswag_refs:
-            axes["hellaswag"].axhline(value, color="gray", linestyle=":" if name.startswith("GPT-2") else "-.",
+            axes["HellaSwag"].axhline(value, color="gray", linestyle=":" if name.startswith("GPT-2") else "-.",
                                       label=f"{name}: {value}%")
-        axes["hellaswag"].set(ylabel="acc_norm (%)", title="HellaSwag")
     for panel, ax in axes.items():
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles))  # one entry per label: a run resumed twice is listed once

@@ -1,36 +1,46 @@
-"""Generate text from a checkpoint.
+"""Generate text from a checkpoint, or from OpenAI's GPT-2 to compare with.
 
     python sample.py --ckpt out/demo --prompt "ROMEO:" --num_samples 2
     python sample.py --ckpt out/gpt2_124m/checkpoints/step_00019073.pt --temperature 0   # greedy
+    python sample.py --ckpt gpt2 --prompt "Hello, I'm a language model,"               # OpenAI's 124M
 
---ckpt takes a checkpoint file or a run folder (its newest readable checkpoint). An empty
-prompt starts from <|endoftext|>, GPT-2's unconditional start. Generation uses the model's KV
-cache, so each new token costs one position, not the whole context.
+--ckpt takes a checkpoint file, a run folder (its newest readable checkpoint), a GPT-2 preset
+name (gpt2, gpt2-medium, gpt2-large, gpt2-xl: OpenAI's weights from the Hugging Face Hub,
+cached after the first use) or a Hugging Face GPT-2 folder. An empty prompt starts from
+<|endoftext|>, GPT-2's unconditional start. Generation uses the model's KV cache, so each new
+token costs one position, not the whole context.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
 from data.tokenizer import get_tokenizer
 from errors import ArgumentParser, ConfigError, run_cli
-from model import GPT
+from hf_interop.convert import load_hf_gpt2
+from model import GPT, PRESETS
 from training.checkpoint import read_model
 from training.runtime import pick_device
-from training.evaluation import encode_prompt
+from evals.samples import encode_prompt
 
 
-def load_model(ckpt: str, device: torch.device) -> tuple[GPT, dict]:
-    """The model of a checkpoint file or of a run folder's newest readable checkpoint."""
-    model, state, _ = read_model(ckpt, "sample.py")
-    return model.to(device).eval(), state
+def load_model(ckpt: str, device: torch.device) -> tuple[GPT, str]:
+    """The model of --ckpt (see above), in eval mode on device, and what it is for the header line."""
+    if ckpt in PRESETS or (Path(ckpt) / "config.json").is_file():  # OpenAI's GPT-2, or an HF export
+        model, what = load_hf_gpt2(ckpt), f"Hugging Face GPT-2 {ckpt}"
+    else:
+        model, state, path = read_model(ckpt, "sample.py")
+        what = f"step {state['step']} of {path}"
+    return model.to(device).eval(), what
 
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="sample.py", description=__doc__)
-    parser.add_argument("--ckpt", required=True, help="checkpoint .pt file or run folder")
+    parser.add_argument("--ckpt", required=True,
+                        help="checkpoint .pt file, run folder, GPT-2 preset name or Hugging Face folder")
     parser.add_argument("--prompt", default="Hello, I'm a language model,",
                         help="text to continue ('' = unconditional)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
@@ -45,14 +55,14 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"--{name}: must be >= {low}, got {getattr(args, name)}")
 
     device = pick_device(args.device, 0)
-    model, state = load_model(args.ckpt, device)
+    model, what = load_model(args.ckpt, device)
     tokenizer = get_tokenizer()
     idx = torch.tensor([encode_prompt(tokenizer, args.prompt)] * args.num_samples, dtype=torch.long,
                        device=device)  # (num_samples, P)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
                          generator=generator, valid_vocab=tokenizer.n_vocab)
-    print(f"# step {state['step']} of {args.ckpt}")
+    print(f"# {what}")
     for i, row in enumerate(out.tolist()):
         print(f"--- sample {i}\n{tokenizer.decode(row)}")
     return 0

@@ -11,8 +11,9 @@ all ranks, and an error that only one rank can see is shared with the others bef
 on, so every rank stops with the same one-line message instead of hanging.
 
 The pieces: training/run.py builds the run (data, model, optimizer, the checkpoint it
-resumes) and saves it; training/step.py is one optimizer step; training/evaluation.py the
-periodic val loss, HellaSwag and samples; training/run_logger.py rank 0's console, files and W&B.
+resumes) and saves it; training/step.py is one optimizer step's math, and training/lockstep.py
+the ranks' agreement around it; evals/ the periodic val loss, HellaSwag and samples;
+training/run_logger.py rank 0's console, files and W&B.
 
 Exit codes (errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
 configuration or input; 3 the loss went NaN/inf (the update was not applied); 1 anything else
@@ -31,25 +32,25 @@ import torch
 from data.loader import Prefetcher
 from data.tokenizer import get_tokenizer
 from errors import ConfigError, run_cli
+from evals.periodic import PeriodicEvaluation
 from training.config import TrainConfig, config_yaml, parse_args, usage
 from training.distributed import (DistEnv, any_rank, barrier, local_rank, run_on_all_ranks,
                                   set_collective_timeout, setup_distributed, teardown_distributed)
-from training.evaluation import PeriodicEvaluation
+from training.lockstep import Lockstep, StepResult
 from training.metrics import model_flops_utilization, process_start_time
-from training.parallel import Strategy, local_state_bytes
+from training.parallel import local_state_bytes, make_strategy
 from training.preemption import PreemptionFlag
 from training.provenance import provenance
 from training.run import Run, build_run, save_run
 from training.run_folder import claim_run_folder
 from training.run_logger import RunLogger, format_train_line
 from training.runtime import Runtime, resolve_runtime
-from training.step import train_step
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first evals: ranks wait on each other
 
 
-def main(argv: list[str], step_fn=train_step) -> int:
-    """Run the training that argv describes; the exit status. step_fn: train_step (tests inject faults)."""
+def main(argv: list[str], wrap_step=None) -> int:
+    """Run the training that argv describes; the exit status. wrap_step(step) -> step: tests inject faults."""
     if argv and argv[0] in ("-h", "--help"):
         print(usage())
         return 0
@@ -64,15 +65,15 @@ def main(argv: list[str], step_fn=train_step) -> int:
     logger = RunLogger(enabled=env.master_process)
     lock = None
     try:
-        strategy = Strategy(cfg.strategy, env, runtime)  # ddp, or FSDP's sharding (training/parallel.py)
+        strategy = make_strategy(cfg.strategy, env, runtime)  # ddp, or FSDP's sharding (training/parallel.py)
         # one launch at a time per out_dir: rank 0 holds its lock until the end
         lock = run_on_all_ranks(env, lambda: claim_run_folder(cfg.out_dir, logger.warn, logger.console)
                                 if env.master_process else None)
         run = build_run(cfg, env, runtime, strategy, logger)  # data, model, optimizer, the checkpoint it resumes
         if run is not None:  # None: that checkpoint already reached max_steps
-            record = provenance(cfg, env, runtime, argv, run.data_fingerprint, run.lineage["run_id"])
+            record = provenance(cfg, env, runtime, argv, run.data_fingerprint, run.run_id)
             open_run_folder(cfg, env, run, logger, record)
-            train(cfg, env, runtime, run, logger, preemption, record, step_fn)
+            train(cfg, env, runtime, run, logger, preemption, record, wrap_step)
         barrier(env)  # leave together: a gloo rank torn down while its peer still talks can abort
         return 0
     finally:
@@ -98,12 +99,15 @@ def open_run_folder(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger,
             cfg.wandb_tags, run.wandb_run_id, cfg.out_dir),
             describe=lambda e: ConfigError(f"wandb: could not start the run ({type(e).__name__}: {e}); "
                                            f"use --wandb_mode offline or --wandb false"))
+        run.wandb_run_id = logger.wandb_run_id  # on rank 0, which writes the checkpoints
 
 
 def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger,
-          preemption: PreemptionFlag, record: dict, step_fn=train_step) -> None:
+          preemption: PreemptionFlag, record: dict, wrap_step=None) -> None:
     """The loop: at the top of each iteration the model has had run.step updates."""
     evaluation = PeriodicEvaluation(cfg, env, runtime, logger, get_tokenizer())
+    lockstep = Lockstep(cfg, env, runtime, pending_failure=lambda: logger.failure)
+    take_step = wrap_step(lockstep.step) if wrap_step else lockstep.step  # run.step -> run.step + 1
     flops_per_token = run.model.estimate_flops_per_token(cfg.seq_len)
     logger.console(
         f"model {cfg.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
@@ -134,7 +138,7 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
                 run_on_all_ranks(env, logger.check)  # the last records were written
                 return
 
-            result = step_fn(run, model, batches, cfg, env, runtime, preemption.requested, logger.failure)
+            result = take_step(run, model, batches, preemption.requested)
             stopping = result.stop
             log_step(cfg, env, runtime, run, logger, result, flops_per_token)
             if run.step == run.start_step + 1:  # the first step is done: hangs surface in minutes from now
@@ -143,7 +147,7 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
         batches.close()
 
 
-def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger, result,
+def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger, result: StepResult,
              flops_per_token: int) -> None:
     """The train record of the step just taken (and, after the first, the startup record)."""
     tokens_per_sec = cfg.total_batch_size / result.seconds  # all ranks together

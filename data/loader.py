@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from data.shards import check_token_range, find_shards, open_shard
-from errors import DataError
+from errors import ConfigError, DataError
 
 
 class RowStream:
@@ -82,6 +82,27 @@ def validate_shards(paths: list[Path], vocab_size: int, rank: int, world_size: i
         check_token_range(p, vocab_size)
 
 
+def grad_accum_steps(total_batch_size: int, seq_len: int, micro_batch_size: int, world_size: int) -> int:
+    """Micro-steps per optimizer step on each rank: total_batch_size / (micro_batch_size * seq_len * world_size).
+
+    It must be whole: a ConfigError naming total_batch_size otherwise (the trainer checks it
+    before any work; the loader relies on it).
+    """
+    rows_per_step = total_batch_size // seq_len
+    if total_batch_size % seq_len:
+        raise ConfigError(f"total_batch_size: {total_batch_size} is not a multiple of seq_len {seq_len}")
+    if rows_per_step < world_size:
+        raise ConfigError(
+            f"total_batch_size: a step of {total_batch_size} tokens holds {rows_per_step} rows of seq_len "
+            f"{seq_len}, fewer than the {world_size} ranks; raise total_batch_size or use fewer ranks")
+    tokens_per_micro_step = micro_batch_size * seq_len * world_size
+    if total_batch_size % tokens_per_micro_step:
+        raise ConfigError(
+            f"total_batch_size: {total_batch_size} is not divisible by micro_batch_size * seq_len * world_size = "
+            f"{micro_batch_size} * {seq_len} * {world_size} = {tokens_per_micro_step}")
+    return total_batch_size // tokens_per_micro_step
+
+
 class TrainLoader:
     """Micro-batches of the train split as a pure function of (step, micro_step)."""
 
@@ -95,17 +116,13 @@ class TrainLoader:
         world_size: int = 1,
         seed: int = 0,
     ):
-        if total_batch_size % seq_len:
-            raise ValueError("total_batch_size must be a multiple of seq_len")
+        self.grad_accum_steps = grad_accum_steps(total_batch_size, seq_len, micro_batch_size, world_size)
         self.T = seq_len
         self.B = micro_batch_size
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
         self.rows_per_step = total_batch_size // seq_len  # R
-        if self.rows_per_step % (micro_batch_size * world_size):
-            raise ValueError("rows per step must divide into micro_batch_size * world_size")
-        self.grad_accum_steps = self.rows_per_step // (micro_batch_size * world_size)
         self.paths = find_shards(data_dir, "train")
         self.stream = RowStream(self.paths, seq_len)
         self.steps_per_epoch = self.stream.num_rows // self.rows_per_step
@@ -211,7 +228,7 @@ class ValLoader:
     Batch i is always rows [i*B, (i+1)*B) (the last one shorter), whatever the world size, and
     rank r scores batches r, r + W, r + 2W, ... Each batch is therefore computed on the same
     rows with the same shapes on any number of ranks, which is what lets the val loss be the
-    very same number for every world size (see training/evaluation.py).
+    very same number for every world size (see evals/val_loss.py).
     """
 
     def __init__(self, data_dir: str | Path, seq_len: int, val_tokens: int, batch_size: int,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN
 from errors import DataError
 
@@ -36,9 +37,10 @@ def progress_path(out_dir: str | os.PathLike, prefix: str) -> Path:
 
 def prep_files(out_dir: str | os.PathLike, prefix: str) -> list[Path]:
     """The files a prep with this prefix writes that are in out_dir: shards, progress record and
-    manifest, and the `.tmp` files a killed write leaves. Other prefixes' files are never
-    matched (`local` does not match `local_b_train_000001.npy`)."""
-    pattern = re.compile(re.escape(prefix) + r"_(?:(?:val|train)_\d{6}\.npy|progress\.json|manifest\.json)(?:\.tmp)?")
+    manifest, and the temp files a killed write leaves (`.NAME.tmp`, and `NAME.tmp` from older
+    code). Other prefixes' files are never matched (`local` does not match `local_b_train_000001.npy`)."""
+    name = re.escape(prefix) + r"_(?:(?:val|train)_\d{6}\.npy|progress\.json|manifest\.json)"
+    pattern = re.compile(rf"\.{name}\.tmp|{name}(?:\.tmp)?")
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         return []
@@ -64,13 +66,9 @@ def shard_record(path: Path, tokens: np.ndarray) -> dict:
 
 
 def write_json_atomic(path: Path, record: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(path, "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
         f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict:

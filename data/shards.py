@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN
 from errors import DataError
 
@@ -27,13 +28,8 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
     """Write a shard atomically (temp file + rename) so a killed prep never leaves half a shard."""
     if tokens.dtype != SHARD_DTYPE or tokens.ndim != 1:
         raise ValueError(f"{path}: shards hold a 1-D uint16 array, got {tokens.dtype} {tokens.shape}")
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path, "wb") as f:
         np.save(f, tokens, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def open_shard(path: str | os.PathLike) -> np.ndarray:

@@ -22,19 +22,17 @@ import contextlib
 import json
 import os
 import shutil
-import sys
-import tempfile
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
+from atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN
-from errors import DataError
-from model import upcast
+from errors import DataError, print_warning
+from evals.base import Evaluator, Series, in_lockstep
 from training.distributed import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
@@ -43,6 +41,9 @@ VAL_EXAMPLES = 10_042  # in the official val split
 CACHE_ENV_VAR = "GPT2_REPRO_CACHE"  # replaces ~/.cache/gpt2-repro as the project's cache root
 DOWNLOAD_TIMEOUT_S = 60.0  # per blocking socket operation, so a dead connection cannot stall a run
 NUM_ENDINGS = 4
+# Positions whose logits are made at once (a (LOGIT_CHUNK, V) block): the same bound as
+# lm-evaluation-harness scoring (evals/lm_eval_harness.py), so both score a batch the same way.
+LOGIT_CHUNK = 4096
 # Rows are padded to a multiple of this many tokens so the same few shapes recur across batches
 # and evals (the CUDA caching allocator and cuDNN/cuBLAS heuristics reuse them).
 PAD_MULTIPLE = 32
@@ -65,26 +66,6 @@ class EncodedExample:
     label: int
     ctx_ids: list[int]
     endings_ids: tuple[list[int], ...]
-
-
-@dataclass(frozen=True)
-class ExampleScore:
-    """One example's losses, per ending."""
-
-    index: int
-    label: int
-    sum_losses: tuple[float, ...]
-    mean_losses: tuple[float, ...]
-
-    @property
-    def pred_norm(self) -> int:
-        """The ending with the lowest mean loss per token (first one on a tie, like argmin)."""
-        return min(range(len(self.mean_losses)), key=self.mean_losses.__getitem__)
-
-    @property
-    def pred(self) -> int:
-        """The ending with the lowest summed loss."""
-        return min(range(len(self.sum_losses)), key=self.sum_losses.__getitem__)
 
 
 # --- files: cache location, download, validation -------------------------------------------------
@@ -146,18 +127,13 @@ def download_val(dest: str | Path, url: str = VAL_URL, timeout: float = DOWNLOAD
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-            shutil.copyfileobj(response, out, length=1 << 20)
-        count = len(read_examples(tmp, name=f"{url} (downloaded)"))
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a cache may be shared
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return count
+    # a temp name of this writer's own (another node may fill a shared cache at once), readable by
+    # all when renamed into place (a cache may be shared)
+    with (atomic_write(dest, "wb", unique=True, permissions=0o644) as out,
+          urllib.request.urlopen(url, timeout=timeout) as response):
+        shutil.copyfileobj(response, out, length=1 << 20)
+        out.flush()
+        return len(read_examples(out.name, name=f"{url} (downloaded)"))
 
 
 def fetch_val(cache_dir: str | Path | None = None, url: str = VAL_URL,
@@ -272,9 +248,9 @@ def ending_losses(model: torch.nn.Module, batch: Batch, device: torch.device,
     with autocast:
         hidden = model.hidden_states(inputs)  # (R, L, C)
         hidden = hidden.flatten(0, 1)[batch.positions.to(device)]  # (N, C)
-        logits = model.lm_head(hidden)  # (N, V)
-    # the softmax over 50K classes needs fp32 even when autocast computed bf16 logits
-    token_losses = F.cross_entropy(upcast(logits), batch.targets.to(device), reduction="none")  # (N,)
+        # lm_head and a float32 softmax over the 50K classes, LOGIT_CHUNK positions at a time
+        token_losses = torch.cat([losses for _, losses in model.logits_and_losses(
+            hidden, batch.targets.to(device), LOGIT_CHUNK)])  # (N,)
     # scatter into a zero-padded (R, M) grid and sum its rows: deterministic, unlike index_add_ on CUDA
     grid = token_losses.new_zeros(R * batch.max_ending)
     grid[batch.slots.to(device)] = token_losses
@@ -285,28 +261,33 @@ def ending_losses(model: torch.nn.Module, batch: Batch, device: torch.device,
 
 # --- the evaluator -------------------------------------------------------------------------------
 
-class HellaSwagEval:
+class HellaSwag(Evaluator):
     """HellaSwag accuracy of a model, computed by all ranks together.
 
     Construct on every rank (the download, the agreement on it and the tokenization happen
-    here, once), then call `evaluate` on every rank at the same steps. Each rank scores the
+    here, once), then call `accuracy` on every rank at the same steps. Each rank scores the
     examples whose index % world_size == rank, and one all-reduce of integer counts gives every
     rank the same figure for any world size.
     """
 
+    kind = "hellaswag"
+    series = Series("hellaswag", "acc_norm", "HellaSwag", "acc_norm (%)", percent=True)
+    metric = ("hellaswag_acc_norm", "acc_norm")
+
     def __init__(self, path: str, limit: int, env: DistEnv, tokenizer, batch_examples: int = 16,
                  cache_dir: str | Path | None = None, *, url: str = VAL_URL,
-                 timeout: float = DOWNLOAD_TIMEOUT_S, warn=None):
+                 timeout: float = DOWNLOAD_TIMEOUT_S, warn=print_warning, interval: int = 0,
+                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
         """path: a local jsonl ('' = the cached official val split, downloaded if missing);
         limit: score only the first `limit` examples (0 = all). A malformed file raises
         HellaSwagDataError on every rank; a failed download makes the evaluator unavailable,
-        with one warning through `warn` (default: a `warning:` line on stderr)."""
+        with one warning through `warn`. interval and autocast: as a periodic evaluation."""
+        super().__init__(interval)
         if batch_examples < 1:
             raise ValueError(f"batch_examples must be >= 1, got {batch_examples}")
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        self.env = env
-        self.warn = warn or (lambda text: print(f"warning: {' '.join(text.split())}", file=sys.stderr, flush=True))
+        self.env, self.warn, self.autocast = env, warn, autocast
         self.batch_examples = batch_examples
         self.num_examples = 0  # over all ranks; 0 while unavailable
         self.source: Path | None = Path(path) if path else self._fetch_once_per_node(cache_dir, url, timeout)
@@ -318,6 +299,24 @@ class HellaSwagEval:
         self.num_examples = len(examples)
         self._share = [encode_example(i, examples[i], tokenizer)
                        for i in range(env.rank, len(examples), env.world_size)]
+
+    # --- as a periodic evaluation ----------------------------------------------------------------
+
+    @classmethod
+    def from_config(cls, cfg, env, runtime, logger, tokenizer) -> HellaSwag | None:
+        if not cfg.hellaswag_interval:
+            return None
+        return cls(cfg.hellaswag_path, cfg.hellaswag_limit, env, tokenizer, warn=logger.warn,
+                   interval=cfg.hellaswag_interval, autocast=runtime.autocast)
+
+    def evaluate(self, run) -> list[dict]:
+        result = self.accuracy(run.model, self.autocast(), idle_forward=lambda: run.strategy.idle_forward(run.model))
+        return [] if result is None else [result]
+
+    def describe(self, record: dict) -> str:
+        return f"hellaswag acc_norm {record['acc_norm']:.4f} ({record['n']} examples)"
+
+    # --- data ------------------------------------------------------------------------------------
 
     @property
     def available(self) -> bool:
@@ -355,7 +354,7 @@ class HellaSwagEval:
 
         return run_on_all_ranks(self.env, read)
 
-    def _batches_for(self, block_size: int) -> list[Batch]:
+    def batches(self, block_size: int) -> list[Batch]:
         """This rank's batches, built at the first eval and kept on the device.
 
         Kept there because a copy from pageable host memory makes the host wait for the GPU, once
@@ -366,35 +365,30 @@ class HellaSwagEval:
             self._batches[block_size] = [batch.to(self.env.device) for batch in batches]
         return self._batches[block_size]
 
-    def _losses(self, model: torch.nn.Module, autocast: contextlib.AbstractContextManager | None):
-        """(batch, summed losses (E, 4), mean losses (E, 4)) for each of this rank's batches, in eval mode."""
-        autocast = autocast or contextlib.nullcontext()
-        was_training = model.training
-        model.eval()
-        try:
-            for batch in self._batches_for(model.config.block_size):
-                yield (batch, *ending_losses(model, batch, self.env.device, autocast))
-        finally:
-            model.train(was_training)
-
-    @torch.no_grad()
-    def score(self, model: torch.nn.Module,
-              autocast: contextlib.AbstractContextManager | None = None) -> list[ExampleScore]:
-        """Per-example losses for this rank's share, by example index. No collective (debugging, tests)."""
-        scores = []
-        for batch, sums, means in self._losses(model, autocast):
-            for index, label, s, m in zip(batch.indices, batch.labels.tolist(), sums.tolist(), means.tolist()):
-                scores.append(ExampleScore(index=index, label=label, sum_losses=tuple(s), mean_losses=tuple(m)))
-        return sorted(scores, key=lambda score: score.index)
-
     @property
     def batches_per_rank(self) -> int:
         """The most batches any rank scores: rank 0's, whose share of the examples is the largest."""
         largest_share = -(-self.num_examples // self.env.world_size)
         return -(-largest_share // self.batch_examples)
 
+    # --- scoring ---------------------------------------------------------------------------------
+
+    def losses(self, model: torch.nn.Module, autocast: contextlib.AbstractContextManager | None = None):
+        """(batch, summed losses (E, 4), mean losses (E, 4)) for each of this rank's batches, in eval mode.
+
+        No collective of its own (but under FSDP each forward is one).
+        """
+        autocast = autocast or contextlib.nullcontext()
+        was_training = model.training
+        model.eval()
+        try:
+            for batch in self.batches(model.config.block_size):
+                yield (batch, *ending_losses(model, batch, self.env.device, autocast))
+        finally:
+            model.train(was_training)
+
     @torch.no_grad()
-    def evaluate(self, model: torch.nn.Module, autocast: contextlib.AbstractContextManager | None = None,
+    def accuracy(self, model: torch.nn.Module, autocast: contextlib.AbstractContextManager | None = None,
                  idle_forward: Callable[[], None] | None = None) -> dict | None:
         """{"acc_norm", "acc", "n"} over all ranks' examples, or None (on every rank) when unavailable.
 
@@ -406,14 +400,12 @@ class HellaSwagEval:
             return None
         device = self.env.device
         counts = torch.zeros(3, dtype=torch.long, device=device)  # correct_norm, correct, n
-        for batch, sums, means in self._losses(model, autocast):
+        scored = in_lockstep(self.losses(model, autocast), self.batches_per_rank, idle_forward)
+        for batch, sums, means in scored:
             labels = batch.labels.to(device)  # (E,)
             counts[0] += (means.argmin(dim=1) == labels).sum()
             counts[1] += (sums.argmin(dim=1) == labels).sum()
             counts[2] += labels.numel()
-        if idle_forward is not None:
-            for _ in range(self.batches_per_rank - len(self._batches_for(model.config.block_size))):
-                idle_forward()
         all_reduce_sum(counts, self.env)  # integers: the same figure for any world size
         correct_norm, correct, n = counts.tolist()
         return {"acc_norm": correct_norm / n, "acc": correct / n, "n": n}

@@ -3,7 +3,7 @@
 Why a wrapper rather than lm_eval's Hugging Face model (`--model hf` on an export_hf folder):
 it scores exactly the model code and weights that trained, with no export step and no second
 implementation of GPT-2 in the loop, and it scores the way the trainer's in-loop HellaSwag
-does (training/hellaswag.py): the same tokenizer, the same rendering of a (context,
+does (evals/hellaswag.py): the same tokenizer, the same rendering of a (context,
 continuation) pair into one row, the same left cut of long contexts, the same softmax over
 the model's full (padded) vocabulary. So on the same data and checkpoint lm_eval's `acc`
 and the trainer's `acc` are the same number, and a trainer-style token-normalised acc_norm
@@ -31,15 +31,11 @@ from collections.abc import Sequence
 import torch
 from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from torch.nn import functional as F
 
 from data.tokenizer import EOT_TOKEN
-from model import GPT, upcast
-from training.hellaswag import render_rows
+from evals.hellaswag import LOGIT_CHUNK, render_rows
+from model import GPT
 
-# lm_head rows computed at once: bounds the (rows, V) logits of long continuations
-# (loglikelihood_rolling scores whole windows) to 4096 * 50304 floats, about 0.8 GB.
-LOGIT_CHUNK = 4096
 # Tokens generated between checks for a stop sequence: a generation that stops early costs
 # at most this many extra tokens, and re-reading the prompt once per chunk is cheap.
 GENERATION_CHUNK = 32
@@ -120,7 +116,7 @@ class GPTLM(LM):
     def score_pairs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[tuple[float, bool]]:
         """(summed log-probability of the continuation tokens, all of them the argmax) per pair.
 
-        Each pair becomes one row, context + continuation, by training.hellaswag.render_rows:
+        Each pair becomes one row, context + continuation, by evals.hellaswag.render_rows:
         an empty context becomes <|endoftext|>, and a row longer than block_size + 1 loses
         context tokens from the left. An empty continuation has probability 1: (0.0, True).
         """
@@ -149,16 +145,14 @@ class GPTLM(LM):
         inputs = torch.tensor(inputs, device=device)  # (B, L)
         positions = torch.tensor(positions, device=device)  # (N,)
         targets = torch.tensor(targets, device=device)  # (N,)
+        logprobs, greedy = [], []
         with self.autocast:
             hidden = self.model.hidden_states(inputs).flatten(0, 1)[positions]  # (N, C)
-        logprobs, greedy = [], []
-        for chunk in range(0, len(positions), LOGIT_CHUNK):
-            h, t = hidden[chunk:chunk + LOGIT_CHUNK], targets[chunk:chunk + LOGIT_CHUNK]  # (n, C), (n,)
-            with self.autocast:
-                logits = self.model.lm_head(h)  # (n, V)
-            logits = upcast(logits)  # the softmax over 50K classes needs fp32 even after bf16 matmuls
-            logprobs.append(-F.cross_entropy(logits, t, reduction="none"))  # (n,)
-            greedy.append(logits[:, :self.valid_vocab].argmax(dim=-1) == t)  # (n,)
+            # lm_head and a float32 softmax over the 50K classes, LOGIT_CHUNK positions at a time
+            chunks = self.model.logits_and_losses(hidden, targets, LOGIT_CHUNK)  # (n, V) and (n,) each
+            for (logits, losses), t in zip(chunks, targets.split(LOGIT_CHUNK)):
+                logprobs.append(-losses)  # (n,)
+                greedy.append(logits[:, :self.valid_vocab].argmax(dim=-1) == t)  # (n,)
         per_row = zip(torch.cat(logprobs).cpu().split(counts), torch.cat(greedy).cpu().split(counts))
         return [(lp.sum().item(), bool(g.all())) for lp, g in per_row]
 

@@ -1,13 +1,9 @@
-"""Hugging Face interop: load `GPT2LMHeadModel` weights into our GPT, and export ours as one.
+"""Hugging Face GPT-2 <-> our GPT: configs and weights, and reading an HF folder or preset.
 
 Import: a local folder holding `config.json` and `model.safetensors` (or a sharded
 `model.safetensors.index.json`, or a legacy `pytorch_model.bin`), or a preset name (`gpt2`,
 `gpt2-medium`, `gpt2-large`, `gpt2-xl`) fetched from the Hub into the Hugging Face cache.
-
-Export: `config.json`, `model.safetensors`, `generation_config.json`, the GPT-2 tokenizer files
-rebuilt from our own BPE ranks (`vocab.json`, `merges.txt`, `tokenizer_config.json`,
-`special_tokens_map.json`) and a `README.md` model card, so `from_pretrained(folder)`,
-`AutoTokenizer.from_pretrained(folder)` and lm-evaluation-harness work offline.
+hf_interop/export.py writes our checkpoints the other way, as an HF folder.
 
 Two layout differences between the formats:
 - HF's `Conv1D` stores a weight as (in, out); our `nn.Linear` stores (out, in): the four matmul
@@ -27,10 +23,9 @@ from pathlib import Path
 
 import torch
 
-from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, load_bpe_ranks
-from errors import DataError
+from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE
+from errors import DataError, first_line
 from model import GPT, PRESETS, GPTConfig
-from training.checkpoint import WEIGHTS_ENTRIES, require_entries, resolve_checkpoint
 
 # Where the presets live on the Hub (the historic un-namespaced names redirect there).
 HUB_REPOS = {name: f"openai-community/{name}" for name in PRESETS}
@@ -239,8 +234,8 @@ def resolve_hf_source(name_or_path: str | Path) -> Path:
         folder = snapshot_download(HUB_REPOS[name], allow_patterns=["config.json", "*.safetensors",
                                                                     "model.safetensors.index.json"])
     except Exception as e:  # offline, no such repo, HTTP errors: all end the same way for the user
-        raise HFInteropError(f"{name}: could not fetch {HUB_REPOS[name]} from the Hugging Face Hub ({_reason(e)}); "
-                             f"check the network or pass a local folder") from None
+        raise HFInteropError(f"{name}: could not fetch {HUB_REPOS[name]} from the Hugging Face Hub "
+                             f"({first_line(e, 160)}); check the network or pass a local folder") from None
     return Path(folder)
 
 
@@ -255,7 +250,7 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
         try:
             return torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
         except Exception as e:
-            raise HFInteropError(f"{folder / 'pytorch_model.bin'}: unreadable ({_reason(e)})") from None
+            raise HFInteropError(f"{folder / 'pytorch_model.bin'}: unreadable ({first_line(e, 160)})") from None
     else:
         raise HFInteropError(f"{folder}: no model.safetensors or pytorch_model.bin")
     from safetensors.torch import load_file
@@ -265,7 +260,7 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(file))
         except Exception as e:
-            raise HFInteropError(f"{file}: unreadable safetensors file ({_reason(e)})") from None
+            raise HFInteropError(f"{file}: unreadable safetensors file ({first_line(e, 160)})") from None
     return state
 
 
@@ -296,210 +291,9 @@ def load_hf_into(model: GPT, name_or_path: str | Path) -> None:
     _load_state(model, fit_to_model(state, config, model.config, source), source)
 
 
-def _reason(e: Exception, limit: int = 160) -> str:
-    """The first line of an exception's message, shortened, for a one-line error."""
-    text = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return text if len(text) <= limit else text[:limit].rstrip() + "..."
-
-
 def _load_state(model: GPT, state: dict[str, torch.Tensor], source: str) -> None:
     try:
         model.load_state_dict(state)
     except RuntimeError as e:  # a tensor of another shape than its config.json says
         detail = str(e).strip().splitlines()[-1].strip()  # "size mismatch for KEY: ..."
         raise HFInteropError(f"{source}: weights do not match config.json ({detail})") from None
-
-
-# --- tokenizer files ----------------------------------------------------------------------------
-
-
-def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's printable stand-in for each byte, as vocab.json and merges.txt spell tokens.
-
-    Bytes that are printable, non-space Latin-1 characters stand for themselves; the other 68
-    (controls, space, 0x7F-0xA0, soft hyphen) map to code points 256, 257, ... in byte order,
-    so every token is a visible string with no whitespace in it.
-    """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in printable}
-    shifted = (b for b in range(256) if b not in table)
-    for offset, b in enumerate(shifted):
-        table[b] = chr(256 + offset)
-    return table
-
-
-def _bpe_split(token: bytes, ranks: dict[bytes, int], max_rank: int) -> list[bytes]:
-    """Byte-pair encode token using only merges ranked below max_rank (lowest rank merges first)."""
-    parts = [token[i:i + 1] for i in range(len(token))]
-    while len(parts) > 1:
-        best_rank, best_at = max_rank, -1
-        for i in range(len(parts) - 1):
-            rank = ranks.get(parts[i] + parts[i + 1], max_rank)
-            if rank < best_rank:
-                best_rank, best_at = rank, i
-        if best_at < 0:
-            break
-        parts[best_at:best_at + 2] = [parts[best_at] + parts[best_at + 1]]
-    return parts
-
-
-def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-    """The merge list (in rank order) that rebuilds each multi-byte token from two lower-ranked ones.
-
-    Running BPE on a token with only the merges ranked below it stops one merge short: at the
-    pair whose merge creates the token. tiktoken's ranks are exactly GPT-2's merge order, so
-    a merges.txt in this order tokenizes like tiktoken.
-    """
-    merges = []
-    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
-        if len(token) == 1:
-            continue
-        parts = _bpe_split(token, ranks, rank)
-        if len(parts) != 2:
-            raise ValueError(f"BPE ranks: token {token!r} (rank {rank}) is not a merge of two lower-ranked tokens")
-        merges.append((parts[0], parts[1]))
-    return merges
-
-
-def write_tokenizer_files(out_dir: Path, model_max_length: int) -> None:
-    """vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json from our BPE ranks."""
-    ranks = load_bpe_ranks()
-    table = byte_to_unicode()
-
-    def spell(token: bytes) -> str:
-        return "".join(table[b] for b in token)
-
-    vocab = {spell(token): rank for token, rank in sorted(ranks.items(), key=lambda item: item[1])}
-    vocab["<|endoftext|>"] = EOT_TOKEN
-    (out_dir / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    lines = ["#version: 0.2", *(f"{spell(a)} {spell(b)}" for a, b in recover_merges(ranks))]
-    (out_dir / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    special = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
-    tokenizer_config = {
-        "tokenizer_class": "GPT2Tokenizer",
-        "model_max_length": model_max_length,
-        "add_prefix_space": False,
-        "add_bos_token": False,
-        # byte-level BPE decodes losslessly; the clean-up would turn " don't" into "don't"
-        "clean_up_tokenization_spaces": False,
-        "errors": "replace",
-        **special,
-        "added_tokens_decoder": {str(EOT_TOKEN): {"content": "<|endoftext|>", "special": True, "lstrip": False,
-                                                  "rstrip": False, "normalized": True, "single_word": False}},
-    }
-    _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
-    _write_json(out_dir / "special_tokens_map.json", special)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-# --- export -------------------------------------------------------------------------------------
-
-
-def export_hf(state_or_ckpt: dict | str | Path, out_dir: str | Path, license: str = "mit") -> Path:
-    """Write a transformers-loadable GPT-2 folder (weights, config, tokenizer, model card)."""
-    if isinstance(state_or_ckpt, dict):
-        state = state_or_ckpt
-    else:
-        path, state = resolve_checkpoint(state_or_ckpt)
-        require_entries(state, WEIGHTS_ENTRIES, path, "export_hf.py")
-    config = GPTConfig(**state["model_args"])
-    if config.vocab_size < GPT2_VOCAB_SIZE:
-        raise HFInteropError(f"vocab_size: the model has {config.vocab_size} rows, "
-                             f"fewer than GPT-2's {GPT2_VOCAB_SIZE}")
-    names = set(param_names(config))
-    mismatched = sorted(names ^ state["model"].keys())
-    if mismatched:
-        key = mismatched[0]
-        where = "missing from" if key in names else "unexpected in"
-        raise HFInteropError(f"{key}: {where} the checkpoint's model (n_layer {config.n_layer})")
-    tensors = ours_to_hf(state["model"])
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    from safetensors.torch import save_file
-
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})  # transformers checks "format"
-    _write_json(out / "config.json", hf_config_from_gpt(config))
-    _write_json(out / "generation_config.json", {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN,
-                                                 "pad_token_id": EOT_TOKEN})
-    write_tokenizer_files(out, config.block_size)
-    num_params = sum(t.numel() for t in tensors.values())
-    (out / "README.md").write_text(model_card(state, config, num_params, out, license), encoding="utf-8")
-    return out
-
-
-def model_card(state: dict, config: GPTConfig, num_params: int, out_dir: Path, license: str) -> str:
-    """README.md for the Hub: front matter, what was trained, metrics, config, how to load and evaluate."""
-    train_config = state.get("config") or {}
-    metrics = state.get("metrics") or {}
-    init_from = train_config.get("init_from", "scratch")
-    origin = "trained from scratch" if init_from == "scratch" else f"initialised from `{init_from}` and trained"
-    lines = [
-        "---",
-        f"license: {license}",
-        "library_name: transformers",
-        "pipeline_tag: text-generation",
-        "tags:",
-        "- gpt2",
-        "- text-generation",
-        "- gpt2-repro",
-        "---",
-        "",
-        f"# {out_dir.name}",
-        "",
-        f"A GPT-2 language model ({num_params:,} parameters: n_layer {config.n_layer}, n_head {config.n_head}, "
-        f"n_embd {config.n_embd}, context {config.block_size}) {origin} with gpt2-repro, "
-        f"exported after step {int(state.get('step', 0)):,} ({int(state.get('tokens_seen', 0)):,} tokens seen). "
-        "It uses the GPT-2 tokenizer; the training vocabulary padding rows are not exported.",
-        "",
-        "## Metrics",
-        "",
-    ]
-    if metrics:
-        lines += ["| metric | value |", "| --- | --- |"]
-        lines += [f"| {key} | {_cell(value, digits=4)} |" for key, value in metrics.items()]
-    else:
-        lines.append("No evaluation metrics were recorded in this checkpoint.")
-    lines += ["", "## Training configuration", ""]
-    if train_config:
-        lines += ["| key | value |", "| --- | --- |"]
-        lines += [f"| `{key}` | {_cell(value)} |" for key, value in train_config.items()]
-    else:
-        lines.append("The checkpoint holds no training configuration.")
-    lines += [
-        "",
-        "## Usage",
-        "",
-        "```python",
-        "from transformers import AutoTokenizer, GPT2LMHeadModel",
-        "",
-        f'tokenizer = AutoTokenizer.from_pretrained("{out_dir}")  # this folder, or its Hub repo id',
-        f'model = GPT2LMHeadModel.from_pretrained("{out_dir}")',
-        'ids = tokenizer("Hello, I\'m a language model,", return_tensors="pt").input_ids',
-        "out = model.generate(ids, max_new_tokens=32, do_sample=True, top_k=50)",
-        "print(tokenizer.decode(out[0]))",
-        "```",
-        "",
-        "## Evaluation",
-        "",
-        "With [lm-evaluation-harness](https://github.com/EleutherAI/lm-evaluation-harness):",
-        "",
-        "```bash",
-        f"lm_eval --model hf --model_args pretrained={out_dir} --tasks hellaswag --device cuda:0 --batch_size 16",
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _cell(value, digits: int | None = None) -> str:
-    """A Markdown table cell: floats as given (or to `digits` decimals), lists comma-separated, pipes escaped."""
-    if isinstance(value, float) and digits is not None:
-        text = f"{value:.{digits}f}"
-    elif isinstance(value, (list, tuple)):
-        text = ", ".join(str(v) for v in value)
-    else:
-        text = str(value)
-    return text.replace("|", "\\|") or " "

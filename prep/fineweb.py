@@ -58,7 +58,7 @@ from data.manifest import (  # noqa: E402
 )
 from data.shards import ShardWriter, open_shard  # noqa: E402
 from data.tokenizer import BPE_RANKS_SHA256, EOT_TOKEN, get_tokenizer  # noqa: E402
-from errors import ArgumentParser, ConfigError, DataError, ReproError, run_cli  # noqa: E402
+from errors import ArgumentParser, ConfigError, DataError, ReproError, print_warning, run_cli  # noqa: E402
 
 HUB_DATASET = "HuggingFaceFW/fineweb-edu"
 HUB_SUBSET = "sample-10BT"
@@ -425,8 +425,8 @@ def prepare(source, out: Path, prefix: str, settings: dict, num_proc: int, overw
     record = start_or_resume(out, prefix, run, overwrite)
     others = sorted({*out.glob("*_val_*.npy"), *out.glob("*_train_*.npy")} - set(prep_files(out, prefix)))
     if others:
-        print(f"warning: {out} also holds shards of another prefix ({others[0].name}, ...); "
-              f"the trainer reads every *_train_*.npy and *_val_*.npy in it", file=sys.stderr)
+        print_warning(f"{out} also holds shards of another prefix ({others[0].name}, ...); "
+                      f"the trainer reads every *_train_*.npy and *_val_*.npy in it")
 
     shards = record["shards"]
     done = sum(s["tokens"] for s in shards)  # stream offset of the first token not in a shard
@@ -512,8 +512,8 @@ def main(argv: list[str]) -> int:
     print(f"wrote {total:,} tokens, {sum(s['documents'] for s in shards):,} documents in {len(shards)} shards "
           f"({shards[0]['name']} is val, {shards[0]['tokens']:,} tokens) to {out}")
     if len(shards) == 1:
-        print(f"warning: no train shard was written: all {total:,} tokens went to the val shard "
-              f"(--val_size {args.val_size or args.shard_size}); lower --val_size or add data", file=sys.stderr)
+        print_warning(f"no train shard was written: all {total:,} tokens went to the val shard "
+                      f"(--val_size {args.val_size or args.shard_size}); lower --val_size or add data")
     return 0
 
 

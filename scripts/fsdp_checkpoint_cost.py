@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model import GPT, PRESETS, GPTConfig  # noqa: E402
 from training.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
 from training.distributed import DistEnv  # noqa: E402
-from training.parallel import Strategy  # noqa: E402
+from training.parallel import make_strategy  # noqa: E402
 from training.runtime import resolve_runtime  # noqa: E402
 
 
@@ -51,8 +51,8 @@ def main() -> None:
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=60))
     env = DistEnv(rank=dist.get_rank(), local_rank=dist.get_rank(), world_size=dist.get_world_size(),
-                  device=torch.device("cpu"), ddp=True)
-    strategy = Strategy("fsdp", env, resolve_runtime("cpu", "float32", False, 0))
+                  device=torch.device("cpu"), distributed=True)
+    strategy = make_strategy("fsdp", env, resolve_runtime("cpu", "float32", False, 0))
     model = GPT(GPTConfig(**PRESETS[args.model]))
     strategy.shard(model)
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95))
@@ -86,7 +86,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if args.method == "full":
         state = load_checkpoint(folder / "state.pt")
-        strategy.load_state(model, optimizer, state["model"], state["optimizer"])
+        strategy.load_full_state(model, optimizer, state["model"], state["optimizer"])
         del state
     else:
         import torch.distributed.checkpoint as dcp

@@ -146,12 +146,13 @@ def build_tiny_run(data_dir: Path, out_dir: Path, **overrides):
     """A run of the tiny model built in this process (one rank, no process group): cfg, env, runtime, run."""
     from training.config import parse_args
     from training.distributed import DistEnv
-    from training.parallel import Strategy
+    from training.parallel import make_strategy
     from training.run import build_run
     from training.run_logger import RunLogger
     from training.runtime import resolve_runtime
 
     cfg = parse_args(base_args(data_dir, out_dir, **overrides))
     runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops)
-    env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, ddp=False)
-    return cfg, env, runtime, build_run(cfg, env, runtime, Strategy(cfg.strategy, env, runtime), RunLogger(enabled=False))
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
+    return cfg, env, runtime, build_run(cfg, env, runtime, make_strategy(cfg.strategy, env, runtime),
+                                        RunLogger(enabled=False))

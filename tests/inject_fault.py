@@ -22,7 +22,6 @@ import torch
 
 import train_gpt2  # the repository is on PYTHONPATH (tests/conftest.py's run_trainer)
 from errors import DataError, run_cli
-from training.step import train_step
 
 FAULT = os.environ["FAULT"]
 FAULT_STEP = int(os.environ["FAULT_STEP"])
@@ -42,21 +41,25 @@ class UnreadableFirstBatch:
         return self.batches.get(step, micro_step)
 
 
-def faulty_step(run, model, batches, *args, **kwargs):
-    if ON_THIS_RANK and run.step - run.start_step == FAULT_STEP:
-        if FAULT == "nan":
-            weight = run.model.lm_head.weight
-            with torch.no_grad():  # under FSDP, this rank's shard of it
-                (weight.to_local() if hasattr(weight, "to_local") else weight)[0, 0] = float("nan")
-        elif FAULT == "batch":
-            batches = UnreadableFirstBatch(batches)
-        elif FAULT == "hang":  # stuck for good; killable (not saving) when torchrun stops the workers
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            time.sleep(3600)
-    return train_step(run, model, batches, *args, **kwargs)
+def with_fault(step):
+    """The trainer's step (Lockstep.step), with the fault injected before it on rank r at step s."""
+    def faulty_step(run, model, batches, stop_requested):
+        if ON_THIS_RANK and run.step - run.start_step == FAULT_STEP:
+            if FAULT == "nan":
+                weight = run.model.lm_head.weight
+                with torch.no_grad():  # under FSDP, this rank's shard of it
+                    (weight.to_local() if hasattr(weight, "to_local") else weight)[0, 0] = float("nan")
+            elif FAULT == "batch":
+                batches = UnreadableFirstBatch(batches)
+            elif FAULT == "hang":  # stuck for good; killable (not saving) when torchrun stops the workers
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                time.sleep(3600)
+        return step(run, model, batches, stop_requested)
+
+    return faulty_step
 
 
 if __name__ == "__main__":
     if FAULT not in ("nan", "batch", "hang"):
         raise SystemExit(f"unknown FAULT {FAULT!r}")
-    sys.exit(run_cli(lambda argv: train_gpt2.main(argv, step_fn=faulty_step)))
+    sys.exit(run_cli(lambda argv: train_gpt2.main(argv, wrap_step=with_fault)))

@@ -61,7 +61,8 @@ def test_command_line_overrides_yaml_and_both_syntaxes_work(tmp_path):
     (["--dtype", "float8"], "dtype: unknown dtype"),
     (["--wandb_mode", "cloud"], "wandb_mode: unknown mode"),
     (["--beta2", "1.0"], "beta2: must be in [0, 1)"),
-    (["--vocab_size", "1000"], "vocab_size: must hold GPT-2's 50257 tokens"),
+    (["--vocab_size", "1000"], "hellaswag_interval: needs vocab_size >= 50257 (GPT-2's tokenizer), got 1000"),
+    (["--vocab_size", "1000", "--hellaswag_interval", "0"], "sample_interval: needs vocab_size >= 50257"),
     (["max_lr", "1"], "max_lr: expected --key value"),
     (["--seed"], "seed: missing value"),
 ])

@@ -211,9 +211,10 @@ def test_hellaswag_in_a_compiled_run_matches_an_eager_eval_of_its_checkpoint(com
     lie within bf16 noise of each other (HELLASWAG_TIE) may flip, should this process's kernels
     round differently from the trainer's; the allowance is the count of such examples.
     """
+    from evals.hellaswag import HellaSwag
+    from hellaswag_scores import per_example_scores
     from model import GPT, GPTConfig
     from training.distributed import DistEnv
-    from training.hellaswag import HellaSwagEval
     from training.run_logger import read_log
     from training.runtime import resolve_runtime
 
@@ -229,12 +230,12 @@ def test_hellaswag_in_a_compiled_run_matches_an_eager_eval_of_its_checkpoint(com
     model = GPT(GPTConfig(**state["model_args"]))
     model.load_state_dict(state["model"])
     model.to(runtime.device)
-    env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, ddp=False)
-    evaluator = HellaSwagEval(str(fixture), 0, env, get_tokenizer())
-    result = evaluator.evaluate(model, runtime.autocast())
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
+    evaluator = HellaSwag(str(fixture), 0, env, get_tokenizer())
+    result = evaluator.accuracy(model, runtime.autocast())
     assert result["n"] == 11
 
-    scores = evaluator.score(model, runtime.autocast())
+    scores = per_example_scores(evaluator, model, runtime.autocast())
 
     def near_ties(losses_of) -> int:
         """Examples whose two best endings' losses are within HELLASWAG_TIE (relative) of each other."""

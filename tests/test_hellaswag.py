@@ -24,10 +24,11 @@ from torch.nn import functional as F
 from conftest import REPO
 from data.tokenizer import EOT_TOKEN, get_tokenizer
 from errors import DataError
+from hellaswag_scores import per_example_scores
 from model import GPT, GPTConfig
 from training.distributed import DistEnv
-from training.hellaswag import (
-    VAL_FILENAME, HellaSwagDataError, HellaSwagEval, collate, default_cache_dir, download_val, fetch_val,
+from evals.hellaswag import (
+    VAL_FILENAME, HellaSwagDataError, HellaSwag, collate, default_cache_dir, download_val, fetch_val,
     read_examples, render_rows,
 )
 
@@ -36,7 +37,7 @@ TINY = dict(block_size=BLOCK_SIZE, n_layer=2, n_head=2, n_embd=64)
 UNREACHABLE_URL = "http://127.0.0.1:9/hellaswag_val.jsonl"  # the discard port: refused at once
 WORDS = ("the man woman dog ball kitchen knife then slowly quickly picks up puts down walks across "
          "room camera shows a of and is are to in on with, while. again! her his").split()
-SINGLE = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), ddp=False)
+SINGLE = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
 
 
 def sentence(rng: random.Random, n_words: int) -> str:
@@ -97,15 +98,15 @@ def test_scores_match_a_plain_reference_for_any_batch_size(fixture_file):
 
     results = {}
     for batch_examples in (1, 5):
-        evaluator = HellaSwagEval(str(fixture_file), 0, SINGLE, enc, batch_examples=batch_examples)
-        scores = evaluator.score(model)
+        evaluator = HellaSwag(str(fixture_file), 0, SINGLE, enc, batch_examples=batch_examples)
+        scores = per_example_scores(evaluator, model)
         assert [s.index for s in scores] == list(range(13))
         for score, ref in zip(scores, reference):
             assert score.mean_losses == pytest.approx(ref, rel=1e-5)
         predictions = [min(range(4), key=ref.__getitem__) for ref in reference]
         assert [s.pred_norm for s in scores] == predictions
         assert [s.label for s in scores] == labels
-        results[batch_examples] = (evaluator.evaluate(model), [s.pred_norm for s in scores], [s.pred for s in scores])
+        results[batch_examples] = (evaluator.accuracy(model), [s.pred_norm for s in scores], [s.pred for s in scores])
 
     expected_norm = sum(p == y for p, y in zip(predictions, labels)) / 13
     assert results[1] == results[5]
@@ -116,7 +117,7 @@ def test_scores_match_a_plain_reference_for_any_batch_size(fixture_file):
 def test_summed_loss_is_mean_times_ending_length(fixture_file):
     enc = get_tokenizer()
     records = [json.loads(line) for line in fixture_file.read_text().splitlines()]
-    for score in HellaSwagEval(str(fixture_file), 0, SINGLE, enc, batch_examples=4).score(tiny_model()):
+    for score in per_example_scores(HellaSwag(str(fixture_file), 0, SINGLE, enc, batch_examples=4), tiny_model()):
         lengths = [len(enc.encode(" " + e)) for e in records[score.index]["endings"]]
         assert score.sum_losses == pytest.approx([m * n for m, n in zip(score.mean_losses, lengths)], rel=1e-5)
 
@@ -136,7 +137,7 @@ def test_left_truncation_keeps_the_ending_whole():
 
 
 def test_collate_pads_to_a_multiple_and_marks_the_ending_tokens():
-    from training.hellaswag import EncodedExample
+    from evals.hellaswag import EncodedExample
 
     examples = [EncodedExample(index=i, label=i % 4, ctx_ids=list(range(1, 5 + 20 * i)),
                                endings_ids=([901], [902, 903], [904, 905, 906], [907])) for i in range(2)]
@@ -157,10 +158,10 @@ def test_collate_pads_to_a_multiple_and_marks_the_ending_tokens():
 
 def test_limit_and_train_mode_are_respected(fixture_file):
     model = tiny_model()
-    full = HellaSwagEval(str(fixture_file), 0, SINGLE, get_tokenizer()).score(model)
+    full = per_example_scores(HellaSwag(str(fixture_file), 0, SINGLE, get_tokenizer()), model)
     model.train()
-    evaluator = HellaSwagEval(str(fixture_file), 5, SINGLE, get_tokenizer())
-    result = evaluator.evaluate(model)
+    evaluator = HellaSwag(str(fixture_file), 5, SINGLE, get_tokenizer())
+    result = evaluator.accuracy(model)
     assert model.training  # left as it came
     assert result["n"] == 5
     assert result["acc_norm"] == sum(s.pred_norm == s.label for s in full[:5]) / 5  # scored in eval mode
@@ -168,13 +169,13 @@ def test_limit_and_train_mode_are_respected(fixture_file):
 
 def test_runs_under_bf16_autocast(fixture_file):
     model = tiny_model()
-    evaluator = HellaSwagEval(str(fixture_file), 0, SINGLE, get_tokenizer(), batch_examples=8)
-    exact = evaluator.score(model)
+    evaluator = HellaSwag(str(fixture_file), 0, SINGLE, get_tokenizer(), batch_examples=8)
+    exact = per_example_scores(evaluator, model)
     autocast = torch.autocast(device_type="cpu", dtype=torch.bfloat16)
-    approx = evaluator.score(model, autocast)
+    approx = per_example_scores(evaluator, model, autocast)
     for a, b in zip(approx, exact):
         assert a.mean_losses == pytest.approx(b.mean_losses, rel=2e-2)
-    assert evaluator.evaluate(model, autocast)["n"] == 13
+    assert evaluator.accuracy(model, autocast)["n"] == 13
 
 @pytest.mark.parametrize("line, problem", [
     ("{not json", "not valid JSON"),
@@ -190,14 +191,14 @@ def test_malformed_file_is_an_error_naming_the_file_and_line(tmp_path, fixture_f
     lines = fixture_file.read_text().splitlines()
     bad.write_text("\n".join(lines[:3] + [line] + lines[3:]) + "\n")
     with pytest.raises(HellaSwagDataError, match=re.escape(f"{bad}: line 4: {problem}")) as info:
-        HellaSwagEval(str(bad), 0, SINGLE, get_tokenizer())
+        HellaSwag(str(bad), 0, SINGLE, get_tokenizer())
     assert "\n" not in str(info.value)
     assert len(read_examples(bad, limit=3)) == 3  # a limit stops before the bad line
 
 
 def test_missing_or_empty_local_file_is_an_error_naming_it(tmp_path):
     with pytest.raises(HellaSwagDataError, match=re.escape(f"{tmp_path / 'nope.jsonl'}: No such file")):
-        HellaSwagEval(str(tmp_path / "nope.jsonl"), 0, SINGLE, get_tokenizer())
+        HellaSwag(str(tmp_path / "nope.jsonl"), 0, SINGLE, get_tokenizer())
     (tmp_path / "empty.jsonl").write_text("\n\n")
     with pytest.raises(HellaSwagDataError, match=re.escape(f"{tmp_path / 'empty.jsonl'}: no examples")):
         read_examples(tmp_path / "empty.jsonl")
@@ -218,7 +219,7 @@ def test_download_is_validated_atomic_and_cached(tmp_path, fixture_file, monkeyp
     assert fetch_val(url=UNREACHABLE_URL, timeout=1) == cache / VAL_FILENAME
     assert sorted(p.name for p in cache.iterdir()) == [VAL_FILENAME]
     assert (cache / VAL_FILENAME).read_bytes() == fixture_file.read_bytes()
-    evaluator = HellaSwagEval("", 0, SINGLE, get_tokenizer(), url=UNREACHABLE_URL, timeout=1)
+    evaluator = HellaSwag("", 0, SINGLE, get_tokenizer(), url=UNREACHABLE_URL, timeout=1)
     assert evaluator.available and evaluator.source == cache / VAL_FILENAME and evaluator.num_examples == 13
 
 
@@ -227,9 +228,9 @@ def test_offline_without_cache_skips_with_one_warning(tmp_path, capsys, monkeypa
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(urllib.request, "urlopen", no_network)
-    evaluator = HellaSwagEval("", 0, SINGLE, get_tokenizer(), cache_dir=tmp_path / "empty")
+    evaluator = HellaSwag("", 0, SINGLE, get_tokenizer(), cache_dir=tmp_path / "empty")
     assert not evaluator.available
-    assert evaluator.evaluate(tiny_model()) is None
+    assert evaluator.accuracy(tiny_model()) is None
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and err.count("\n") == 1
     assert "hellaswag eval skipped" in err and "Temporary failure in name resolution" in err
@@ -269,7 +270,8 @@ import torch
 from data.tokenizer import get_tokenizer
 from model import GPT, GPTConfig
 from training.distributed import setup_distributed, teardown_distributed
-from training.hellaswag import HellaSwagDataError, HellaSwagEval
+from evals.hellaswag import HellaSwagDataError, HellaSwag
+from hellaswag_scores import per_example_scores
 
 env = setup_distributed(torch.device("cpu"), datetime.timedelta(minutes=5))
 try:
@@ -278,14 +280,14 @@ try:
     results = []
     for job in spec["jobs"]:
         try:
-            evaluator = HellaSwagEval(job["path"], job["limit"], env, get_tokenizer(),
+            evaluator = HellaSwag(job["path"], job["limit"], env, get_tokenizer(),
                                       batch_examples=job["batch_examples"], cache_dir=job["cache_dir"],
                                       url=job["url"], timeout=1)
         except HellaSwagDataError as e:
             results.append({"error": str(e)})
             continue
-        predictions = [[score.index, score.pred_norm, score.pred] for score in evaluator.score(model)]
-        results.append({"result": evaluator.evaluate(model), "predictions": predictions})
+        predictions = [[score.index, score.pred_norm, score.pred] for score in per_example_scores(evaluator, model)]
+        results.append({"result": evaluator.accuracy(model), "predictions": predictions})
     Path(spec["out"], f"rank{env.rank}.json").write_text(json.dumps(results))
 finally:
     teardown_distributed()
@@ -299,7 +301,7 @@ def run_two_ranks(tmp_path: Path, jobs: list[dict]) -> tuple[list[list[dict]], s
     jobs = [dict(dict(cache_dir=None, url=UNREACHABLE_URL, batch_examples=3, limit=0), **job) for job in jobs]
     spec.write_text(json.dumps({"repo": str(REPO), "model": TINY, "jobs": jobs, "out": str(tmp_path)}))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GPT2_REPRO_CACHE=str(tmp_path / "root"),
-               PYTHONPATH=str(REPO),
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
                NO_PROXY="*", no_proxy="*")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(spec)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
@@ -313,13 +315,13 @@ def test_two_ranks_give_the_single_process_figure_even_with_empty_shares(tmp_pat
     ranks, _ = run_two_ranks(tmp_path, [dict(path=str(fixture_file), limit=limit) for limit in limits])
     model = tiny_model()
     for job, limit in enumerate(limits):
-        evaluator = HellaSwagEval(str(fixture_file), limit, SINGLE, get_tokenizer(), batch_examples=4)
-        single = evaluator.evaluate(model)
+        evaluator = HellaSwag(str(fixture_file), limit, SINGLE, get_tokenizer(), batch_examples=4)
+        single = evaluator.accuracy(model)
         assert ranks[0][job]["result"] == ranks[1][job]["result"] == single
         # rank-strided shares, and each example gets the prediction it gets in one process
         shares = [ranks[r][job]["predictions"] for r in range(2)]
         assert [[p[0] for p in share] for share in shares] == [list(range(r, single["n"], 2)) for r in range(2)]
-        expected = [[s.index, s.pred_norm, s.pred] for s in evaluator.score(model)]
+        expected = [[s.index, s.pred_norm, s.pred] for s in per_example_scores(evaluator, model)]
         assert sorted(shares[0] + shares[1]) == expected
     assert ranks[1][2]["predictions"] == [] and ranks[1][2]["result"]["n"] == 1
 

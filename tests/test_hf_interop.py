@@ -28,7 +28,7 @@ from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E40
 from data.loader import ValLoader  # noqa: E402
 from data.tokenizer import get_tokenizer  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from training.hf_interop import HFInteropError, gpt_config_from_hf, load_hf_gpt2  # noqa: E402
+from hf_interop.convert import HFInteropError, gpt_config_from_hf, load_hf_gpt2  # noqa: E402
 
 # The shape of conftest's TINY_MODEL, with a longer position table than its block_size 32.
 TINY_HF = dict(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=50257)
@@ -90,6 +90,22 @@ def test_from_pretrained_safetensors_matches_transformers(hf_model):
     with torch.no_grad():
         logits, _ = ours(idx)
     torch.testing.assert_close(logits, hf_logits(model, idx), atol=1e-5, rtol=0)
+
+
+def test_sample_py_reads_a_hugging_face_folder_like_a_checkpoint(hf_model, capfd):
+    """`sample.py --ckpt FOLDER` (or a preset name): the same greedy text as our GPT loaded from it."""
+    import sample
+    from data.tokenizer import get_tokenizer
+    from errors import run_cli
+
+    _, folder = hf_model
+    argv = ["--ckpt", str(folder), "--device", "cpu", "--num_samples", "1", "--max_new_tokens", "5",
+            "--temperature", "0", "--prompt", "Hello"]
+    assert run_cli(sample.main, argv) == 0
+    out = capfd.readouterr().out
+    ours = load_hf_gpt2(str(folder)).eval()
+    greedy = ours.generate(torch.tensor([get_tokenizer().encode("Hello")]), 5, temperature=0)
+    assert out.startswith(f"# Hugging Face GPT-2 {folder}") and get_tokenizer().decode(greedy[0].tolist()) in out
 
 
 def test_from_pretrained_legacy_bin_matches_transformers(hf_model, tmp_path):

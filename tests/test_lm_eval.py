@@ -1,4 +1,4 @@
-"""eval_lm.py and training/lm_eval_model.py: lm-evaluation-harness on our checkpoints, offline.
+"""eval_lm.py and evals/lm_eval_harness.py: lm-evaluation-harness on our checkpoints, offline.
 
 Tasks come from tests/fixtures/lm_eval/: 20 examples in the HellaSwag jsonl format read from a
 local file, as `hellaswag_fixture` (lm_eval's built-in acc and character-normalised acc_norm)
@@ -19,14 +19,15 @@ import torch
 from conftest import REPO, base_args, make_shards, run_trainer
 from data.tokenizer import EOT_TOKEN, get_tokenizer
 from errors import ConfigError, run_cli
+from evals.hellaswag import HellaSwag, read_examples
+from hellaswag_scores import per_example_scores
 from model import GPT, GPTConfig
 from training.distributed import DistEnv
-from training.hellaswag import HellaSwagEval, read_examples
 from training.run_logger import read_log
 
 pytest.importorskip("lm_eval")
 
-from training.lm_eval_model import GPTLM  # noqa: E402  (needs lm_eval)
+from evals.lm_eval_harness import GPTLM  # noqa: E402  (needs lm_eval)
 
 
 FIXTURES = REPO / "tests" / "fixtures" / "lm_eval"
@@ -60,8 +61,8 @@ def fixture_results(lm: GPTLM, **kwargs) -> dict:
 def test_loglikelihoods_are_the_in_loop_hellaswag_ending_losses():
     """Per ending: lm_eval's request (ctx, " " + ending) scores minus the trainer's summed loss."""
     model, tokenizer = tiny_model(), get_tokenizer()
-    env = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, ddp=False)
-    in_loop = HellaSwagEval(str(HELLASWAG), 0, env, tokenizer).score(model)  # contexts longer than 32 tokens get cut
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, distributed=False)
+    in_loop = per_example_scores(HellaSwag(str(HELLASWAG), 0, env, tokenizer), model)  # contexts longer than 32 tokens get cut
     lm = GPTLM(model, tokenizer, CPU, batch_size=7)  # batches that straddle examples
     pairs = [lm.encode_pair(ex.ctx, " " + ending) for ex in read_examples(HELLASWAG) for ending in ex.endings]
     scored = lm.score_pairs(pairs)
@@ -71,8 +72,8 @@ def test_loglikelihoods_are_the_in_loop_hellaswag_ending_losses():
 
 def test_lm_eval_acc_and_token_normalised_acc_norm_equal_the_in_loop_hellaswag(offline):
     model, tokenizer = tiny_model(seed=3), get_tokenizer()
-    env = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, ddp=False)
-    in_loop = HellaSwagEval(str(HELLASWAG), 0, env, tokenizer).evaluate(model)
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU, distributed=False)
+    in_loop = HellaSwag(str(HELLASWAG), 0, env, tokenizer).accuracy(model)
     results = fixture_results(GPTLM(model, tokenizer, CPU, batch_size=16))["results"]
     assert results["hellaswag_fixture"]["acc,none"] == in_loop["acc"]
     assert results["hellaswag_fixture_tokens"]["acc_norm_tokens,none"] == in_loop["acc_norm"]

@@ -275,12 +275,12 @@ def test_shard_writer_continues_at_a_given_index_and_reports_each_shard(tmp_path
 
 def test_prep_files_match_only_this_prefix(tmp_path):
     for name in ["a_val_000000.npy", "a_train_000001.npy", "a_train_000002.npy.tmp", "a_progress.json",
-                 "a_progress.json.tmp", "a_manifest.json", "a_b_train_000001.npy", "ab_train_000001.npy",
-                 "a_train_1.npy", "a_val_000000.npy.bak", "notes.txt"]:
+                 ".a_progress.json.tmp", "a_manifest.json", "a_b_train_000001.npy", "ab_train_000001.npy",
+                 "a_train_1.npy", "a_val_000000.npy.bak", "notes.txt", ".a_train_000003.npy.tmp", ".a_manifest.json"]:
         (tmp_path / name).write_text("")
     assert [p.name for p in prep_files(tmp_path, "a")] == [
-        "a_manifest.json", "a_progress.json", "a_progress.json.tmp", "a_train_000001.npy", "a_train_000002.npy.tmp",
-        "a_val_000000.npy"]
+        ".a_progress.json.tmp", ".a_train_000003.npy.tmp", "a_manifest.json", "a_progress.json", "a_train_000001.npy",
+        "a_train_000002.npy.tmp", "a_val_000000.npy"]
 
 
 def test_data_fingerprint_follows_the_manifest_or_shard_names_and_sizes(tmp_path):

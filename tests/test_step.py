@@ -14,7 +14,7 @@ from data.loader import Prefetcher
 from errors import NonFiniteLossError
 from training.preemption import PreemptionFlag
 from training.run_logger import RunLogger
-from training.step import train_step
+from training.lockstep import Lockstep
 
 SYNCING_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
@@ -52,11 +52,11 @@ def test_a_training_step_syncs_with_the_host_once(shards, tmp_path, count_syncs)
     count_syncs.clear()
     try:
         for _ in range(3):
-            train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+            Lockstep(cfg, env, runtime).step(run, run.model, batches, stop_requested=False)
     finally:
         batches.close()
     assert run.step == 3 and run.grad_accum_steps == 4  # micro-steps do not sync
-    assert list(count_syncs.values()) == [3] and next(iter(count_syncs)).startswith("training/step.py:")
+    assert list(count_syncs.values()) == [3] and next(iter(count_syncs)).startswith("training/lockstep.py:")
 
 
 def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs):
@@ -72,7 +72,7 @@ def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs
         train_gpt2.train(cfg, env, runtime, run, logger, PreemptionFlag(), record={})
         totals[steps] = dict(count_syncs)
     growth = {site: totals[7].get(site, 0) - totals[3].get(site, 0) for site in {*totals[3], *totals[7]}}
-    assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/step.py")): 4}
+    assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/lockstep.py")): 4}
 
 
 def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):
@@ -80,14 +80,14 @@ def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):
     batches = Prefetcher(run.train_loader, 0, cfg.max_steps, runtime.device)
     try:
         for _ in range(2):
-            train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+            Lockstep(cfg, env, runtime).step(run, run.model, batches, stop_requested=False)
         with torch.no_grad():
             run.model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
         weights = {k: v.clone() for k, v in run.model.state_dict().items()}
         moments = {k: v.clone() for k, v in run.optimizer.state[run.model.lm_head.weight].items()}
         with pytest.raises(NonFiniteLossError, match="step 2: loss nan / grad norm nan is not finite; the update "
                                                      "was not applied"):
-            train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+            Lockstep(cfg, env, runtime).step(run, run.model, batches, stop_requested=False)
     finally:
         batches.close()
     assert run.step == 2
@@ -104,13 +104,13 @@ def test_float16_overflow_skips_the_update_and_lowers_the_loss_scale(shards, tmp
     batches = Prefetcher(run.train_loader, 0, cfg.max_steps, runtime.device)
     try:
         weights = {k: v.clone() for k, v in run.model.state_dict().items()}
-        result = train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+        result = Lockstep(cfg, env, runtime).step(run, run.model, batches, stop_requested=False)
         assert result.skipped and run.step == 1  # the batch is consumed, the update is not applied
         for key, value in run.model.state_dict().items():
             assert torch.equal(value, weights[key]), key
         assert run.scaler.get_scale() == 2.0**99
         run.scaler.update(2.0**16)  # a scale the gradients fit in
-        result = train_step(run, run.model, batches, cfg, env, runtime, stop_requested=False)
+        result = Lockstep(cfg, env, runtime).step(run, run.model, batches, stop_requested=False)
         assert not result.skipped and result.loss < 11 and not torch.equal(run.model.lm_head.weight, weights["lm_head.weight"])
     finally:
         batches.close()

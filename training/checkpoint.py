@@ -17,14 +17,13 @@ checkpoints that continued from PATH from another run's, or from an abandoned la
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from pathlib import Path
 
 import torch
 
-from errors import CheckpointError, CheckpointWriteError, ConfigError
+from atomic_file import atomic_write
+from errors import CheckpointError, CheckpointWriteError, ConfigError, first_line, print_warning
 from model import GPT, GPTConfig
 
 CHECKPOINT_DIR = "checkpoints"
@@ -50,40 +49,17 @@ def save_checkpoint(state: dict, path: str | Path) -> None:
     """Atomically write state to path (temp file, flush, fsync, rename, fsync the folder)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    writer = None
     try:
-        with open(tmp, "wb") as f:
+        with atomic_write(path, "wb") as f:
             writer = _FileWriter(f)
             torch.save(state, writer)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # torch's zip writer turns a failed write into a RuntimeError
-        tmp.unlink(missing_ok=True)
-        cause = writer.error if "writer" in locals() and writer.error else e
-        reason = getattr(cause, "strerror", None) or str(cause).strip().splitlines()[0]
+        cause = writer.error if writer is not None and writer.error else e
+        reason = getattr(cause, "strerror", None) or first_line(cause)
         raise CheckpointWriteError(
             f"{path}: could not write checkpoint ({reason}); earlier checkpoints are intact"
         ) from None
-    fsync_folder(path.parent)
-
-
-def fsync_folder(folder: Path) -> None:
-    """Make a rename inside folder durable, where the filesystem allows it.
-
-    Some network and FUSE filesystems refuse to open or fsync a directory (EINVAL, EACCES...);
-    the file itself is already complete and renamed, so that refusal is no reason to fail.
-    """
-    try:
-        dir_fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
 
 
 class _FileWriter:
@@ -148,8 +124,7 @@ def load_checkpoint(path: str | Path) -> dict:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint") from None
     except Exception as e:  # truncated zip, garbage bytes, unpickling refusal...
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(f"{path}: unreadable checkpoint ({reason[:200]})") from None
+        raise CheckpointError(f"{path}: unreadable checkpoint ({first_line(e)})") from None
     if not isinstance(state, dict) or not {"model", "step"} <= state.keys():
         raise CheckpointError(f"{path}: not a gpt2-repro checkpoint (no model/step entries)")
     version = state.get("format_version", 1)
@@ -160,11 +135,7 @@ def load_checkpoint(path: str | Path) -> dict:
     return state
 
 
-def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def newest_readable_checkpoint(out_dir: str | Path, warn=warn) -> tuple[Path, dict] | None:
+def newest_readable_checkpoint(out_dir: str | Path, warn=print_warning) -> tuple[Path, dict] | None:
     """The newest checkpoint in out_dir that loads, and its state; None when there is none.
 
     A newer file that does not load (truncated by a crash mid-copy, damaged) is set aside (see
@@ -181,7 +152,7 @@ def newest_readable_checkpoint(out_dir: str | Path, warn=warn) -> tuple[Path, di
     return None
 
 
-def set_aside(path: Path, error: CheckpointError, warn=warn) -> None:
+def set_aside(path: Path, error: CheckpointError, warn=print_warning) -> None:
     """Rename an unreadable checkpoint to `step_XXXXXXXX.pt.unreadable` (kept for inspection)."""
     aside = path.with_name(path.name + ".unreadable")
     try:
@@ -191,7 +162,7 @@ def set_aside(path: Path, error: CheckpointError, warn=warn) -> None:
         warn(f"skipping {error}; could not rename it aside ({rename_error.strerror or rename_error})")
 
 
-def find_resume_checkpoint(out_dir: str | Path, resume: str, warn=warn) -> tuple[Path, dict, str] | None:
+def find_resume_checkpoint(out_dir: str | Path, resume: str, warn=print_warning) -> tuple[Path, dict, str] | None:
     """Resolve the `resume` key: (path, state, how it was chosen), or None for a fresh start.
 
     The checkpoints of one out_dir always form one line of history, so `resume: auto` can
@@ -260,8 +231,7 @@ def read_model(ckpt: str | Path, reader: str) -> tuple[GPT, dict, Path]:
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as e:
-        reason = str(e).strip().splitlines()[0]
-        raise CheckpointError(f"{path}: the checkpoint's model does not fit its model_args ({reason[:200]})") from None
+        raise CheckpointError(f"{path}: the checkpoint's model does not fit its model_args ({first_line(e)})") from None
     return model, state, path
 
 
@@ -275,14 +245,14 @@ def remove_stale_temp_files(out_dir: str | Path) -> list[Path]:
     if not folder.is_dir():
         return []
     removed = []
-    for tmp in sorted(folder.glob(".step_*.pt.tmp")):
+    for tmp in sorted(folder.glob(".step_*.pt.tmp")):  # atomic_file.temp_path of a checkpoint_path
         if _NAME.match(tmp.name[1:-len(".tmp")]):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed
 
 
-def prune_checkpoints(out_dir: str | Path, keep_last: int, written_step: int, warn=warn) -> list[Path]:
+def prune_checkpoints(out_dir: str | Path, keep_last: int, written_step: int, warn=print_warning) -> list[Path]:
     """After writing checkpoint `written_step`, delete older ones so that keep_last remain.
 
     Only checkpoints older than the one just written are ever candidates: the new file, and

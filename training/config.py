@@ -16,13 +16,13 @@ from pathlib import Path
 
 import yaml
 
-from errors import ConfigError
+from data.loader import grad_accum_steps
+from data.tokenizer import GPT2_VOCAB_SIZE
+from errors import ConfigError, first_line
 from model import PRESETS, GPTConfig
+from training.parallel import STRATEGIES
 
-STRATEGIES = ("ddp", "fsdp", "fsdp_zero2")  # see training/parallel.py
-
-
-def key(default, help: str):
+def option(default, help: str):
     """A config field with its help text beside it (printed by --help)."""
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help})
@@ -32,69 +32,70 @@ def key(default, help: str):
 @dataclass
 class TrainConfig:
     # --- data and run folder
-    data_dir: str = key("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy)")
-    out_dir: str = key("out/gpt2_124m", "run folder: config.yaml, run.json, log.jsonl, checkpoints/")
+    data_dir: str = option("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy)")
+    out_dir: str = option("out/gpt2_124m", "run folder: config.yaml, run.json, log.jsonl, checkpoints/")
     # --- model
-    model: str = key("gpt2", "gpt2, gpt2-medium, gpt2-large, gpt2-xl, or custom (with n_layer, n_head, n_embd)")
-    n_layer: int | None = key(None, "transformer blocks (model=custom only)")
-    n_head: int | None = key(None, "attention heads (model=custom only)")
-    n_embd: int | None = key(None, "width of the residual stream (model=custom only)")
-    vocab_size: int = key(50304, "embedding rows: GPT-2's 50257 padded to a multiple of 128 for faster matmuls")
-    block_size: int = key(1024, "longest sequence the position table covers")
-    dropout: float = key(0.0, "dropout probability (0 for pretraining)")
-    init_from: str = key("scratch", "initial weights: scratch, a GPT-2 preset or HF folder, or a checkpoint .pt "
+    model: str = option("gpt2", "gpt2, gpt2-medium, gpt2-large, gpt2-xl, or custom (with n_layer, n_head, n_embd)")
+    n_layer: int | None = option(None, "transformer blocks (model=custom only)")
+    n_head: int | None = option(None, "attention heads (model=custom only)")
+    n_embd: int | None = option(None, "width of the residual stream (model=custom only)")
+    vocab_size: int = option(50304, "embedding rows: GPT-2's 50257 padded to a multiple of 128 for faster matmuls "
+                                    "(smaller only for data of other token ids: HellaSwag and samples need 50257)")
+    block_size: int = option(1024, "longest sequence the position table covers")
+    dropout: float = option(0.0, "dropout probability (0 for pretraining)")
+    init_from: str = option("scratch", "initial weights: scratch, a GPT-2 preset or HF folder, or a checkpoint .pt "
                                     "(weights only)")
     # --- batch geometry
-    total_batch_size: int = key(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)")
-    micro_batch_size: int = key(64, "sequences in one forward pass on one rank (B)")
-    seq_len: int = key(1024, "tokens per sequence (T)")
+    total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)")
+    micro_batch_size: int = option(64, "sequences in one forward pass on one rank (B)")
+    seq_len: int = option(1024, "tokens per sequence (T)")
     # --- optimisation (the GPT-3 paper's 125M recipe at GPT-2 124M scale)
-    max_steps: int = key(19073, "optimizer steps (10B tokens / 524,288)")
-    warmup_steps: int = key(715, "linear warmup steps (375M tokens)")
-    max_lr: float = key(6e-4, "peak learning rate")
-    min_lr: float = key(6e-5, "learning rate at the end of the cosine (10% of max_lr)")
-    weight_decay: float = key(0.1, "AdamW weight decay, on 2-D weights only")
-    beta1: float = key(0.9, "AdamW beta1")
-    beta2: float = key(0.95, "AdamW beta2")
-    adam_eps: float = key(1e-8, "AdamW epsilon")
-    grad_clip: float = key(1.0, "clip the global gradient norm to this (0: no clipping; the norm is still logged)")
+    max_steps: int = option(19073, "optimizer steps (10B tokens / 524,288)")
+    warmup_steps: int = option(715, "linear warmup steps (375M tokens)")
+    max_lr: float = option(6e-4, "peak learning rate")
+    min_lr: float = option(6e-5, "learning rate at the end of the cosine (10% of max_lr)")
+    weight_decay: float = option(0.1, "AdamW weight decay, on 2-D weights only")
+    beta1: float = option(0.9, "AdamW beta1")
+    beta2: float = option(0.95, "AdamW beta2")
+    adam_eps: float = option(1e-8, "AdamW epsilon")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this (0: no clipping; the norm is still logged)")
     # --- evaluation (val loss always runs after the last step)
-    eval_interval: int = key(250, "val loss every N steps (0: only after the last)")
-    val_tokens: int = key(10485760, "tokens of the fixed val window (20 x 524,288)")
-    hellaswag_interval: int = key(250, "HellaSwag every N steps and after the last (0: off)")
-    hellaswag_path: str = key("", "a local HellaSwag val jsonl ('': download it once into the cache)")
-    hellaswag_limit: int = key(0, "score only the first N examples (0: all 10,042)")
-    sample_interval: int = key(250, "text samples every N steps and after the last (0: off)")
-    sample_prompt: str = key("Hello, I'm a language model,", "prompt of the samples ('': unconditional)")
-    sample_count: int = key(4, "samples each time")
-    sample_tokens: int = key(32, "new tokens per sample")
+    eval_interval: int = option(250, "val loss every N steps (0: only after the last)")
+    val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288)")
+    hellaswag_interval: int = option(250, "HellaSwag every N steps and after the last (0: off)")
+    hellaswag_path: str = option("", "a local HellaSwag val jsonl ('': download it once into the cache)")
+    hellaswag_limit: int = option(0, "score only the first N examples (0: all 10,042)")
+    sample_interval: int = option(250, "text samples every N steps and after the last (0: off)")
+    sample_prompt: str = option("Hello, I'm a language model,", "prompt of the samples ('': unconditional)")
+    sample_count: int = option(4, "samples each time")
+    sample_tokens: int = option(32, "new tokens per sample")
     # --- checkpoints
-    checkpoint_interval: int = key(5000, "checkpoint every N steps (0: only at the end and on preemption)")
-    final_checkpoint: bool = key(True, "checkpoint after the last step (benchmarks turn it off)")
-    keep_last: int = key(3, "keep the newest N checkpoints")
-    resume: str = key("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
+    checkpoint_interval: int = option(5000, "checkpoint every N steps (0: only at the end and on preemption)")
+    final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)")
+    keep_last: int = option(3, "keep the newest N checkpoints")
+    resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
     # --- runtime
-    device: str = key("auto", "auto, cuda, cuda:N, mps or cpu")
-    dtype: str = key("auto", "auto (bfloat16 autocast on GPUs and on CPUs where it is faster, float16 with a "
+    device: str = option("auto", "auto, cuda, cuda:N, mps or cpu")
+    dtype: str = option("auto", "auto (bfloat16 autocast on GPUs and on CPUs where it is faster, float16 with a "
                              "gradient scaler on GPUs without bf16 such as V100/T4, else float32), bfloat16, float16, "
                              "float32, or float64 (weights and math, for numerical checks)")
-    compile: bool | None = key(None, "torch.compile the model (null: on for CUDA)")
-    seed: int = key(1337, "seed of the initial weights, epoch shuffles, dropout and samples")
-    loss_chunk_size: int | None = key(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
+    compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)")
+    seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples")
+    loss_chunk_size: int | None = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
                                             "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
-    log_interval: int = key(1, "console line every N steps (log.jsonl gets every step)")
-    peak_flops: float = key(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
-    strategy: str = key("ddp", "data parallelism: ddp (a full copy per rank), fsdp (parameters, gradients and "
+    log_interval: int = option(1, "console line every N steps (log.jsonl gets every step)")
+    peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
+    strategy: str = option("ddp", "data parallelism: ddp (a full copy per rank), fsdp (parameters, gradients and "
                                "AdamW state sharded, like ZeRO-3) or fsdp_zero2 (fsdp keeping a block's parameters "
                                "gathered from its forward to its backward)")
-    hang_timeout_minutes: float = key(15.0, "after the first step, a collective that waits longer fails the run "
+    hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
                                             "(a rank hung or died); start-up gets 30 minutes")
     # --- Weights & Biases
-    wandb: bool = key(False, "log to Weights & Biases")
-    wandb_project: str = key("gpt2-repro", "W&B project")
-    wandb_run_name: str = key("", "W&B run name ('': W&B picks one)")
-    wandb_mode: str = key("online", "online, offline (sync later) or disabled")
-    wandb_tags: list[str] = key([], "W&B tags, comma-separated on the command line")
+    wandb: bool = option(False, "log to Weights & Biases")
+    wandb_project: str = option("gpt2-repro", "W&B project")
+    wandb_run_name: str = option("", "W&B run name ('': W&B picks one)")
+    wandb_mode: str = option("online", "online, offline (sync later) or disabled")
+    wandb_tags: list[str] = option([], "W&B tags, comma-separated on the command line")
 
     def __post_init__(self):
         self.validate()
@@ -133,7 +134,9 @@ class TrainConfig:
         require(0 <= self.seed < 2**64, "seed", f"must be in [0, 2**64), got {self.seed}")
         if self.model == "custom":
             require(self.n_embd % self.n_head == 0, "n_embd", f"{self.n_embd} is not divisible by n_head {self.n_head}")
-        require(self.vocab_size >= 50257, "vocab_size", f"must hold GPT-2's 50257 tokens, got {self.vocab_size}")
+        for key in ("hellaswag_interval", "sample_interval"):  # they read GPT-2-tokenized text
+            require(not getattr(self, key) or self.vocab_size >= GPT2_VOCAB_SIZE, key,
+                    f"needs vocab_size >= {GPT2_VOCAB_SIZE} (GPT-2's tokenizer), got {self.vocab_size}; set it to 0")
         require(self.seq_len <= self.block_size, "seq_len",
                 f"{self.seq_len} exceeds block_size {self.block_size}")
         require(self.total_batch_size % self.seq_len == 0, "total_batch_size",
@@ -156,20 +159,8 @@ class TrainConfig:
         return GPTConfig(block_size=self.block_size, vocab_size=self.vocab_size, dropout=self.dropout, **shape)
 
     def grad_accum_steps(self, world_size: int) -> int:
-        """total_batch_size / (micro_batch_size * seq_len * world_size), which must be whole."""
-        rows_per_step = self.total_batch_size // self.seq_len
-        if rows_per_step < world_size:
-            raise ConfigError(
-                f"total_batch_size: a step of {self.total_batch_size} tokens holds {rows_per_step} rows of seq_len "
-                f"{self.seq_len}, fewer than the {world_size} ranks; raise total_batch_size or use fewer ranks"
-            )
-        tokens_per_micro_step = self.micro_batch_size * self.seq_len * world_size
-        if self.total_batch_size % tokens_per_micro_step:
-            raise ConfigError(
-                f"total_batch_size: {self.total_batch_size} is not divisible by micro_batch_size * seq_len * "
-                f"world_size = {self.micro_batch_size} * {self.seq_len} * {world_size} = {tokens_per_micro_step}"
-            )
-        return self.total_batch_size // tokens_per_micro_step
+        """total_batch_size / (micro_batch_size * seq_len * world_size), which must be whole (ConfigError)."""
+        return grad_accum_steps(self.total_batch_size, self.seq_len, self.micro_batch_size, world_size)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -260,7 +251,7 @@ def load_yaml(path: str | Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"config: {path} is not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"config: {path} is not valid YAML ({first_line(e)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path} must hold a mapping of keys to values")
     return {k: coerce(k, v) for k, v in data.items()}

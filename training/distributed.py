@@ -29,7 +29,7 @@ class DistEnv:
     local_rank: int
     world_size: int
     device: torch.device
-    ddp: bool
+    distributed: bool  # launched by torchrun: a process group joins the ranks (also for one rank)
 
     @property
     def master_process(self) -> bool:
@@ -84,11 +84,11 @@ def setup_distributed(device: torch.device, timeout: datetime.timedelta) -> Dist
     `timeout` bounds every collective until `set_collective_timeout` changes it: long enough
     for start-up (compilation, the first evaluation), where ranks legitimately wait for each other.
     """
-    ddp = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     stop_when_launcher_dies()
-    if ddp:
+    if distributed:
         if device.type == "mps":
             raise ConfigError("device: mps does not support multi-process training; run one process")
         if device.type == "cuda":
@@ -100,12 +100,12 @@ def setup_distributed(device: torch.device, timeout: datetime.timedelta) -> Dist
         )
     elif device.type == "cuda":
         torch.cuda.set_device(device)
-    return DistEnv(rank=rank, local_rank=local_rank(), world_size=world_size, device=device, ddp=ddp)
+    return DistEnv(rank=rank, local_rank=local_rank(), world_size=world_size, device=device, distributed=distributed)
 
 
 def set_collective_timeout(env: DistEnv, timeout: datetime.timedelta) -> None:
     """From now on a collective that waits longer than `timeout` fails (a rank hung or died)."""
-    if env.ddp:
+    if env.distributed:
         dist.distributed_c10d._set_pg_timeout(timeout)
 
 
@@ -119,14 +119,14 @@ def teardown_distributed() -> None:
 
 def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     """Sum a tensor over ranks in place (no-op on one process). Collective."""
-    if env.ddp:
+    if env.distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
 def any_rank(flag: bool, env: DistEnv) -> bool:
     """Whether flag is true on any rank, the same answer on every rank. Collective (a host sync)."""
-    if not env.ddp:
+    if not env.distributed:
         return flag
     vote = torch.full((), float(flag), device=env.device)
     return all_reduce_sum(vote, env).item() > 0
@@ -134,7 +134,7 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
 
 def barrier(env: DistEnv) -> None:
     """Wait for every rank. Collective."""
-    if env.ddp:
+    if env.distributed:
         if env.device_type == "cuda":
             dist.barrier(device_ids=[env.device.index])
         else:
@@ -143,7 +143,7 @@ def barrier(env: DistEnv) -> None:
 
 def broadcast_object(obj, env: DistEnv, src: int = 0):
     """Rank src's picklable object, on every rank. Collective."""
-    if not env.ddp:
+    if not env.distributed:
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src, device=env.device if env.device_type == "cuda" else None)
@@ -193,7 +193,7 @@ def first_error(error, env: DistEnv):
     Collective. Lets all ranks fail with the same one-line message when only one of them saw
     the problem, instead of the others hanging in their next collective.
     """
-    if not env.ddp:
+    if not env.distributed:
         return error
     gathered: list = [None] * env.world_size
     dist.all_gather_object(gathered, error)

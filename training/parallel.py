@@ -1,4 +1,4 @@
-"""How the model is spread over the ranks: the `strategy` key, as one choice in one place.
+"""How the model is spread over the ranks: the `strategy` key, one class per strategy, one registry.
 
 ddp         every rank holds the whole model, its gradients and the AdamW state (16 bytes per
             parameter); DistributedDataParallel all-reduces the gradients once per step.
@@ -15,120 +15,151 @@ the step's math (bf16 autocast over float32 parameters, as under DDP), and the c
 format (full state dicts, gathered to rank 0 under FSDP), so a run can resume under another
 strategy or world size. Gradient accumulation never syncs gradients before the last micro-step
 (DDP's no_sync, FSDP's set_requires_gradient_sync); gradient clipping uses the global norm.
+Another strategy (tensor or context parallel) is one more Strategy subclass in STRATEGIES.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import ClassVar
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.parallel import DistributedDataParallel
 
 from errors import ConfigError
 from model import GPT
-from training.config import STRATEGIES
 from training.distributed import DistEnv
 from training.runtime import Runtime
 
+SyncContext = contextlib.AbstractContextManager  # what gradient_sync returns
+
 
 class Strategy:
-    """The data-parallel strategy of a run. Every method is called on every rank."""
+    """The data-parallel strategy of a run: what differs between them. Every method is called on every rank."""
 
-    def __init__(self, name: str, env: DistEnv, runtime: Runtime):
-        assert name in STRATEGIES, name
-        self.name, self.env, self.runtime = name, env, runtime
-        self.sharded = name != "ddp"
-        if self.sharded and not env.ddp:
-            raise ConfigError(f"strategy: {name} shards over the ranks of a torchrun launch; one process uses ddp")
-        if self.sharded and runtime.loss_scaling:  # the scaler's overflow check would see one shard per rank
-            raise ConfigError(f"strategy: {name} does not support dtype float16; use ddp, or a GPU with bfloat16")
+    name: ClassVar[str]
+    forwards_are_collective: ClassVar[bool] = False  # FSDP: every forward all-gathers, so every rank runs each
+
+    def __init__(self, env: DistEnv, runtime: Runtime):
+        self.env, self.runtime = env, runtime
 
     # --- building ------------------------------------------------------------------------------
     def shard(self, model: GPT) -> None:
-        """Under FSDP, shard the model's parameters in place (before the optimizer is made)."""
-        if not self.sharded:
-            return
+        """Spread the model's parameters over the ranks, in place, before the optimizer is made."""
+
+    def training_model(self, model: GPT) -> torch.nn.Module:
+        """The module the training forward goes through: compiled (runtime.compile), and wrapped."""
+        return torch.compile(model) if self.runtime.compile else model
+
+    # --- the step ------------------------------------------------------------------------------
+    def gradient_sync(self, model: GPT, train_model: torch.nn.Module, enabled: bool) -> SyncContext:
+        """Context for one micro-step's forward and backward: sync gradients only when enabled."""
+        raise NotImplementedError
+
+    def clip_grad_norm(self, model: GPT, max_norm: float) -> torch.Tensor:
+        """Clip to the global gradient norm over all ranks; that norm, as a plain 0-d tensor."""
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    # --- evaluation ----------------------------------------------------------------------------
+    def evaluation(self, model: GPT) -> contextlib.AbstractContextManager:
+        """Context in which model.hidden_states / lm_head / generate may run outside forward()."""
+        return contextlib.nullcontext()
+
+    def idle_forward(self, model: GPT) -> None:
+        """Join the other ranks' evaluation forward with one whose result is discarded.
+
+        Where every forward is a collective (FSDP), every rank must run as many forwards as the
+        others, also when its share of an evaluation's batches is smaller (3 val batches over 2
+        ranks): it pads with these. A no-op where forwards are local.
+        """
+
+    # --- checkpoints ---------------------------------------------------------------------------
+    def full_state(self, model: GPT, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+        """Model and optimizer state dicts in the checkpoint format (plain tensors, optimizer state
+        keyed by parameter index), on rank 0; other ranks may get empty dicts. Collective."""
+        return model.state_dict(), optimizer.state_dict()
+
+    def load_full_state(self, model: GPT, optimizer: torch.optim.Optimizer, model_state: dict,
+                        optimizer_state: dict) -> None:
+        """Load full state dicts (every rank has them) into the model and optimizer."""
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
+
+
+class DDP(Strategy):
+    """A full replica per rank; gradients all-reduced once per step. One process: no wrapper at all."""
+
+    name = "ddp"
+
+    def training_model(self, model: GPT) -> torch.nn.Module:
+        train_model = super().training_model(model)
+        if not self.env.distributed:
+            return train_model
+        return DistributedDataParallel(train_model, device_ids=[self.env.local_rank]
+                                       if self.runtime.device_type == "cuda" else None)
+
+    def gradient_sync(self, model: GPT, train_model: torch.nn.Module, enabled: bool) -> SyncContext:
+        if self.env.distributed and not enabled:
+            return train_model.no_sync()  # covers the forward and the backward
+        return contextlib.nullcontext()
+
+
+class FSDP(Strategy):
+    """FSDP2: parameters, gradients and optimizer state sharded over the ranks (ZeRO-3)."""
+
+    name = "fsdp"
+    forwards_are_collective = True
+    reshard_after_forward: ClassVar[bool] = True  # free a block's gathered parameters after its forward
+
+    def __init__(self, env: DistEnv, runtime: Runtime):
+        super().__init__(env, runtime)
+        if not env.distributed:
+            raise ConfigError(f"strategy: {self.name} shards over the ranks of a torchrun launch; one process uses ddp")
+        if runtime.loss_scaling:  # the scaler's overflow check would see one shard per rank
+            raise ConfigError(f"strategy: {self.name} does not support dtype float16; use ddp, or a GPU with bfloat16")
+
+    def shard(self, model: GPT) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(self.runtime.device_type, (self.env.world_size,))
-        keep_gathered = self.name == "fsdp_zero2"
         for block in model.transformer.h:
-            fully_shard(block, mesh=mesh, reshard_after_forward=not keep_gathered)
+            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
         # the root holds the embeddings (tied with lm_head), the final LayerNorm; its parameters
         # are used last in the forward, so resharding them after it would only re-gather them
         fully_shard(model, mesh=mesh, reshard_after_forward=False)
 
     def training_model(self, model: GPT) -> torch.nn.Module:
-        """The module the training forward goes through: compiled, and wrapped by DDP."""
-        if self.sharded:
-            # FSDP sets itself up at the root's first forward; evaluations call the blocks
-            # directly, so that first forward (one token, no gradients) happens now
-            with torch.no_grad():
-                model(torch.zeros((1, 1), dtype=torch.long, device=self.runtime.device))
-        train_model = torch.compile(model) if self.runtime.compile else model
-        if self.env.ddp and not self.sharded:
-            train_model = DDP(train_model, device_ids=[self.env.local_rank] if self.runtime.device_type == "cuda"
-                              else None)
-        return train_model
+        # FSDP sets itself up at the root's first forward; evaluations call the blocks directly,
+        # so that first forward (one token, no gradients) happens now
+        with torch.no_grad():
+            model(torch.zeros((1, 1), dtype=torch.long, device=self.runtime.device))
+        return super().training_model(model)
 
-    # --- the step ------------------------------------------------------------------------------
-    def gradient_sync(self, model: GPT, train_model: torch.nn.Module, enabled: bool):
-        """Context for one micro-step's forward and backward: sync gradients only when enabled."""
-        if self.sharded:
-            model.set_requires_gradient_sync(enabled)
-            return contextlib.nullcontext()
-        if self.env.ddp and not enabled:
-            return train_model.no_sync()
+    def gradient_sync(self, model: GPT, train_model: torch.nn.Module, enabled: bool) -> SyncContext:
+        model.set_requires_gradient_sync(enabled)  # no reduce-scatter before the last micro-step
         return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: GPT, max_norm: float) -> torch.Tensor:
-        """Clip to the global gradient norm over all shards; that norm, as a plain tensor."""
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP
+        return super().clip_grad_norm(model, max_norm).full_tensor()  # a DTensor over the shards
 
-    # --- evaluation ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def evaluation(self, model: GPT):
-        """Let model.hidden_states / lm_head / generate run outside forward().
-
-        Under FSDP only forward() calls gather a module's parameters, so the root's own
-        (embeddings, lm_head, final LayerNorm) are gathered for the evaluation's duration; the
-        blocks gather theirs when called. A collective: every rank evaluates.
-        """
-        if not self.sharded:
-            yield
-            return
+        """Only forward() calls gather a module's parameters, so the root's own (embeddings,
+        lm_head, final LayerNorm) are gathered for the evaluation's duration; the blocks gather
+        theirs when called. A collective: every rank evaluates."""
         model.unshard()
         try:
             yield
         finally:
             model.reshard()
 
-    @property
-    def samples_on_every_rank(self) -> bool:
-        """Under FSDP every forward is a collective, so every rank draws the (identical) samples."""
-        return self.sharded
-
     def idle_forward(self, model: GPT) -> None:
-        """Join the other ranks' evaluation forward with one whose result is discarded.
+        with torch.no_grad():
+            model.hidden_states(torch.zeros((1, 1), dtype=torch.long, device=self.runtime.device))
 
-        Under FSDP every block's forward all-gathers its parameters, so every rank must run as
-        many forwards as the others, also when its share of an evaluation's batches is smaller
-        (3 val batches over 2 ranks): it pads with these. A no-op under DDP, whose evaluation
-        forwards run on the unwrapped model with no collective.
-        """
-        if self.sharded:
-            with torch.no_grad():
-                model.hidden_states(torch.zeros((1, 1), dtype=torch.long, device=self.runtime.device))
-
-    # --- checkpoints ---------------------------------------------------------------------------
     def full_state(self, model: GPT, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-        """Model and optimizer state dicts in the checkpoint format (plain tensors, optimizer
-        state keyed by parameter index). Under FSDP a collective that gathers them onto rank 0's
-        CPU: the other ranks get empty dicts."""
-        if not self.sharded:
-            return model.state_dict(), optimizer.state_dict()
+        """Gathered onto rank 0's CPU; the other ranks get empty dicts."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                              get_optimizer_state_dict)
 
@@ -139,13 +170,9 @@ class Strategy:
             return {}, {}
         return model_state, by_index(optimizer_state, parameter_names(model, optimizer))
 
-    def load_state(self, model: GPT, optimizer: torch.optim.Optimizer, model_state: dict,
-                   optimizer_state: dict) -> None:
-        """Load full state dicts (every rank has them) into the model and optimizer, sharding under FSDP."""
-        if not self.sharded:
-            model.load_state_dict(model_state)
-            optimizer.load_state_dict(optimizer_state)
-            return
+    def load_full_state(self, model: GPT, optimizer: torch.optim.Optimizer, model_state: dict,
+                        optimizer_state: dict) -> None:
+        """Every rank keeps its own shard of the full state dicts."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
@@ -153,6 +180,21 @@ class Strategy:
         set_model_state_dict(model, model_state, options=options)
         set_optimizer_state_dict(model, optimizer, by_name(optimizer_state, parameter_names(model, optimizer)),
                                  options=options)
+
+
+class FSDPZero2(FSDP):
+    """FSDP2 keeping each block's parameters gathered from its forward to its backward (ZeRO-2)."""
+
+    name = "fsdp_zero2"
+    reshard_after_forward = False
+
+
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, FSDP, FSDPZero2)}
+
+
+def make_strategy(name: str, env: DistEnv, runtime: Runtime) -> Strategy:
+    """The strategy the `strategy` key names (the config checked the name against STRATEGIES)."""
+    return STRATEGIES[name](env, runtime)
 
 
 def parameter_names(model: GPT, optimizer: torch.optim.Optimizer) -> list[str]:

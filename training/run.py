@@ -1,9 +1,8 @@
-"""A training run's state, built at launch (fresh, or from the checkpoint it resumes) and saved.
+"""A training run: built at launch (fresh, or from the checkpoint it resumes), its state saved.
 
 `build_run` opens the data, builds the model and optimizer, and restores the checkpoint that
-`resume` picks; `save_run` writes that state back as a checkpoint. A checkpoint `step_s` holds
-the state after s updates; the data position needs nothing but the step (data/loader.py), and
-dropout masks are reseeded from (seed, step, rank) every step, so no RNG state is saved.
+`resume` picks (`Run.load_state_dict`); `save_run` writes `Run.state_dict()` back as a
+checkpoint. A checkpoint `step_s` holds the state after s updates.
 """
 
 from __future__ import annotations
@@ -34,7 +33,14 @@ from training.weights import load_initial_weights
 class Run:
     """What one process holds between steps. `model` is the unwrapped, uncompiled module:
     checkpoints, evaluation and sampling use it; the training forward goes through its
-    compiled / DDP wrapper."""
+    compiled / DDP wrapper.
+
+    Its state, what a checkpoint holds, is `state_dict()` and goes back with `load_state_dict()`
+    (PyTorch's Stateful protocol): the model, the optimizer, float16's loss scale, the step, the
+    tokens seen, the lineage, the latest evaluation figures and the W&B run id. Nothing else is
+    needed to resume exactly: the data position is a function of the step (data/loader.py) and
+    dropout masks are reseeded from (seed, step, rank) every step.
+    """
 
     model: GPT
     optimizer: torch.optim.Optimizer
@@ -43,14 +49,55 @@ class Run:
     train_loader: TrainLoader
     val_loader: ValLoader
     grad_accum_steps: int
-    start_step: int  # where this launch began: 0, or the step of the checkpoint it resumed
-    step: int  # optimizer updates applied so far
-    tokens_seen: int
-    lineage: dict  # run_id and ancestry, see training/checkpoint.py
     data_fingerprint: str  # of the shards in data_dir, see data/manifest.py
+    # --- the state (state_dict / load_state_dict)
+    step: int = 0  # optimizer updates applied so far
+    tokens_seen: int = 0
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # drawn by a fresh start, kept by resumes
+    ancestry: list[str] = field(default_factory=list)  # checkpoint_ids this run resumed from, oldest first
+    metrics: dict = field(default_factory=dict)  # the latest val / HellaSwag figures
+    wandb_run_id: str | None = None  # set on rank 0 when W&B starts (a resume continues that W&B run)
+    # --- this launch
+    start_step: int = 0  # where this launch began: 0, or the step of the checkpoint it resumed
     resumed_from: Path | None = None
-    wandb_run_id: str | None = None
-    metrics: dict = field(default_factory=dict)  # the latest val / HellaSwag figures, saved with checkpoints
+
+    def state_dict(self) -> dict:
+        """Tensors and plain Python values only (loads with torch.load(weights_only=True)).
+
+        A collective: under FSDP the model and optimizer are gathered onto rank 0's CPU (the
+        other ranks get empty dicts for them).
+        """
+        model_state, optimizer_state = self.strategy.full_state(self.model, self.optimizer)
+        return {
+            "model": model_state,
+            "optimizer": optimizer_state,
+            "scaler": self.scaler.state_dict(),  # {} unless float16
+            "step": self.step,
+            "tokens_seen": self.tokens_seen,
+            "run_id": self.run_id,
+            "ancestry": list(self.ancestry),
+            "metrics": dict(self.metrics),
+            "wandb_run_id": self.wandb_run_id,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a checkpoint's state (every rank has it whole), with this run's optimizer settings.
+
+        The saved optimizer state keeps its moments and step counts; its settings (lr, betas, eps,
+        weight decay, kernel choice) become this run's, so a resume with changed settings trains
+        with what config.yaml says. The lineage goes on: the same run_id, and the checkpoint's own
+        id appended to the ancestry.
+        """
+        self.strategy.load_full_state(self.model, self.optimizer, state["model"],
+                                      with_current_settings(state["optimizer"], self.optimizer))
+        if self.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = self.start_step = state["step"]
+        self.tokens_seen = state["tokens_seen"]
+        self.run_id = state.get("run_id") or self.run_id
+        self.ancestry = [*state.get("ancestry", []), state.get("checkpoint_id")]
+        self.metrics = dict(state.get("metrics", {}))
+        self.wandb_run_id = state.get("wandb_run_id")
 
 
 def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strategy, logger: RunLogger) -> Run | None:
@@ -83,9 +130,7 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
                                            runtime.device_type)
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.loss_scaling)
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
-              val_loader=val_loader,
-              grad_accum_steps=grad_accum_steps, start_step=0, step=0, tokens_seen=0,
-              lineage={"run_id": uuid.uuid4().hex, "ancestry": []}, data_fingerprint=fingerprint)
+              val_loader=val_loader, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint)
     if resume_path is None:
         return run
 
@@ -96,16 +141,8 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
                               f"raise max_steps to train on, or start another run in another out_dir")
         logger.console(f"nothing to do: {resume_path} is at max_steps {cfg.max_steps}; raise max_steps to train on")
         return None
-    strategy.load_state(model, optimizer, state["model"], with_current_settings(state["optimizer"], optimizer))
-    if scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was: exact resume
-        scaler.load_state_dict(state["scaler"])
-    run.start_step = run.step = state["step"]
-    run.tokens_seen = state["tokens_seen"]
+    run.load_state_dict(state)
     run.resumed_from = resume_path
-    run.wandb_run_id = state.get("wandb_run_id")
-    run.metrics = dict(state.get("metrics", {}))
-    run.lineage = {"run_id": state.get("run_id") or run.lineage["run_id"],
-                   "ancestry": [*state.get("ancestry", []), state.get("checkpoint_id")]}
     warn_on_changed_settings(cfg, state["config"], logger)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
     if trained_on is not None and trained_on != fingerprint:
@@ -174,36 +211,26 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, logger: RunLogger) -
 
 def save_run(run: Run, cfg: TrainConfig, env: DistEnv, logger: RunLogger, provenance: dict) -> None:
     """Checkpoint `step_{run.step}`: rank 0 writes, every rank learns whether that worked. Collective."""
-    model_state, optimizer_state = run.strategy.full_state(run.model, run.optimizer)  # gathered under FSDP
+    state = run.state_dict()  # gathered onto rank 0 under FSDP
 
     def write() -> None:
         if not env.master_process:
             return
         logger.check()  # a log that could not be written stops the run before anything else
         path = checkpoint_path(cfg.out_dir, run.step)
-        state = checkpoint_state(run, cfg, model_state, optimizer_state, logger.wandb_run_id, provenance)
-        save_checkpoint(state, path)
+        save_checkpoint({**state, **checkpoint_metadata(run, cfg, provenance)}, path)
         prune_checkpoints(cfg.out_dir, cfg.keep_last, written_step=run.step, warn=logger.warn)
         logger.console(f"saved checkpoint {path}")
 
     run_on_all_ranks(env, write)
 
 
-def checkpoint_state(run: Run, cfg: TrainConfig, model_state: dict, optimizer_state: dict,
-                     wandb_run_id: str | None, provenance: dict) -> dict:
-    """Tensors and plain Python values only, so the file loads with torch.load(weights_only=True)."""
+def checkpoint_metadata(run: Run, cfg: TrainConfig, provenance: dict) -> dict:
+    """What a checkpoint file holds beside the run's state: what wrote it, with which settings."""
     return {
-        "model": model_state,
-        "optimizer": optimizer_state,
-        "scaler": run.scaler.state_dict(),  # {} unless float16
-        "step": run.step,
-        "tokens_seen": run.tokens_seen,
         "config": cfg.to_dict(),
         "model_args": run.model.config.to_dict(),
-        "wandb_run_id": wandb_run_id,
-        "metrics": dict(run.metrics),
         "provenance": provenance,
-        **run.lineage,
         "checkpoint_id": uuid.uuid4().hex,
         "format_version": FORMAT_VERSION,
     }

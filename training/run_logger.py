@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import sys
 from pathlib import Path
 
-from errors import ConfigError, WriteError
+from atomic_file import atomic_write
+from errors import ConfigError, WriteError, print_warning
 
 LOG_NAME = "log.jsonl"
 
@@ -45,14 +44,11 @@ def truncate_log(path: str | Path, step: int) -> None:
 
 
 def write_text_file(path: Path, text: str) -> None:
-    """Replace path's content atomically (temp file + rename); a failure is a WriteError naming it."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Replace path's content atomically (atomic_file.py); a failure is a WriteError naming it."""
     try:
-        with open(tmp, "w") as f:
+        with atomic_write(path, "w") as f:
             f.write(text)
-        os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise WriteError(f"{path}: could not write ({e.strerror or e})") from None
 
 
@@ -150,7 +146,7 @@ class RunLogger:
     def warn(self, text: str) -> None:
         """One `warning: ...` line on stderr (rank 0 only, like every other line)."""
         if self.enabled:
-            print(f"warning: {' '.join(text.split())}", file=sys.stderr, flush=True)
+            print_warning(text)
 
     def close(self) -> None:
         if self._jsonl is not None:

@@ -5,17 +5,17 @@
 (a directory with config.json). The trainer builds the model from its own config first; the
 weights must fit its shape (n_layer, n_head, n_embd). HF weights have 50,257 vocabulary rows;
 the run's padding rows (50,304 by default) start at the mean embedding row, see
-training/hf_interop.fit_to_model for why not zeros.
+hf_interop/convert.fit_to_model for why not zeros.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from errors import ConfigError
+from hf_interop.convert import HFInteropError, load_hf_into
 from model import GPT, PRESETS
 from training.checkpoint import WEIGHTS_ENTRIES, check_compatible, load_checkpoint, require_entries
-from errors import ConfigError
-from training.hf_interop import HFInteropError, load_hf_into
 
 
 def load_initial_weights(model: GPT, init_from: str) -> None:

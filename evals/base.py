@@ -1,0 +1,80 @@
+"""What an evaluation is to the trainer: a name, when it runs, the records it logs, what it plots.
+
+An evaluation is one `Evaluator` subclass plus its config keys (training/config.py), listed in
+evals/periodic.py's EVALUATORS. Every rank builds the same evaluators from the config and calls
+`evaluate` at the same steps, so an evaluation may contain collectives (every rank reaches
+them); under FSDP every forward is one, so a rank with less to do joins the others' forwards
+(`in_lockstep`). Evaluations run on the unwrapped, uncompiled model: no DDP hooks fire, and a
+compiled training model never recompiles for eval-only shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class Series:
+    """A curve plot_log.py draws: the `field` of the log records of `kind`, in the panel titled `panel`.
+
+    Series of one panel share its y axis (`ylabel`); `percent` plots fractions as percentages.
+    """
+
+    kind: str
+    field: str
+    panel: str
+    ylabel: str
+    percent: bool = False
+
+
+TRAIN_LOSS = Series("train", "loss", "loss", "loss")  # not an evaluation, but val shares its panel
+
+
+class Evaluator:
+    """One periodic evaluation of the model being trained."""
+
+    kind: ClassVar[str]  # the `kind` of the log.jsonl records it writes
+    series: ClassVar[Series | None] = None  # what plot_log.py draws of those records
+    # (key in the checkpoint's metrics, record field): the latest figure, saved with checkpoints
+    # (the Hugging Face model card shows it)
+    metric: ClassVar[tuple[str, str] | None] = None
+
+    def __init__(self, interval: int):
+        self.interval = interval  # every N steps, and after the last step; 0: only after the last
+
+    @classmethod
+    def from_config(cls, cfg, env, runtime, logger, tokenizer) -> Evaluator | None:
+        """The evaluator the config asks for, or None when it is off. Called on every rank."""
+        raise NotImplementedError
+
+    def due(self, step: int, last_step: bool) -> bool:
+        return last_step or (self.interval > 0 and step % self.interval == 0)
+
+    def evaluate(self, run) -> list[dict]:
+        """The records of one evaluation of run.model at run.step (the runner adds kind, step, tokens).
+
+        Called on every rank, inside the strategy's evaluation context. Ranks other than 0 may
+        return anything: only rank 0 logs.
+        """
+        raise NotImplementedError
+
+    def describe(self, record: dict) -> str:
+        """The console line of one of its records (after `step N |`)."""
+        raise NotImplementedError
+
+
+def in_lockstep(items: Iterable, rounds: int, idle_forward: Callable[[], None] | None):
+    """Yield items, then call idle_forward() until `rounds` forwards were made in all.
+
+    For a rank whose share of an evaluation is smaller than the largest rank's: under FSDP
+    every forward is a collective, so each rank runs `rounds` of them (see Strategy.idle_forward).
+    """
+    made = 0
+    for item in items:
+        made += 1
+        yield item
+    if idle_forward is not None:
+        for _ in range(rounds - made):
+            idle_forward()

@@ -1,0 +1,64 @@
+"""Val loss: mean token cross-entropy over the fixed val window, the same figure on any number of ranks."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+from data.loader import ValLoader
+from evals.base import Evaluator, Series, in_lockstep
+from training.distributed import DistEnv, all_reduce_sum
+
+
+class ValLoss(Evaluator):
+    """Every eval_interval steps and after the last one, over the val_tokens of the val window."""
+
+    kind = "val"
+    series = Series("val", "loss", "loss", "loss")
+    metric = ("val_loss", "loss")
+
+    def __init__(self, interval: int, env: DistEnv, autocast: Callable[[], contextlib.AbstractContextManager]):
+        super().__init__(interval)
+        self.env, self.autocast = env, autocast
+
+    @classmethod
+    def from_config(cls, cfg, env, runtime, logger, tokenizer) -> ValLoss:
+        return cls(cfg.eval_interval, env, runtime.autocast)  # always on: a run ends with its val loss
+
+    def evaluate(self, run) -> list[dict]:
+        loss = evaluate_val_loss(run.model, run.val_loader, self.env, self.autocast(),
+                                 idle_forward=lambda: run.strategy.idle_forward(run.model))
+        return [{"loss": loss}]
+
+    def describe(self, record: dict) -> str:
+        return f"val loss {record['loss']:.4f}"
+
+
+@torch.no_grad()
+def evaluate_val_loss(model: torch.nn.Module, val_loader: ValLoader, env: DistEnv,
+                      autocast: contextlib.AbstractContextManager, chunk_tokens: int = 8192,
+                      idle_forward: Callable[[], None] | None = None) -> float:
+    """Mean token cross-entropy over the whole val window, the same number for any world size.
+
+    Every rank calls this (it ends in an all-reduce), including ranks with no batch. Each val
+    batch is the same rows on any world size (ValLoader), and its summed token loss goes into
+    its own slot of a float64 vector; the all-reduce adds only zeros to each slot, and every
+    rank then sums the slots in the same order. So 1, 2 or 8 ranks give a bitwise-equal figure.
+    A rank with fewer batches than rank 0 calls idle_forward() once for each one it lacks
+    (forwards are collectives under FSDP).
+    """
+    was_training = model.training
+    model.eval()
+    acc_dtype = torch.float32 if env.device_type == "mps" else torch.float64  # MPS has no float64
+    sums = torch.zeros(val_loader.num_batches, device=env.device, dtype=acc_dtype)
+    for index, x, y in in_lockstep(val_loader.batches(), val_loader.batches_per_rank, idle_forward):
+        x, y = x.to(env.device), y.to(env.device)  # (b, T)
+        with autocast:
+            hidden = model.hidden_states(x).flatten(0, 1)  # (b*T, C)
+            for _, losses in model.logits_and_losses(hidden, y.flatten(), chunk_tokens):  # (n,) per chunk
+                sums[index] += losses.to(acc_dtype).sum()
+    all_reduce_sum(sums, env)
+    model.train(was_training)
+    return sums.sum().item() / (val_loader.num_rows * val_loader.stream.seq_len)

@@ -1,0 +1,75 @@
+"""The code's layout: imports run one way down the layers the README lists, with no cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+# Lower layers never import higher ones (README, "How the code is laid out").
+LAYERS = [
+    {"errors", "atomic_file", "model"},
+    {"data"},
+    {"hf_interop"},
+    {"training"},
+    {"evals"},
+    {"train_gpt2", "sample", "eval_lm", "export_hf", "bench", "plot_log", "prep", "scripts"},
+]
+LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every Python file of the project (not tests)."""
+    modules = {}
+    for path in REPO.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        if parts[0] in LAYER_OF:
+            modules[".".join(p for p in parts if p != "__init__")] = path
+    return modules
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules a file imports at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        found |= {name for name in names if name in modules}
+    return found
+
+
+def test_imports_run_one_way_down_the_layers():
+    modules = project_modules()
+    assert {"model", "training.step", "training.lockstep", "evals.periodic", "hf_interop.convert"} <= modules.keys()
+    upward = []
+    for name, path in modules.items():
+        for imported in imports_of(path, modules):
+            if LAYER_OF[imported.split(".")[0]] > LAYER_OF[name.split(".")[0]]:
+                upward.append(f"{name} imports {imported}")
+    assert upward == []
+
+
+def test_the_layers_keep_to_themselves():
+    """model.py is pure, errors.py and atomic_file.py stand alone, and the module graph has no cycle."""
+    modules = project_modules()
+    graph = {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+    for name in ("model", "errors", "atomic_file"):
+        assert graph[name] == set(), (name, graph[name])
+    state: dict[str, str] = {}  # depth-first search: "open" while on the stack, "done" after
+
+    def visit(name: str, trail: list[str]) -> None:
+        if state.get(name) == "open":
+            raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(name):] + [name]))
+        if state.get(name) == "done":
+            return
+        state[name] = "open"
+        for imported in graph[name]:
+            visit(imported, trail + [name])
+        state[name] = "done"
+
+    for name in graph:
+        visit(name, [])

@@ -1,0 +1,110 @@
+"""The ranks' agreement around each step: what keeps every rank in lockstep, in one place.
+
+Every rank must take every step's collectives, and decide the same things at the same step.
+So a step is: the math (training/step.py) on batches that never raise (a batch this rank
+cannot read becomes zeros, and the failure is kept), then one all-reduce that carries the
+summed loss, the ranks' stop votes and their failure votes, then the step's one host
+synchronisation, which reads the result (and the gradient norm) and decides, on every rank
+alike, before the update is applied:
+
+- a failure on any rank (an unreadable batch, a log record rank 0 could not write): every
+  rank raises the same error, and the update is not applied;
+- a NaN/inf loss or gradient norm: NonFiniteLossError, the update is not applied;
+- float16 gradients that overflowed: the scaler skips this update (and lowers its scale);
+- a stop signal on any rank: every rank stops after this step.
+(FSDP adds its own reduce-scatters and the global gradient-norm all-reduce; no host sync.)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from errors import NonFiniteLossError, ReproError
+from training.config import TrainConfig
+from training.distributed import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
+from training.run import Run
+from training.runtime import Runtime
+from training.schedule import learning_rate
+from training.step import apply_update, train_step
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean over the whole global batch, all ranks
+    grad_norm: float  # global, before clipping
+    lr: float
+    stop: bool  # some rank was asked to stop (SIGTERM/SIGUSR1): all ranks see the same value
+    seconds: float
+    skipped: bool = False  # float16 only: the gradients overflowed, the scaler skipped the update
+
+
+class GuardedBatches:
+    """A step's micro-batches that never raise: one this rank cannot read is zeros, its error kept.
+
+    The rank goes on with the others through the step's collectives, and the kept error rides
+    on the step's failure vote, so every rank stops together before the update.
+    """
+
+    def __init__(self, batches, step: int, count: int, shape: tuple[int, int], env: DistEnv):
+        self.batches, self.step, self.count, self.shape, self.env = batches, step, count, shape, env
+        self.failure: ReproError | None = None
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for micro_step in range(self.count):
+            try:
+                yield self.batches.get(self.step, micro_step)  # (B, T) inputs and targets, on the device
+            except Exception as e:  # noqa: BLE001 - keep stepping in lockstep, fail together after the step
+                self.failure = self.failure or as_repro_error(e, self.env)
+                zeros = torch.zeros(self.shape, dtype=torch.long, device=self.env.device)
+                yield zeros, zeros
+
+
+class Lockstep:
+    """Takes one step on every rank: the math, wrapped in the ranks' agreement (see above)."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime,
+                 pending_failure: Callable[[], ReproError | None] = lambda: None):
+        """pending_failure: a failure this rank saw since the last step (rank 0's log writes)."""
+        self.cfg, self.env, self.runtime, self.pending_failure = cfg, env, runtime, pending_failure
+
+    def step(self, run: Run, model: torch.nn.Module, batches, stop_requested: bool) -> StepResult:
+        """Apply update run.step to run.model through `model` (its compiled / DDP wrapper).
+
+        batches.get(step, micro_step) gives (B, T) inputs and targets on the device. A failure,
+        or a NaN/inf, raises on every rank with the weights and optimizer state of step run.step.
+        """
+        cfg, env = self.cfg, self.env
+        t0 = time.perf_counter()
+        step = run.step
+        if cfg.dropout > 0:
+            # dropout masks depend on (seed, step, rank) only, so a resumed run draws the same ones
+            torch.manual_seed(((cfg.seed * 1_000_003 + step) * 4099 + env.rank) % 2**64)
+        lr = learning_rate(step, cfg.warmup_steps, cfg.max_steps, cfg.max_lr, cfg.min_lr)
+        micro_batches = GuardedBatches(batches, step, run.grad_accum_steps, (cfg.micro_batch_size, cfg.seq_len), env)
+        loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, cfg.grad_clip or math.inf)
+
+        # the step's one collective: the summed loss, the stop votes, the failure votes
+        failure = self.pending_failure() or micro_batches.failure
+        stats = all_reduce_sum(torch.stack([loss, loss.new_full((), float(stop_requested)),
+                                            loss.new_full((), float(failure is not None))]), env)
+        # the step's one host synchronisation: decide before the update is applied
+        loss_value, stop_votes, failures, norm_value = torch.stack(
+            [stats[0] / env.world_size, stats[1], stats[2], grad_norm]).tolist()
+        if failures:
+            raise_first_error(failure, env)  # every rank raises the same error
+        overflow = run.scaler.is_enabled() and not math.isfinite(norm_value)
+        if not (math.isfinite(loss_value) and (math.isfinite(norm_value) or overflow)):
+            raise NonFiniteLossError(
+                f"step {step}: loss {loss_value} / grad norm {norm_value} is not finite; the update was "
+                f"not applied and the newest checkpoint in {cfg.out_dir} is the last good state")
+
+        apply_update(run, skip=overflow)
+        run.step += 1
+        run.tokens_seen += cfg.total_batch_size
+        return StepResult(loss=loss_value, grad_norm=norm_value, lr=lr, stop=bool(stop_votes),
+                          seconds=time.perf_counter() - t0, skipped=overflow)
