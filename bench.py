@@ -31,14 +31,14 @@ from data.shards import shard_name, write_shard
 from errors import ArgumentParser, ConfigError, run_cli
 
 
-def generate_shards(folder: Path, train_tokens: int, val_tokens: int, seed: int = 0) -> Path:
-    """Random GPT-2 token ids: one val shard and train shards of at most 100M tokens."""
+def generate_shards(folder: Path, train_tokens: int, val_tokens: int, vocab: int = 50257, seed: int = 0) -> Path:
+    """Random token ids below vocab (GPT-2's 50257 at most): one val shard and train shards of at most 100M tokens."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    write_shard(folder / shard_name("bench", "val", 0), rng.integers(0, 50257, val_tokens, dtype=np.uint16))
+    write_shard(folder / shard_name("bench", "val", 0), rng.integers(0, vocab, val_tokens, dtype=np.uint16))
     for index, start in enumerate(range(0, train_tokens, 100_000_000), start=1):
         size = min(100_000_000, train_tokens - start)
-        write_shard(folder / shard_name("bench", "train", index), rng.integers(0, 50257, size, dtype=np.uint16))
+        write_shard(folder / shard_name("bench", "train", index), rng.integers(0, vocab, size, dtype=np.uint16))
     return folder
 
 
@@ -121,20 +121,21 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", 0))
     work = Path(tempfile.mkdtemp(prefix=f"gpt2-bench-rank{rank}-"))
     try:
+        # no evaluations, samples or checkpoints: only the steps are timed (the user's keys come last and win)
+        quiet = ["--eval_interval", "0", "--hellaswag_interval", "0", "--sample_interval", "0",
+                 "--checkpoint_interval", "0", "--final_checkpoint", "false", "--resume", "never", "--wandb", "false",
+                 "--log_interval", "1000000"]
         # parse once to know the batch geometry, then hand the trainer its full argument list
-        user_cfg = parse_args(trainer_args)
+        user_cfg = parse_args(quiet + trainer_args)
         total_steps = args.warmup + args.steps
         if not any(Path(user_cfg.data_dir).glob("*_train_*.npy")):
             # no shards where the config points: random tokens. Every rank writes its own
             # identical copy, so no coordination is needed before the process group exists.
             generate_shards(work / "data", total_steps * user_cfg.total_batch_size + 1,
-                            user_cfg.seq_len * user_cfg.micro_batch_size + 1)
+                            user_cfg.seq_len * user_cfg.micro_batch_size + 1, min(user_cfg.vocab_size, 50257))
             trainer_args = [*trainer_args, "--data_dir", str(work / "data")]
-        bench_args = ["--out_dir", str(work / "run"), "--max_steps", str(total_steps), "--eval_interval", "0",
-                      "--val_tokens", str(user_cfg.seq_len * user_cfg.micro_batch_size),
-                      "--hellaswag_interval", "0", "--sample_interval", "0", "--checkpoint_interval", "0",
-                      "--final_checkpoint", "false", "--resume", "never", "--wandb", "false",
-                      "--log_interval", "1000000"]
+        bench_args = ["--out_dir", str(work / "run"), "--max_steps", str(total_steps),
+                      "--val_tokens", str(user_cfg.seq_len * user_cfg.micro_batch_size), *quiet]
         code = train_gpt2.cli(bench_args + trainer_args)  # the user's keys come last and win
         if code != 0 or rank != 0:
             return code

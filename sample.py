@@ -57,8 +57,11 @@ def main(argv: list[str]) -> int:
     device = pick_device(args.device, 0)
     model, what = load_model(args.ckpt, device)
     tokenizer = get_tokenizer()
-    idx = torch.tensor([encode_prompt(tokenizer, args.prompt)] * args.num_samples, dtype=torch.long,
-                       device=device)  # (num_samples, P)
+    prompt = encode_prompt(tokenizer, args.prompt)
+    if max(prompt) >= model.config.vocab_size:  # a model trained on other token ids than GPT-2's
+        raise ConfigError(f"--prompt: token id {max(prompt)} is beyond the model's vocab_size "
+                          f"{model.config.vocab_size}")
+    idx = torch.tensor([prompt] * args.num_samples, dtype=torch.long, device=device)  # (num_samples, P)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k or None,
                          generator=generator, valid_vocab=tokenizer.n_vocab)

@@ -18,15 +18,21 @@ import pytest
 import torch
 
 from data.shards import shard_name, write_shard
+from launch import GRACE_S, launch
 
 REPO = Path(__file__).resolve().parents[1]
 
-# A model small enough that a training step takes milliseconds on a CPU core.
+# A model small enough that a training step takes milliseconds on a CPU core. Its vocabulary is
+# small too (TINY_VOCAB): GPT-2's 50,304-row lm_head would be 95% of a step's work. Runs that
+# read GPT-2-tokenized text (HellaSwag, samples) or export pass GPT2_VOCAB (make_shards' ids
+# are below TINY_VOCAB, so they suit both).
 TINY_MODEL = ["--model", "custom", "--n_layer", "2", "--n_head", "2", "--n_embd", "64",
               "--block_size", "32", "--seq_len", "32", "--dropout", "0.0"]
+TINY_VOCAB = 512
+GPT2_VOCAB = 50304
 
 
-def make_shards(folder: Path, train_sizes=(3000, 2500, 4000), val_size=2000, seed=0, vocab=50257,
+def make_shards(folder: Path, train_sizes=(3000, 2500, 4000), val_size=2000, seed=0, vocab=TINY_VOCAB,
                 prefix="tiny") -> Path:
     """Random token shards with some structure (a repeating motif) so losses fall when training."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -50,7 +56,7 @@ def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
         data_dir=data_dir, out_dir=out_dir, total_batch_size=512, micro_batch_size=4, max_steps=6,
         warmup_steps=2, max_lr=3e-3, min_lr=3e-4, eval_interval=3, val_tokens=256, hellaswag_interval=0,
         sample_interval=0, checkpoint_interval=3, keep_last=10, device="cpu", dtype="float32", compile="false",
-        seed=1234,
+        seed=1234, vocab_size=TINY_VOCAB,
     )
     settings.update(overrides)
     args = list(TINY_MODEL)
@@ -61,10 +67,25 @@ def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
 
 def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, timeout: float = 300,
                 script: str = "train_gpt2.py", extra_env: dict | None = None, torchrun_args=(),
-                cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """Run the trainer as a user would: plain python, or torchrun with nproc processes."""
+                cwd: Path = REPO, torchrun: bool = False, grace: float = GRACE_S):
+    """Run the trainer (or another entry point) as a user would: one process, or nproc ranks.
+
+    By default the ranks are forked from a warm process with torchrun's environment (tests/launch.py:
+    the same trainer code, without seconds of imports per process); torchrun=True, or any
+    torchrun_args, runs `python -m torch.distributed.run` itself (its agent, restarts, signals and
+    failure report are then part of what is tested). Either way the result has returncode,
+    stdout and stderr, and, from a fork launch, each rank's exit code in `exitcodes` (a rank
+    still running `grace` seconds after another failed is killed: -9).
+    """
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", PYTHONPATH=str(REPO),
                PYTHONFAULTHANDLER="1", **(extra_env or {}))
+    if not (torchrun or torchrun_args):
+        target = script.removeprefix("tests/").removesuffix(".py").replace("/", ".") + ":main"
+        proc = launch(list(map(str, args)), nproc, target=target, extra_env=env, timeout=timeout, cwd=cwd, grace=grace)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{script} {' '.join(map(str, args))} exited {proc.exitcodes}\n{proc.stdout[-3000:]}\n"
+                                 f"{proc.stderr[-5000:]}")
+        return proc
     if nproc is None:
         cmd = [sys.executable, str(REPO / script), *args]
     else:

@@ -1,11 +1,15 @@
 """Per-example HellaSwag scores, for pick-by-pick comparisons in tests (the trainer needs only the counts).
 
-Built on the evaluator's public `losses`, the generator its `accuracy` counts from.
+Built on the evaluator's public `losses`, the generator its `accuracy` counts from. Also the
+body of the multi-rank HellaSwag tests (tests/test_hellaswag.py), run on every rank.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -38,3 +42,35 @@ def per_example_scores(evaluator, model, autocast=None) -> list[ExampleScore]:
         for index, label, s, m in zip(batch.indices, batch.labels.tolist(), sums.tolist(), means.tolist()):
             scores.append(ExampleScore(index=index, label=label, sum_losses=tuple(s), mean_losses=tuple(m)))
     return sorted(scores, key=lambda score: score.index)
+
+
+def score_jobs_on_every_rank(argv: list[str]) -> int:
+    """A rank of the multi-rank tests: argv[0] is a JSON spec of a tiny model and evaluator jobs.
+
+    Writes, per job, this rank's {result, predictions} (or the {error} its evaluator raised) to
+    OUT/rank{r}.json. Every rank builds the same weights (seed 0), as the trainer does.
+    """
+    from data.tokenizer import get_tokenizer
+    from evals.hellaswag import HellaSwag, HellaSwagDataError
+    from model import GPT, GPTConfig
+    from training.distributed import setup_distributed, teardown_distributed
+
+    spec = json.loads(Path(argv[0]).read_text())
+    env = setup_distributed(torch.device("cpu"), datetime.timedelta(minutes=5))
+    try:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(**spec["model"])).eval()
+        results = []
+        for job in spec["jobs"]:
+            try:
+                evaluator = HellaSwag(job["path"], job["limit"], env, get_tokenizer(), batch_examples=job["batch_examples"],
+                                      cache_dir=job["cache_dir"], url=job["url"], timeout=1)
+            except HellaSwagDataError as e:
+                results.append({"error": str(e)})
+                continue
+            predictions = [[s.index, s.pred_norm, s.pred] for s in per_example_scores(evaluator, model)]
+            results.append({"result": evaluator.accuracy(model), "predictions": predictions})
+        Path(spec["out"], f"rank{env.rank}.json").write_text(json.dumps(results))
+    finally:
+        teardown_distributed()
+    return 0

@@ -59,7 +59,11 @@ def with_fault(step):
     return faulty_step
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> int:
     if FAULT not in ("nan", "batch", "hang"):
         raise SystemExit(f"unknown FAULT {FAULT!r}")
-    sys.exit(run_cli(lambda argv: train_gpt2.main(argv, wrap_step=with_fault)))
+    return train_gpt2.main(argv, wrap_step=with_fault)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -46,7 +46,7 @@ def corrupt(d):
 # dtypes on every rank) and the messages that depend on the world size.
 RANK_CASES = [
     (wrong_dtype, [], "tiny_train_000009.npy: token shards must be uint16, found int32"),
-    (out_of_range, [], "tiny_train_000004.npy: token id 50304 at position 0 is out of range for vocab_size 50304"),
+    (out_of_range, [], "tiny_train_000004.npy: token id 50304 at position 0 is out of range for vocab_size 512"),
     (None, ["--total_batch_size", "448"], "total_batch_size: 448 is not divisible by micro_batch_size * seq_len * world_size = 4 * 32 * 2 = 256"),
     (None, ["--total_batch_size", "32", "--micro_batch_size", "1"], "total_batch_size: a step of 32 tokens holds 1 rows of seq_len 32, fewer than the 2 ranks"),
 ]
@@ -72,7 +72,7 @@ def test_bad_data_fails_cleanly_on_every_rank(tmp_path, damage, extra, message):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2, proc.stderr[-3000:]  # one line per rank, the same line
     assert errors[0] == errors[1] and message in errors[0], errors
-    assert "exitcode  : 2" in proc.stderr
+    assert proc.exitcodes == [2, 2]
     assert "train_gpt2.py\", line" not in proc.stderr  # no traceback from the trainer
 
 
@@ -117,7 +117,7 @@ def test_unreadable_resume_checkpoint_fails_on_every_rank(tmp_path):
     proc = run_trainer(base_args(data, tmp_path / "out", resume=bogus), nproc=2, check=False, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "step_00000003.pt: unreadable checkpoint" in errors[0], proc.stderr[-3000:]
-    assert "exitcode  : 2" in proc.stderr
+    assert proc.exitcodes == [2, 2]
 
 
 ENTRY_POINT_CASES = [
@@ -156,7 +156,7 @@ def test_entry_points_end_with_run_cli():
         assert "run_cli(" in (REPO / script).read_text().split('if __name__ == "__main__":')[1], script
 
 
-def tiny_checkpoint(tmp_path, drop: str) -> tuple:
+def tiny_checkpoint(tmp_path, drop: str | None) -> tuple:
     """A real checkpoint of the tiny model (step 0, written by save_run) without entry `drop`; data and path."""
     import torch
 
@@ -167,9 +167,10 @@ def tiny_checkpoint(tmp_path, drop: str) -> tuple:
     cfg, env, _, run = build_tiny_run(data, tmp_path / "source")
     save_run(run, cfg, env, RunLogger(enabled=False), provenance={})
     path = tmp_path / "source" / "checkpoints" / "step_00000000.pt"
-    state = torch.load(path, weights_only=True)
-    del state[drop]
-    torch.save(state, path)
+    if drop:
+        state = torch.load(path, weights_only=True)
+        del state[drop]
+        torch.save(state, path)
     return data, path
 
 
@@ -197,3 +198,14 @@ def test_reading_a_checkpoint_without_model_args_names_the_file_and_the_entry(tm
     assert run_cli(importlib.import_module(script).main, argv) == 2
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and f"error: {path}: checkpoint has no 'model_args' entry" in err, err
+
+
+def test_a_prompt_beyond_the_models_vocabulary_is_one_line(tmp_path, capfd):
+    """The tiny model's 512 token ids: GPT-2's ids for "Hello" are not among them."""
+    import sample
+    from errors import run_cli
+
+    _, path = tiny_checkpoint(tmp_path, drop=None)
+    assert run_cli(sample.main, ["--ckpt", str(path), "--prompt", "Hello", "--device", "cpu"]) == 2
+    err = capfd.readouterr().err
+    assert err == "error: --prompt: token id 15496 is beyond the model's vocab_size 512\n", err

@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, TINY_MODEL, run_trainer
+from conftest import TINY_MODEL, TINY_VOCAB, run_trainer
 
 
 BENCH_ARGS = [*TINY_MODEL, "--total_batch_size", "512", "--micro_batch_size", "4", "--device", "cpu",
-              "--dtype", "float32", "--warmup", "2", "--steps", "4"]
+              "--dtype", "float32", "--warmup", "2", "--steps", "4", "--vocab_size", str(TINY_VOCAB)]
 
 
 @pytest.mark.slow
 def test_bench_on_cpu_prints_a_table_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(REPO / "bench.py"), *BENCH_ARGS, "--json", str(out), "--label", "tiny"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    proc = run_trainer([*BENCH_ARGS, "--json", str(out), "--label", "tiny"], script="bench.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ms/step (p10-p90)" in proc.stdout and "tokens/s" in proc.stdout
     row = json.loads(out.read_text())
@@ -40,8 +37,7 @@ def test_bench_under_torchrun_reports_the_world_size(tmp_path):
 
 @pytest.mark.slow
 def test_bench_rejects_bad_trainer_keys(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "bench.py"), "--micro_batch_size", "x"],
-                          capture_output=True, text=True, cwd=tmp_path)
+    proc = run_trainer(["--micro_batch_size", "x"], script="bench.py", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "micro_batch_size: expected an integer" in proc.stderr
 
 

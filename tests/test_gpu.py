@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, base_args, build_tiny_run, load_weights, run_trainer, train_losses
+from conftest import GPT2_VOCAB, REPO, base_args, build_tiny_run, load_weights, run_trainer, train_losses
 from data.shards import shard_name, write_shard
 from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, tokenize_document
 
@@ -51,7 +51,7 @@ else:  # GPT-2 124M at T=1024, 2 micro-steps of B=8; "null" clears base_args' ti
 # so a 5-step run is the first half of a 10-step one (resume test). Val runs after the last step
 # only, on one micro-batch.
 SETTINGS = dict(MODEL, device=DEVICE, dtype="bfloat16", compile="false", warmup_steps=5, min_lr=6e-5,
-                eval_interval=0, val_tokens=B * T, checkpoint_interval=0, seed=1337)
+                eval_interval=0, val_tokens=B * T, checkpoint_interval=0, seed=1337, vocab_size=GPT2_VOCAB)
 
 LOSS_TOL = 1e-2  # compiled vs eager, per step over 20 steps (the issue's bound)
 RESUME_TOL = 1e-3  # per-step loss, when the kernels are not deterministic (see the resume test)

@@ -22,6 +22,7 @@ import torch
 from torch.nn import functional as F
 
 from conftest import REPO
+from launch import launch
 from data.tokenizer import EOT_TOKEN, get_tokenizer
 from errors import DataError
 from hellaswag_scores import per_example_scores
@@ -260,51 +261,15 @@ def test_prep_script_fetches_into_the_cache(tmp_path, fixture_file, capsys, monk
 
 # --- two ranks through torchrun --------------------------------------------------------------------
 
-RANK_SCRIPT = """
-import json, sys
-from pathlib import Path
-
-spec = json.loads(Path(sys.argv[1]).read_text())
-import datetime
-import torch
-from data.tokenizer import get_tokenizer
-from model import GPT, GPTConfig
-from training.distributed import setup_distributed, teardown_distributed
-from evals.hellaswag import HellaSwagDataError, HellaSwag
-from hellaswag_scores import per_example_scores
-
-env = setup_distributed(torch.device("cpu"), datetime.timedelta(minutes=5))
-try:
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(**spec["model"])).eval()
-    results = []
-    for job in spec["jobs"]:
-        try:
-            evaluator = HellaSwag(job["path"], job["limit"], env, get_tokenizer(),
-                                      batch_examples=job["batch_examples"], cache_dir=job["cache_dir"],
-                                      url=job["url"], timeout=1)
-        except HellaSwagDataError as e:
-            results.append({"error": str(e)})
-            continue
-        predictions = [[score.index, score.pred_norm, score.pred] for score in per_example_scores(evaluator, model)]
-        results.append({"result": evaluator.accuracy(model), "predictions": predictions})
-    Path(spec["out"], f"rank{env.rank}.json").write_text(json.dumps(results))
-finally:
-    teardown_distributed()
-"""
-
-
-def run_two_ranks(tmp_path: Path, jobs: list[dict]) -> tuple[list[list[dict]], subprocess.CompletedProcess]:
-    """Run RANK_SCRIPT on 2 ranks; per rank, a {result, predictions} or {error} per job; and the process."""
-    script, spec = tmp_path / "rank_script.py", tmp_path / "spec.json"
-    script.write_text(RANK_SCRIPT)
+def run_two_ranks(tmp_path: Path, jobs: list[dict]):
+    """hellaswag_scores.score_jobs_on_every_rank on 2 ranks (torchrun's environment, tests/launch.py);
+    per rank, a {result, predictions} or {error} per job; and the launch's output."""
+    spec = tmp_path / "spec.json"
     jobs = [dict(dict(cache_dir=None, url=UNREACHABLE_URL, batch_examples=3, limit=0), **job) for job in jobs]
-    spec.write_text(json.dumps({"repo": str(REPO), "model": TINY, "jobs": jobs, "out": str(tmp_path)}))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", GPT2_REPRO_CACHE=str(tmp_path / "root"),
-               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
-               NO_PROXY="*", no_proxy="*")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(spec)]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    spec.write_text(json.dumps({"model": TINY, "jobs": jobs, "out": str(tmp_path)}))
+    env = dict(GPT2_REPRO_CACHE=str(tmp_path / "root"), NO_PROXY="*", no_proxy="*")
+    proc = launch([str(spec)], 2, target="hellaswag_scores:score_jobs_on_every_rank", extra_env=env, timeout=180,
+                  cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)], proc
 

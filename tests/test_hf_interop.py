@@ -20,7 +20,7 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers/huggingface_hub read it
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-from conftest import REPO, base_args, load_weights, make_shards, run_trainer  # noqa: E402
+from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E402
@@ -71,7 +71,7 @@ def exported(tmp_path_factory, shards) -> tuple[Path, Path]:
     """(run folder of a 3-step tiny training run, its export by `python export_hf.py`)."""
     root = tmp_path_factory.mktemp("export")
     run = root / "run"
-    run_trainer(base_args(shards, run, max_steps=3, checkpoint_interval=3, eval_interval=3))
+    run_trainer(base_args(shards, run, max_steps=3, checkpoint_interval=3, eval_interval=3, vocab_size=GPT2_VOCAB))
     out = root / "hf"
     proc = subprocess.run([sys.executable, str(REPO / "export_hf.py"), str(run), str(out)], cwd=REPO,
                           env=dict(os.environ, **OFFLINE_ENV), capture_output=True, text=True, timeout=120)
@@ -234,7 +234,8 @@ def test_init_from_hf_folder_starts_from_its_weights(hf_model, shards, tmp_path)
     model, folder = hf_model
     run = tmp_path / "run"
     run_trainer(base_args(shards, run, init_from=folder, max_steps=1, max_lr=0, min_lr=0, warmup_steps=0,
-                          eval_interval=1, checkpoint_interval=1, dtype="float32"), extra_env=OFFLINE_ENV)
+                          eval_interval=1, checkpoint_interval=1, dtype="float32", vocab_size=GPT2_VOCAB),
+                extra_env=OFFLINE_ENV)
     weights = load_weights(run, 1)
     hf = model.state_dict()
     wte = weights["transformer.wte.weight"]  # (50304, 64): 50257 real rows, 47 padding rows at their mean
@@ -260,7 +261,7 @@ def test_init_from_hf_folder_starts_from_its_weights(hf_model, shards, tmp_path)
 @pytest.mark.slow
 def test_init_from_shape_mismatch_names_the_key(hf_model, shards, tmp_path):
     _, folder = hf_model
-    args = base_args(shards, tmp_path / "run", init_from=folder, max_steps=1)
+    args = base_args(shards, tmp_path / "run", init_from=folder, max_steps=1, vocab_size=GPT2_VOCAB)
     args[args.index("--n_embd") + 1] = "32"
     proc = run_trainer(args, check=False, extra_env=OFFLINE_ENV)
     assert proc.returncode == 2
@@ -269,7 +270,7 @@ def test_init_from_shape_mismatch_names_the_key(hf_model, shards, tmp_path):
 
 @pytest.mark.slow
 def test_init_from_preset_offline_is_a_one_line_error(shards, tmp_path):
-    args = base_args(shards, tmp_path / "run", init_from="gpt2", max_steps=1)
+    args = base_args(shards, tmp_path / "run", init_from="gpt2", max_steps=1, vocab_size=GPT2_VOCAB)
     proc = run_trainer(args, check=False, extra_env={**OFFLINE_ENV, "HF_HOME": str(tmp_path / "hf_home")})
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

@@ -16,7 +16,7 @@ from importlib import metadata
 import pytest
 import torch
 
-from conftest import REPO, base_args, make_shards, run_trainer
+from conftest import GPT2_VOCAB, REPO, base_args, make_shards, run_trainer
 from data.tokenizer import EOT_TOKEN, get_tokenizer
 from errors import ConfigError, run_cli
 from evals.hellaswag import HellaSwag, read_examples
@@ -167,7 +167,7 @@ def evaluated_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm_eval")
     out = root / "run"
     run_trainer(base_args(make_shards(root / "shards"), out, max_steps=2, eval_interval=2, checkpoint_interval=2,
-                          hellaswag_interval=2, hellaswag_path=HELLASWAG, wandb="true", wandb_mode="offline",
+                          hellaswag_interval=2, hellaswag_path=HELLASWAG, wandb="true", wandb_mode="offline", vocab_size=GPT2_VOCAB,
                           wandb_project="test"))
     proc = eval_lm(str(out), "--tasks", ",".join(TASKS), extra_env={"HF_DATASETS_CACHE": str(root / "hf")})
     assert proc.returncode == 0, proc.stderr[-3000:]

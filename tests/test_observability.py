@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, base_args, make_shards, run_trainer, train_losses
+from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
 from training.metrics import model_flops_utilization, peak_flops_for
 from training.run_logger import read_log
 
@@ -71,7 +71,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("observe")
     data = make_shards(root / "shards")
     hellaswag = hellaswag_fixture(root / "hellaswag_val.jsonl")
-    common = dict(dtype="float64", hellaswag_interval=3, hellaswag_path=hellaswag, sample_interval=3,
+    common = dict(dtype="float64", hellaswag_interval=3, hellaswag_path=hellaswag, sample_interval=3, vocab_size=GPT2_VOCAB,
                   sample_count=2, sample_tokens=6, wandb="true", wandb_mode="offline", wandb_project="test",
                   wandb_run_name="observe")
     secret = {"WANDB_API_KEY": "k" * 40 + "SECRET"}
@@ -150,7 +150,7 @@ def test_train_records_carry_throughput_and_mfu_with_a_peak_override(tmp_path):
     records = [r for r in read_log(tmp_path / "out" / "log.jsonl") if r["kind"] == "train"]
     from model import GPT, GPTConfig
 
-    flops = GPT(GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=64)).estimate_flops_per_token(32)
+    flops = GPT(GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=64, vocab_size=TINY_VOCAB)).estimate_flops_per_token(32)
     for r in records:
         assert r["tokens_per_sec"] == pytest.approx(512 / (r["step_ms"] / 1000))
         assert r["mfu"] == pytest.approx(flops * r["tokens_per_sec"] / 1e12)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import matplotlib.image
@@ -14,6 +12,7 @@ import yaml
 
 import plot_log
 from errors import DataError
+from launch import launch
 from model import PRESETS
 from training.config import parse_args
 
@@ -73,9 +72,9 @@ def reference_labels(fig) -> list[list[str]]:
     return [[line.get_label() for line in ax.get_lines() if line.get_color() == "gray"] for ax in fig.axes]
 
 
-def run_plot(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "plot_log.py"), *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+def run_plot(*args):
+    """`python plot_log.py ARGS`: its exit status and output (forked from a warm process, tests/launch.py)."""
+    return launch(list(map(str, args)), target="plot_log:main", timeout=120)
 
 
 def check_image(path: Path, panels: int) -> np.ndarray:

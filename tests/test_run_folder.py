@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import REPO, base_args, make_shards, train_losses
+from conftest import REPO, base_args, make_shards, run_trainer, train_losses
 from errors import ConfigError, run_cli
 from training import checkpoint as ckpt
 from training.run_folder import LOCK_NAME, RunFolderLock, check_one_history
@@ -125,8 +125,7 @@ def test_a_second_launch_into_a_busy_folder_is_refused_and_the_first_goes_on(dat
         while not ((out / "log.jsonl").exists() and any(r["kind"] == "train" for r in read_log(out / "log.jsonl"))):
             assert time.time() < deadline and first.poll() is None, "the first launch never trained"
             time.sleep(0.05)
-        second = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), *args], cwd=REPO, env=env,
-                                capture_output=True, text=True, timeout=120)
+        second = run_trainer(args, check=False, timeout=120)
         assert second.returncode == 2, second.stderr[-2000:]
         assert second.stderr.strip() == (f"error: out_dir: {out} is in use by another launch (pid {first.pid} on "
                                           + second.stderr.split(f"pid {first.pid} on ", 1)[1].strip())
