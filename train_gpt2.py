@@ -36,14 +36,17 @@ from evals.periodic import PeriodicEvaluation
 from training.config import TrainConfig, config_yaml, parse_args, usage
 from training.distributed import (DistEnv, any_rank, barrier, local_rank, run_on_all_ranks,
                                   set_collective_timeout, setup_distributed, teardown_distributed)
+from training.checkpoint import checkpoints_folder
+from training.checkpointer import Checkpointer
 from training.lockstep import Lockstep, StepResult
 from training.metrics import model_flops_utilization, process_start_time
 from training.parallel import local_state_bytes, make_strategy
 from training.preemption import PreemptionFlag
 from training.provenance import provenance
-from training.run import Run, build_run, save_run
+from training.run import Run, build_run
 from training.run_folder import claim_run_folder
 from training.run_logger import RunLogger, format_train_line
+from training.storage import filesystem, is_url
 from training.runtime import Runtime, resolve_runtime
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first evals: ranks wait on each other
@@ -67,8 +70,9 @@ def main(argv: list[str], wrap_step=None) -> int:
     try:
         strategy = make_strategy(cfg.strategy, env, runtime)  # ddp, or FSDP's sharding (training/parallel.py)
         # one launch at a time per out_dir: rank 0 holds its lock until the end
-        lock = run_on_all_ranks(env, lambda: claim_run_folder(cfg.out_dir, logger.warn, logger.console)
-                                if env.master_process else None)
+        lock = run_on_all_ranks(env, lambda: claim_run_folder(
+            cfg.out_dir, checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir), logger.warn, logger.console)
+            if env.master_process else None)
         run = build_run(cfg, env, runtime, strategy, logger)  # data, model, optimizer, the checkpoint it resumes
         if run is not None:  # None: that checkpoint already reached max_steps
             record = provenance(cfg, env, runtime, argv, run.data_fingerprint, run.run_id)
@@ -117,6 +121,7 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
 
     model = run.strategy.training_model(run.model)  # compiled, and wrapped by DDP: the training forward
+    checkpointer = Checkpointer(cfg, env, logger, record)  # file or sharded, at most one save in flight
     batches = Prefetcher(run.train_loader, run.start_step, cfg.max_steps, runtime.device)
     stopping = False  # set only from all-reduced votes, so every rank stops at the same step
     try:
@@ -128,23 +133,27 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
                 if run.step == run.start_step:  # no update since the launch: nothing new to save
                     logger.console(f"{signal_name} received before the first step; nothing new to save")
                     return
-                save_run(run, cfg, env, logger, record)
+                checkpointer.save(run)
+                checkpointer.wait()  # written in full before the process exits
                 logger.console(f"{signal_name} received: saved step {run.step}; {resume_hint(cfg)}")
                 return
             if run.step > run.start_step and ((last_step and cfg.final_checkpoint) or (
                     cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0)):
-                save_run(run, cfg, env, logger, record)
+                checkpointer.save(run)
             if last_step:
+                checkpointer.wait()
                 run_on_all_ranks(env, logger.check)  # the last records were written
                 return
 
             result = take_step(run, model, batches, preemption.requested)
+            checkpointer.poll()  # rank 0 commits a background save that has finished
             stopping = result.stop
             log_step(cfg, env, runtime, run, logger, result, flops_per_token)
             if run.step == run.start_step + 1:  # the first step is done: hangs surface in minutes from now
                 set_collective_timeout(env, datetime.timedelta(minutes=cfg.hang_timeout_minutes))
     finally:
         batches.close()
+        checkpointer.close()  # after a failure: a background save that finishes still counts
 
 
 def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger, result: StepResult,
@@ -183,6 +192,8 @@ def check_optional_packages(cfg: TrainConfig) -> None:
 
     if cfg.wandb and cfg.wandb_mode != "disabled" and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb: the wandb package is not installed (pip install wandb), or set --wandb false")
+    if is_url(cfg.checkpoint_dir):
+        filesystem(cfg.checkpoint_dir)  # a ConfigError naming the package a URL's scheme needs (s3fs, gcsfs)
 
 
 def cli(argv: list[str]) -> int:

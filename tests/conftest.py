@@ -153,8 +153,11 @@ def run_and_reap(cmd: list[str], env: dict, timeout: float, cwd: Path = REPO) ->
 
 
 def load_weights(out_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    path = Path(out_dir) / "checkpoints" / f"step_{step:08d}.pt"
-    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+    """The model of checkpoint `step` in out_dir, whichever its format (as saved: float64 stays float64)."""
+    from training.checkpoint import list_checkpoints, read_full_state
+
+    (path,) = [p for s, p in list_checkpoints(Path(out_dir) / "checkpoints") if s == step]
+    return read_full_state(path)["model"]
 
 
 def train_losses(out_dir: Path) -> dict[int, float]:

@@ -93,7 +93,7 @@ CONFIG_CASES = [
     (["--learning_rate", "1e-3"], "error: learning_rate: unknown config key"),
     (["--model", "gpt3"], "error: model: unknown model 'gpt3'"),
     (["--seq_len", "64"], "error: seq_len: 64 exceeds block_size 32"),
-    (["--resume", "/no/such/step_00000100.pt"], "error: resume: no checkpoint file at '/no/such/step_00000100.pt'"),
+    (["--resume", "/no/such/step_00000100.pt"], "error: resume: no checkpoint file or folder at '/no/such/step_00000100.pt'"),
     (["--config", "/no/such.yaml"], "error: config: no such file /no/such.yaml"),
 ]
 
@@ -156,16 +156,27 @@ def test_entry_points_end_with_run_cli():
         assert "run_cli(" in (REPO / script).read_text().split('if __name__ == "__main__":')[1], script
 
 
-def tiny_checkpoint(tmp_path, drop: str | None) -> tuple:
-    """A real checkpoint of the tiny model (step 0, written by save_run) without entry `drop`; data and path."""
+def tiny_checkpoint(tmp_path, drop: str | None, checkpoint_format: str = "file") -> tuple:
+    """A real checkpoint of the tiny model (step 0, written by the Checkpointer) without entry `drop`; data and path."""
+    import json
+
     import torch
 
-    from training.run import save_run
+    from training.checkpointer import Checkpointer
     from training.run_logger import RunLogger
 
     data = make_shards(tmp_path / "shards")
-    cfg, env, _, run = build_tiny_run(data, tmp_path / "source")
-    save_run(run, cfg, env, RunLogger(enabled=False), provenance={})
+    cfg, env, _, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
+    checkpointer = Checkpointer(cfg, env, RunLogger(enabled=False), provenance={})
+    checkpointer.save(run)
+    checkpointer.wait()
+    if checkpoint_format == "sharded":
+        path = tmp_path / "source" / "checkpoints" / "step_00000000"
+        if drop:
+            commit = json.loads((path / "checkpoint.json").read_text())
+            del commit[drop]
+            (path / "checkpoint.json").write_text(json.dumps(commit))
+        return data, path
     path = tmp_path / "source" / "checkpoints" / "step_00000000.pt"
     if drop:
         state = torch.load(path, weights_only=True)
@@ -174,12 +185,14 @@ def tiny_checkpoint(tmp_path, drop: str | None) -> tuple:
     return data, path
 
 
-@pytest.mark.parametrize("drop", ["optimizer", "tokens_seen", "config", "model_args"])
-def test_resuming_a_checkpoint_without_an_entry_names_the_file_and_the_entry(tmp_path, drop, capfd):
+@pytest.mark.parametrize("drop,checkpoint_format", [("optimizer", "file"), ("tokens_seen", "file"), ("config", "file"),
+                                                    ("model_args", "file"), ("tokens_seen", "sharded"),
+                                                    ("model_args", "sharded")])
+def test_resuming_a_checkpoint_without_an_entry_names_the_file_and_the_entry(tmp_path, drop, checkpoint_format, capfd):
     import train_gpt2
     from errors import run_cli
 
-    data, path = tiny_checkpoint(tmp_path, drop)
+    data, path = tiny_checkpoint(tmp_path, drop, checkpoint_format)
     assert run_cli(train_gpt2.main, base_args(data, tmp_path / "out", resume=path)) == 2
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and f"error: {path}: checkpoint has no '{drop}' entry" in err, err

@@ -21,7 +21,7 @@ def state(step: int, n_layer: int = 2) -> dict:
 
 
 def test_round_trip_with_weights_only_and_no_temp_files(tmp_path):
-    path = ckpt.checkpoint_path(tmp_path, 12)
+    path = ckpt.checkpoint_path(tmp_path / "checkpoints", 12)
     assert path.name == "step_00000012.pt"
     ckpt.save_checkpoint(state(12), path)
     loaded = ckpt.load_checkpoint(path)
@@ -32,32 +32,32 @@ def test_round_trip_with_weights_only_and_no_temp_files(tmp_path):
 
 def test_auto_resume_skips_truncated_and_garbage_newest_files(tmp_path, capsys):
     for step in (3, 6, 9, 12):
-        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path, step))
-    data = ckpt.checkpoint_path(tmp_path, 12).read_bytes()
-    ckpt.checkpoint_path(tmp_path, 12).write_bytes(data[: len(data) // 2])  # truncated
-    ckpt.checkpoint_path(tmp_path, 9).write_bytes(b"\x00garbage" * 100)  # not a checkpoint at all
-    path, loaded, _ = ckpt.find_resume_checkpoint(tmp_path, "auto")
-    assert path == ckpt.checkpoint_path(tmp_path, 6) and loaded["step"] == 6
+        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path / "checkpoints", step))
+    data = ckpt.checkpoint_path(tmp_path / "checkpoints", 12).read_bytes()
+    ckpt.checkpoint_path(tmp_path / "checkpoints", 12).write_bytes(data[: len(data) // 2])  # truncated
+    ckpt.checkpoint_path(tmp_path / "checkpoints", 9).write_bytes(b"\x00garbage" * 100)  # not a checkpoint at all
+    path, loaded, _ = ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "auto")
+    assert path == ckpt.checkpoint_path(tmp_path / "checkpoints", 6) and loaded["step"] == 6
     err = capsys.readouterr().err
     assert "step_00000012.pt: unreadable checkpoint" in err and "step_00000009.pt: unreadable checkpoint" in err
-    assert ckpt.find_resume_checkpoint(tmp_path, "never") is None
-    assert ckpt.find_resume_checkpoint(tmp_path / "empty", "auto") is None
+    assert ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "never") is None
+    assert ckpt.find_resume_checkpoint(tmp_path / "empty" / "checkpoints", "auto") is None
     with pytest.raises(ckpt.CheckpointError, match="step_00000009.pt.unreadable: unreadable checkpoint"):
-        ckpt.find_resume_checkpoint(tmp_path, str(ckpt.checkpoint_path(tmp_path, 9)) + ".unreadable")
+        ckpt.find_resume_checkpoint(tmp_path / "checkpoints", str(ckpt.checkpoint_path(tmp_path / "checkpoints", 9)) + ".unreadable")
 
 
 def test_unreadable_checkpoints_are_set_aside_and_never_outrank_good_ones(tmp_path, capsys):
     for step in (3, 6):
-        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path, step))
-    ckpt.checkpoint_path(tmp_path, 6).write_bytes(b"\x00" * 64)
-    assert ckpt.find_resume_checkpoint(tmp_path, "auto")[0] == ckpt.checkpoint_path(tmp_path, 3)
+        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path / "checkpoints", step))
+    ckpt.checkpoint_path(tmp_path / "checkpoints", 6).write_bytes(b"\x00" * 64)
+    assert ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "auto")[0] == ckpt.checkpoint_path(tmp_path / "checkpoints", 3)
     assert "renamed it to step_00000006.pt.unreadable" in capsys.readouterr().err
-    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [3]
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [3]
     assert (tmp_path / "checkpoints" / "step_00000006.pt.unreadable").exists()  # kept, for inspection
     # a run that resumed from 3 and keeps one checkpoint keeps the one it writes next
-    ckpt.save_checkpoint(state(4), ckpt.checkpoint_path(tmp_path, 4))
-    ckpt.prune_checkpoints(tmp_path, keep_last=1, written_step=4)
-    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [4]
+    ckpt.save_checkpoint(state(4), ckpt.checkpoint_path(tmp_path / "checkpoints", 4))
+    ckpt.prune_checkpoints(tmp_path / "checkpoints", keep_last=1, written_step=4)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [4]
 
 
 def lineage(run_id: str, checkpoint_id: str, *ancestry: str) -> dict:
@@ -65,28 +65,28 @@ def lineage(run_id: str, checkpoint_id: str, *ancestry: str) -> dict:
 
 
 def test_resume_path_continues_from_newer_checkpoints_that_descend_from_it(tmp_path):
-    path3 = ckpt.checkpoint_path(tmp_path / "a", 3)
+    path3 = ckpt.checkpoint_path(tmp_path / "a" / "checkpoints", 3)
     ckpt.save_checkpoint({**state(3), **lineage("r", "c3")}, path3)
     # a run started with --resume path3 into out_dir b, preempted after step 8: the same command again
     out = tmp_path / "b"
-    ckpt.save_checkpoint({**state(5), **lineage("r", "c5", "c3")}, ckpt.checkpoint_path(out, 5))
-    ckpt.save_checkpoint({**state(8), **lineage("r", "c8", "c3", "c5")}, ckpt.checkpoint_path(out, 8))
-    path, loaded, how = ckpt.find_resume_checkpoint(out, str(path3))
-    assert path == ckpt.checkpoint_path(out, 8) and loaded["step"] == 8 and str(path3) in how
+    ckpt.save_checkpoint({**state(5), **lineage("r", "c5", "c3")}, ckpt.checkpoint_path(out / "checkpoints", 5))
+    ckpt.save_checkpoint({**state(8), **lineage("r", "c8", "c3", "c5")}, ckpt.checkpoint_path(out / "checkpoints", 8))
+    path, loaded, how = ckpt.find_resume_checkpoint(out / "checkpoints", str(path3))
+    assert path == ckpt.checkpoint_path(out / "checkpoints", 8) and loaded["step"] == 8 and str(path3) in how
     # nothing newer that descends from it: the path itself
-    assert ckpt.find_resume_checkpoint(tmp_path / "empty", str(path3))[0] == path3
+    assert ckpt.find_resume_checkpoint(tmp_path / "empty" / "checkpoints", str(path3))[0] == path3
 
 
 def test_resume_path_refuses_to_mix_with_another_run_or_an_abandoned_future(tmp_path):
-    path3 = ckpt.checkpoint_path(tmp_path, 3)
+    path3 = ckpt.checkpoint_path(tmp_path / "checkpoints", 3)
     ckpt.save_checkpoint({**state(3), **lineage("r", "c3")}, path3)
-    ckpt.save_checkpoint({**state(6), **lineage("r", "c6")}, ckpt.checkpoint_path(tmp_path, 6))  # not from c3's resume
+    ckpt.save_checkpoint({**state(6), **lineage("r", "c6")}, ckpt.checkpoint_path(tmp_path / "checkpoints", 6))  # not from c3's resume
     with pytest.raises(ConfigError, match="step_00000006.pt is newer than .*step_00000003.pt and did not continue"):
-        ckpt.find_resume_checkpoint(tmp_path, str(path3))
+        ckpt.find_resume_checkpoint(tmp_path / "checkpoints", str(path3))
     other = tmp_path / "other"
-    ckpt.save_checkpoint({**state(1), **lineage("q", "c1")}, ckpt.checkpoint_path(other, 1))
+    ckpt.save_checkpoint({**state(1), **lineage("q", "c1")}, ckpt.checkpoint_path(other / "checkpoints", 1))
     with pytest.raises(ConfigError, match="step_00000001.pt belongs to another run"):
-        ckpt.find_resume_checkpoint(other, str(path3))
+        ckpt.find_resume_checkpoint(other / "checkpoints", str(path3))
 
 
 def test_pickled_code_is_refused(tmp_path):
@@ -98,21 +98,21 @@ def test_pickled_code_is_refused(tmp_path):
 
 def test_retention_keeps_the_newest_and_never_the_new_file_or_anything_newer(tmp_path):
     for step in (1, 2, 3, 4, 5, 9):
-        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path, step))
-    deleted = ckpt.prune_checkpoints(tmp_path, keep_last=2, written_step=5)
+        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path / "checkpoints", step))
+    deleted = ckpt.prune_checkpoints(tmp_path / "checkpoints", keep_last=2, written_step=5)
     assert sorted(p.name for p in deleted) == ["step_00000001.pt", "step_00000002.pt", "step_00000003.pt"]
-    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [4, 5, 9]
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [4, 5, 9]
 
 
 def test_a_checkpoint_that_cannot_be_deleted_is_a_warning(tmp_path, monkeypatch, capsys):
     for step in (1, 2):
-        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path, step))
+        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path / "checkpoints", step))
 
     def refuse(self, missing_ok=False):
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(type(tmp_path), "unlink", refuse)
-    assert ckpt.prune_checkpoints(tmp_path, keep_last=1, written_step=2) == []
+    assert ckpt.prune_checkpoints(tmp_path / "checkpoints", keep_last=1, written_step=2) == []
     assert "could not delete old checkpoint" in capsys.readouterr().err
 
 
@@ -125,12 +125,12 @@ def test_a_folder_that_refuses_fsync_does_not_fail_the_save(tmp_path, monkeypatc
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    ckpt.save_checkpoint(state(7), ckpt.checkpoint_path(tmp_path, 7))
-    assert ckpt.load_checkpoint(ckpt.checkpoint_path(tmp_path, 7))["step"] == 7
+    ckpt.save_checkpoint(state(7), ckpt.checkpoint_path(tmp_path / "checkpoints", 7))
+    assert ckpt.load_checkpoint(ckpt.checkpoint_path(tmp_path / "checkpoints", 7))["step"] == 7
 
 
 def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
-    ckpt.save_checkpoint(state(3), ckpt.checkpoint_path(tmp_path, 3))
+    ckpt.save_checkpoint(state(3), ckpt.checkpoint_path(tmp_path / "checkpoints", 3))
 
     def disk_full(obj, f):
         f.write(b"partial")
@@ -139,13 +139,13 @@ def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", disk_full)
     with pytest.raises(ckpt.CheckpointWriteError, match="step_00000006.pt: could not write checkpoint "
                                                         r"\(No space left on device\); earlier checkpoints are intact"):
-        ckpt.save_checkpoint(state(6), ckpt.checkpoint_path(tmp_path, 6))
-    assert [p.name for p in ckpt.checkpoint_path(tmp_path, 3).parent.iterdir()] == ["step_00000003.pt"]
-    assert ckpt.load_checkpoint(ckpt.checkpoint_path(tmp_path, 3))["step"] == 3
+        ckpt.save_checkpoint(state(6), ckpt.checkpoint_path(tmp_path / "checkpoints", 6))
+    assert [p.name for p in ckpt.checkpoint_path(tmp_path / "checkpoints", 3).parent.iterdir()] == ["step_00000003.pt"]
+    assert ckpt.load_checkpoint(ckpt.checkpoint_path(tmp_path / "checkpoints", 3))["step"] == 3
 
 
 def test_checkpoint_of_another_model_size_is_refused_naming_the_key(tmp_path):
-    path = ckpt.checkpoint_path(tmp_path, 3)
+    path = ckpt.checkpoint_path(tmp_path / "checkpoints", 3)
     with pytest.raises(ckpt.CheckpointError, match="checkpoint has n_layer=4 but this run has n_layer=2"):
         ckpt.check_compatible(state(3, n_layer=4), state(3)["model_args"], path)
     ckpt.check_compatible(state(3), state(3)["model_args"], path)
@@ -154,11 +154,11 @@ def test_checkpoint_of_another_model_size_is_refused_naming_the_key(tmp_path):
 def test_a_resume_path_that_is_no_file_names_the_key(tmp_path):
     # checked where the file is opened, not in config validation
     with pytest.raises(ConfigError, match="resume: no checkpoint file"):
-        ckpt.find_resume_checkpoint(tmp_path, "/no/such/ckpt.pt")
+        ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "/no/such/ckpt.pt")
 
 
 def test_a_checkpoint_of_a_newer_format_is_refused_by_name(tmp_path):
-    path = ckpt.checkpoint_path(tmp_path, 1)
+    path = ckpt.checkpoint_path(tmp_path / "checkpoints", 1)
     ckpt.save_checkpoint({**state(1), "format_version": ckpt.FORMAT_VERSION + 1}, path)
     with pytest.raises(ckpt.CheckpointError, match=f"step_00000001.pt: checkpoint format_version "
                                                    f"{ckpt.FORMAT_VERSION + 1} is newer than this code reads"):
@@ -167,11 +167,12 @@ def test_a_checkpoint_of_a_newer_format_is_refused_by_name(tmp_path):
 
 CHOOSE_AND_MEASURE = """
 import os, sys
+from pathlib import Path
 from training.checkpoint import find_resume_checkpoint
 def resident_mib():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
 before = resident_mib()
-path, state, _ = find_resume_checkpoint(sys.argv[1], sys.argv[2])  # state held: its tensors count if read
+path, state, _ = find_resume_checkpoint(Path(sys.argv[1]) / "checkpoints", sys.argv[2])  # state held: its tensors count if read
 print(state["step"], resident_mib() - before)
 """
 
@@ -186,9 +187,9 @@ def test_choosing_the_checkpoint_to_resume_reads_no_tensors_into_memory(tmp_path
 
     big = {"w": torch.ones(64 * 2**20, dtype=torch.float32)}  # 256 MiB of "weights"
     out = tmp_path / "out"
-    ckpt.save_checkpoint({**state(3), "model": big, **lineage("r", "c3")}, ckpt.checkpoint_path(out, 3))
-    ckpt.save_checkpoint({**state(6), "model": big, **lineage("r", "c6", "c3")}, ckpt.checkpoint_path(out, 6))
-    arg = "auto" if resume == "auto" else str(ckpt.checkpoint_path(out, 3))  # path: 3, then its descendant 6
+    ckpt.save_checkpoint({**state(3), "model": big, **lineage("r", "c3")}, ckpt.checkpoint_path(out / "checkpoints", 3))
+    ckpt.save_checkpoint({**state(6), "model": big, **lineage("r", "c6", "c3")}, ckpt.checkpoint_path(out / "checkpoints", 6))
+    arg = "auto" if resume == "auto" else str(ckpt.checkpoint_path(out / "checkpoints", 3))  # path: 3, then its descendant 6
     proc = subprocess.run([sys.executable, "-c", CHOOSE_AND_MEASURE, str(out), arg],
                           capture_output=True, text=True, check=True)
     step, grown_mib = map(int, proc.stdout.split())
@@ -198,12 +199,12 @@ def test_choosing_the_checkpoint_to_resume_reads_no_tensors_into_memory(tmp_path
 
 def test_a_newer_format_checkpoint_stops_every_reader_and_stays_where_it_is(tmp_path):
     """Written by newer code, not damaged: refused, never set aside for an older checkpoint."""
-    ckpt.save_checkpoint(state(3), ckpt.checkpoint_path(tmp_path, 3))
-    newer = ckpt.checkpoint_path(tmp_path, 6)
+    ckpt.save_checkpoint(state(3), ckpt.checkpoint_path(tmp_path / "checkpoints", 3))
+    newer = ckpt.checkpoint_path(tmp_path / "checkpoints", 6)
     ckpt.save_checkpoint({**state(6), "format_version": ckpt.FORMAT_VERSION + 1}, newer)
-    for read in (lambda: ckpt.find_resume_checkpoint(tmp_path, "auto"),
+    for read in (lambda: ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "auto"),
                  lambda: ckpt.resolve_checkpoint(tmp_path),  # sample.py, export_hf.py, eval_lm.py
-                 lambda: ckpt.find_resume_checkpoint(tmp_path, str(ckpt.checkpoint_path(tmp_path, 3)))):
+                 lambda: ckpt.find_resume_checkpoint(tmp_path / "checkpoints", str(ckpt.checkpoint_path(tmp_path / "checkpoints", 3)))):
         with pytest.raises(ckpt.CheckpointError, match="step_00000006.pt: checkpoint format_version .* is newer"):
             read()
-        assert newer.exists() and [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [3, 6]
+        assert newer.exists() and [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [3, 6]

@@ -107,7 +107,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight,
     # after the checkpoint: the README's failure table says so
     assert proc.returncode == 1 and "SignalException" in stderr, (proc.returncode, stderr[-2000:])
     assert "torchrun itself exits 1" in (REPO / "README.md").read_text()
-    (saved,) = [s for s, _ in list_checkpoints(out)]
+    (saved,) = [s for s, _ in list_checkpoints(out / "checkpoints")]
     assert 3 < saved < STEPS  # the preemption's checkpoint, at the next step boundary
     run_trainer(args, nproc=2)  # the same command again
     assert_same_run(out, straight)
@@ -131,7 +131,7 @@ def test_worker_killed_under_max_restarts_recovers_and_matches(data, straight, t
 def crashed_copy(straight: Path, out: Path, last_checkpoint: int) -> None:
     """The reference run's folder as if the run had died just after checkpoint `last_checkpoint`."""
     shutil.copytree(straight, out)
-    for step, path in list_checkpoints(out):
+    for step, path in list_checkpoints(out / "checkpoints"):
         if step > last_checkpoint:
             path.unlink()
 
@@ -192,7 +192,7 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(dat
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "step 7: loss nan" in errors[0], proc.stderr[-3000:]
     assert proc.exitcodes == [3, 3]
-    assert [s for s, _ in list_checkpoints(out)] == [3, 6]
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [3, 6]
     assert max(r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train") == 6
     # the checkpoint is the last good state: resuming (without the fault) matches the straight run
     run_trainer(args, nproc=2)
@@ -244,7 +244,7 @@ def test_a_fresh_start_never_mixes_with_the_run_in_out_dir(data, straight, tmp_p
     errors = error_lines(proc.stderr)
     assert len(errors) == 2 and "resume: " in errors[0] and "already holds a run" in errors[0], proc.stderr[-2000:]
     assert "--resume auto" in errors[0]
-    assert [s for s, _ in list_checkpoints(out)] == [3, 6, 9] and (out / "log.jsonl").read_bytes() == log_before
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [3, 6, 9] and (out / "log.jsonl").read_bytes() == log_before
 
 
 @pytest.mark.slow
@@ -255,7 +255,7 @@ def test_fallback_past_a_truncated_checkpoint_with_keep_last_1_keeps_what_it_wri
     newest.write_bytes(newest.read_bytes()[:1000])
     proc = run_trainer(base_args(data, out, **{**ARGS, "keep_last": 1}), nproc=2)
     assert "renamed it to step_00000009.pt.unreadable" in proc.stderr
-    assert [s for s, _ in list_checkpoints(out)] == [STEPS]
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [STEPS]
     assert_same_run(out, straight)
 
 
@@ -327,7 +327,7 @@ def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     assert "SIGTERM received: saved step 6; run the same command with --resume auto to resume" in stdout, stderr
-    assert [s for s, _ in list_checkpoints(out)] == [6]
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [6]
     records = read_log(out / "log.jsonl")
     assert max(r["step"] for r in records if r["kind"] == "train") == 5
     assert not any(r["kind"] == "sample" and r["step"] == 6 for r in records)
@@ -355,7 +355,7 @@ def test_sigusr1_to_a_plain_torchrun_stops_the_orphaned_workers_with_a_checkpoin
         time.sleep(0.1)
     assert not any(map(running, workers))
     assert "SIGTERM received: saved step" in stdout, stdout[-2000:] + stderr[-2000:]
-    (saved,) = [s for s, _ in list_checkpoints(out)]
+    (saved,) = [s for s, _ in list_checkpoints(out / "checkpoints")]
     assert 3 < saved < STEPS
     run_trainer(args, nproc=2)  # the same command again
     assert_same_run(out, straight)
@@ -390,7 +390,7 @@ def test_a_batch_one_rank_cannot_read_stops_every_rank_before_the_update(data, t
     assert errors == ["error: injected: rank 1 could not read step 7"] * 2, proc.stderr[-3000:]
     assert proc.exitcodes == [2, 2] and "train_gpt2.py\", line" not in proc.stderr
     assert max(r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train") == 6
-    assert [s for s, _ in list_checkpoints(out)] == [3, 6]  # the last good state (resuming from it: the NaN test)
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [3, 6]  # the last good state (resuming from it: the NaN test)
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import torch
 
 from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer, train_losses
 from test_faults import children, env_for_workers, start_torchrun, wait_for_step
-from training.checkpoint import list_checkpoints
+from training.checkpoint import delete_checkpoint, list_checkpoints, read_full_state
 from training.run_logger import read_log
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -77,9 +77,9 @@ def test_fsdp_holds_about_half_the_model_state_per_rank_on_two_ranks(runs):
 def test_a_checkpoint_resumes_under_another_strategy_or_world_size(runs, data, tmp_path, first, then, nproc):
     out = tmp_path / "resumed"
     shutil.copytree(runs[first], out)
-    for step, path in list_checkpoints(out):
+    for step, path in list_checkpoints(out / "checkpoints"):
         if step > 3:
-            path.unlink()
+            delete_checkpoint(path)
     run_trainer(base_args(data, out, strategy=then, **F64), nproc=nproc)
     assert_same_training(out, runs["ddp"], rtol=1e-12)  # fsdp_zero2's three steps included
 
@@ -93,7 +93,7 @@ def test_sigterm_under_fsdp_saves_and_the_same_command_continues_bitwise(runs, d
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=120)
     assert "SIGTERM received: saved step" in stdout, stderr[-3000:]
-    assert 1 < [s for s, _ in list_checkpoints(out)][-1] < STEPS
+    assert 1 < [s for s, _ in list_checkpoints(out / "checkpoints")][-1] < STEPS
     run_trainer(args, nproc=2)
     straight = train_losses(runs["fsdp32"])
     assert train_losses(out) == straight  # bitwise: the same strategy and world size
@@ -106,14 +106,15 @@ def test_a_nan_on_one_rank_under_fsdp_stops_both_before_the_update(data, tmp_pat
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "step 2: loss nan" in errors[0], proc.stderr[-3000:]
     assert proc.exitcodes == [3, 3]
-    assert [s for s, _ in list_checkpoints(out)] == [1, 2]  # nothing after the last good step
+    assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [1, 2]  # nothing after the last good step
 
 
 def test_checkpoints_written_under_fsdp_serve_every_reader(runs, tmp_path):
-    """sample.py and export_hf.py read an FSDP run's checkpoint like any other."""
-    ckpt = runs["fsdp32"] / "checkpoints" / f"step_{STEPS:08d}.pt"
-    ddp = torch.load(runs["ddp"] / "checkpoints" / f"step_{STEPS:08d}.pt", weights_only=True)
-    fsdp = torch.load(ckpt, weights_only=True)
+    """An FSDP run's (sharded) checkpoint holds what a DDP run's file does, and sample.py reads it."""
+    ckpt = runs["fsdp32"] / "checkpoints" / f"step_{STEPS:08d}"
+    assert ckpt.is_dir()  # checkpoint_format auto: sharded under fsdp
+    ddp = read_full_state(runs["ddp"] / "checkpoints" / f"step_{STEPS:08d}.pt")
+    fsdp = read_full_state(ckpt)
     assert fsdp["model"].keys() == ddp["model"].keys() and fsdp["optimizer"].keys() == ddp["optimizer"].keys()
     assert fsdp["optimizer"]["param_groups"] == ddp["optimizer"]["param_groups"]
     assert fsdp["optimizer"]["state"].keys() == ddp["optimizer"]["state"].keys()
@@ -153,9 +154,9 @@ def test_evaluations_that_split_unevenly_over_the_ranks_finish_with_the_ddp_figu
 def test_fsdp_resumes_with_another_micro_batch_size(runs, data, tmp_path):
     out = tmp_path / "resumed"
     shutil.copytree(runs["fsdp"], out)
-    for step, path in list_checkpoints(out):
+    for step, path in list_checkpoints(out / "checkpoints"):
         if step > 3:
-            path.unlink()
+            delete_checkpoint(path)
     run_trainer(base_args(data, out, strategy="fsdp", micro_batch_size=2, **F64), nproc=2)
     assert_same_training(out, runs["ddp"], rtol=1e-12)  # 4 micro-steps of 2 rows per rank instead of 2 of 4
 

@@ -46,14 +46,14 @@ def error_line(capfd) -> str:
 def test_a_copied_in_checkpoint_of_another_run_is_refused_and_nothing_changes(data, tmp_path, capfd):
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     assert train(data, ours) == 0 and train(data, theirs, max_steps=6, checkpoint_interval=6) == 0
-    shutil.copy(ckpt.checkpoint_path(theirs, 6), ckpt.checkpoint_path(ours, 6))
+    shutil.copy(ckpt.checkpoint_path(theirs / "checkpoints", 6), ckpt.checkpoint_path(ours / "checkpoints", 6))
     log_before = (ours / "log.jsonl").read_bytes()
     capfd.readouterr()
     assert train(data, ours, max_steps=9) == 2
     message = error_line(capfd)
     assert f"resume: {ours} holds more than one run" in message and "step_00000006.pt" in message, message
     assert (ours / "log.jsonl").read_bytes() == log_before
-    assert [s for s, _ in ckpt.list_checkpoints(ours)] == [3, 6]
+    assert [s for s, _ in ckpt.list_checkpoints(ours / "checkpoints")] == [3, 6]
 
 
 def test_resume_path_into_a_folder_of_a_third_run_is_refused(data, tmp_path, capfd):
@@ -62,7 +62,7 @@ def test_resume_path_into_a_folder_of_a_third_run_is_refused(data, tmp_path, cap
     assert train(data, third, checkpoint_interval=0, final_checkpoint="false") == 0  # a log, no checkpoint
     log_before = (third / "log.jsonl").read_bytes()
     capfd.readouterr()
-    assert train(data, third, max_steps=6, resume=ckpt.checkpoint_path(source, 3)) == 2
+    assert train(data, third, max_steps=6, resume=ckpt.checkpoint_path(source / "checkpoints", 3)) == 2
     message = error_line(capfd)
     assert "step_00000003.pt belongs to run" in message and f"but {third} holds run" in message, message
     assert (third / "log.jsonl").read_bytes() == log_before and not (third / "checkpoints").exists()
@@ -72,8 +72,8 @@ def test_resume_path_into_a_new_folder_and_again_continues_one_history(data, tmp
     """The lineage check must not refuse the legitimate uses: fork into a new folder, requeue there."""
     source, fork = tmp_path / "source", tmp_path / "fork"
     assert train(data, source) == 0
-    assert train(data, fork, max_steps=5, checkpoint_interval=5, resume=ckpt.checkpoint_path(source, 3)) == 0
-    assert train(data, fork, max_steps=6, checkpoint_interval=6, resume=ckpt.checkpoint_path(source, 3)) == 0
+    assert train(data, fork, max_steps=5, checkpoint_interval=5, resume=ckpt.checkpoint_path(source / "checkpoints", 3)) == 0
+    assert train(data, fork, max_steps=6, checkpoint_interval=6, resume=ckpt.checkpoint_path(source / "checkpoints", 3)) == 0
     assert sorted(train_losses(fork)) == [3, 4, 5]
     run_ids = {json.loads((d / "run.json").read_text())["run_id"] for d in (source, fork)}
     assert len(run_ids) == 1
@@ -89,7 +89,7 @@ def test_temporaries_of_a_killed_save_are_removed_before_the_first_save(data, tm
     unrelated.write_text("not ours")
     capfd.readouterr()
     assert train(data, out, max_steps=4, checkpoint_interval=0) == 0
-    assert "removed 1 temporary file(s) of an interrupted checkpoint save: .step_00000006.pt.tmp" in capfd.readouterr().out
+    assert "removed what 1 interrupted checkpoint save(s) left: .step_00000006.pt.tmp" in capfd.readouterr().out
     assert not stale.exists() and unrelated.exists()
     assert sorted(p.name for p in folder.iterdir()) == [".notes.tmp", "step_00000003.pt", "step_00000004.pt"]
 
@@ -134,7 +134,7 @@ def test_a_second_launch_into_a_busy_folder_is_refused_and_the_first_goes_on(dat
         assert first.returncode == 0 and "SIGTERM received: saved step" in stdout
     finally:
         first.kill()
-    (saved,) = ckpt.list_checkpoints(out)
+    (saved,) = ckpt.list_checkpoints(out / "checkpoints")
     assert torch.load(saved[1], weights_only=True)["run_id"] == json.loads((out / "run.json").read_text())["run_id"]
 
 
@@ -144,19 +144,19 @@ def lineage_state(run_id: str, step: int) -> dict:
 
 def test_one_history_rules(tmp_path):
     out = tmp_path / "out"
-    ckpt.save_checkpoint(lineage_state("a" * 32, 3), ckpt.checkpoint_path(out, 3))
-    check_one_history(out, None)
-    check_one_history(out, (ckpt.checkpoint_path(out, 3), lineage_state("a" * 32, 3)))
+    ckpt.save_checkpoint(lineage_state("a" * 32, 3), ckpt.checkpoint_path(out / "checkpoints", 3))
+    check_one_history(out, out / "checkpoints", None)
+    check_one_history(out, out / "checkpoints", (ckpt.checkpoint_path(out / "checkpoints", 3), lineage_state("a" * 32, 3)))
     (out / "run.json").write_text(json.dumps({"run_id": "b" * 32}))
     with pytest.raises(ConfigError, match="holds more than one run \\(run bbbbbbbb in run.json and log.jsonl, "
                                           "run aaaaaaaa in checkpoints/step_00000003.pt\\)"):
-        check_one_history(out, None)
+        check_one_history(out, out / "checkpoints", None)
     (out / "run.json").write_text(json.dumps({"run_id": "a" * 32}))
-    elsewhere = ckpt.checkpoint_path(tmp_path / "other", 9)
+    elsewhere = ckpt.checkpoint_path(tmp_path / "other" / "checkpoints", 9)
     with pytest.raises(ConfigError, match="belongs to run cccccccc, but .* holds run aaaaaaaa"):
-        check_one_history(out, (elsewhere, lineage_state("c" * 32, 9)))
+        check_one_history(out, out / "checkpoints", (elsewhere, lineage_state("c" * 32, 9)))
     legacy = tmp_path / "legacy"  # a log from older code, no run_id anywhere
     legacy.mkdir()
     (legacy / "log.jsonl").write_text("{}\n")
     with pytest.raises(ConfigError, match="holds a log.jsonl of another run"):
-        check_one_history(legacy, (elsewhere, lineage_state("c" * 32, 9)))
+        check_one_history(legacy, legacy / "checkpoints", (elsewhere, lineage_state("c" * 32, 9)))

@@ -21,6 +21,7 @@ from data.tokenizer import GPT2_VOCAB_SIZE
 from errors import ConfigError, first_line
 from model import PRESETS, GPTConfig
 from training.parallel import STRATEGIES
+from training.storage import is_url
 
 def option(default, help: str):
     """A config field with its help text beside it (printed by --help)."""
@@ -74,6 +75,13 @@ class TrainConfig:
     final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)")
     keep_last: int = option(3, "keep the newest N checkpoints")
     resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
+    checkpoint_dir: str = option("", "where checkpoints go ('': out_dir/checkpoints): a local or shared path, or an "
+                                     "fsspec URL (s3://bucket/run, gs://..., needing s3fs, gcsfs, ...)")
+    checkpoint_format: str = option("auto", "file (one step_X.pt written by rank 0), sharded (a step_X/ folder "
+                                            "every rank writes its part of, torch.distributed.checkpoint), or auto "
+                                            "(sharded under fsdp and for URLs, else file); both resume anywhere")
+    checkpoint_async: bool = option(True, "sharded checkpoints are written in the background: training waits only "
+                                          "for the copy to host memory")
     # --- runtime
     device: str = option("auto", "auto, cuda, cuda:N, mps or cpu")
     dtype: str = option("auto", "auto (bfloat16 autocast on GPUs and on CPUs where it is faster, float16 with a "
@@ -151,6 +159,13 @@ class TrainConfig:
                 f"unknown mode {self.wandb_mode!r}; choose online, offline or disabled")
         require(self.hang_timeout_minutes > 0, "hang_timeout_minutes",
                 f"must be positive, got {self.hang_timeout_minutes}")
+        require(self.checkpoint_format in ("auto", "file", "sharded"), "checkpoint_format",
+                f"unknown format {self.checkpoint_format!r}; choose auto, file or sharded")
+        require(not is_url(self.out_dir), "out_dir",
+                f"{self.out_dir!r} is a URL, but the run folder (logs, config) is a local or shared path; put "
+                f"checkpoints on remote storage with --checkpoint_dir URL")
+        require(not (is_url(self.checkpoint_dir) and self.checkpoint_format == "file"), "checkpoint_format",
+                f"file checkpoints are written locally; checkpoint_dir {self.checkpoint_dir!r} is a URL: use sharded")
         # paths (resume, init_from, hellaswag_path, data_dir) are checked where the files are opened
 
     # --- derived values -----------------------------------------------------------------------
@@ -161,6 +176,13 @@ class TrainConfig:
     def grad_accum_steps(self, world_size: int) -> int:
         """total_batch_size / (micro_batch_size * seq_len * world_size), which must be whole (ConfigError)."""
         return grad_accum_steps(self.total_batch_size, self.seq_len, self.micro_batch_size, world_size)
+
+    def resolved_checkpoint_format(self) -> str:
+        """file or sharded: auto is sharded where one writer gathering everything does not scale
+        (fsdp), and where only sharded checkpoints can go (URLs)."""
+        if self.checkpoint_format != "auto":
+            return self.checkpoint_format
+        return "sharded" if self.strategy != "ddp" or is_url(self.checkpoint_dir) else "file"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -1,8 +1,8 @@
-"""A training run: built at launch (fresh, or from the checkpoint it resumes), its state saved.
+"""A training run: built at launch (fresh, or from the checkpoint it resumes), its state in one place.
 
 `build_run` opens the data, builds the model and optimizer, and restores the checkpoint that
-`resume` picks (`Run.load_state_dict`); `save_run` writes `Run.state_dict()` back as a
-checkpoint. A checkpoint `step_s` holds the state after s updates.
+`resume` picks (`Run.load_state_dict`); training/checkpointer.py writes `Run.state_dict()` back
+as a checkpoint. A checkpoint `step_s` holds the state after s updates.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from data.loader import TrainLoader, ValLoader, validate_shards
 from data.manifest import data_fingerprint
 from errors import CheckpointError, ConfigError
 from model import GPT
-from training.checkpoint import (FORMAT_VERSION, RESUME_ENTRIES, check_compatible, checkpoint_path,
-                                 find_resume_checkpoint, list_checkpoints, load_checkpoint, prune_checkpoints,
-                                 require_entries, save_checkpoint)
+from training import sharded_checkpoint as sharded
+from training.checkpoint import (RESUME_ENTRIES, check_compatible, checkpoints_folder, find_resume_checkpoint,
+                                 list_checkpoints, load_checkpoint, require_entries)
+from training.storage import Location, name_of
 from training.config import TrainConfig
 from training.distributed import DistEnv, broadcast_object, run_on_all_ranks
 from training.parallel import Strategy
@@ -59,18 +60,21 @@ class Run:
     wandb_run_id: str | None = None  # set on rank 0 when W&B starts (a resume continues that W&B run)
     # --- this launch
     start_step: int = 0  # where this launch began: 0, or the step of the checkpoint it resumed
-    resumed_from: Path | None = None
+    resumed_from: Location | None = None
 
     def state_dict(self) -> dict:
         """Tensors and plain Python values only (loads with torch.load(weights_only=True)).
 
         A collective: under FSDP the model and optimizer are gathered onto rank 0's CPU (the
-        other ranks get empty dicts for them).
+        other ranks get empty dicts for them). The sharded format saves the same entries: the
+        model and optimizer through DCP, each rank its part, and `progress_state()` beside them.
         """
         model_state, optimizer_state = self.strategy.full_state(self.model, self.optimizer)
+        return {"model": model_state, "optimizer": optimizer_state, **self.progress_state()}
+
+    def progress_state(self) -> dict:
+        """The state beside the model and optimizer: plain Python values, the same on every rank."""
         return {
-            "model": model_state,
-            "optimizer": optimizer_state,
             "scaler": self.scaler.state_dict(),  # {} unless float16
             "step": self.step,
             "tokens_seen": self.tokens_seen,
@@ -81,15 +85,23 @@ class Run:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a checkpoint's state (every rank has it whole), with this run's optimizer settings.
+        """Continue from a checkpoint's state (load_checkpoint's, on every rank), with this run's optimizer settings.
 
-        The saved optimizer state keeps its moments and step counts; its settings (lr, betas, eps,
-        weight decay, kernel choice) become this run's, so a resume with changed settings trains
-        with what config.yaml says. The lineage goes on: the same run_id, and the checkpoint's own
-        id appended to the ancestry.
+        A file's model and optimizer are whole on every rank, and each keeps its part; a sharded
+        checkpoint's are read by every rank, its part only (a collective). The saved optimizer
+        state keeps its moments and step counts; its settings (lr, betas, eps, weight decay,
+        kernel choice) become this run's, so a resume with changed settings trains with what
+        config.yaml says. The lineage goes on: the same run_id, and the checkpoint's own id
+        appended to the ancestry.
         """
-        self.strategy.load_full_state(self.model, self.optimizer, state["model"],
-                                      with_current_settings(state["optimizer"], self.optimizer))
+        def current_settings(saved: dict) -> dict:
+            return with_current_settings(saved, self.optimizer)
+
+        if state.get("sharded"):
+            sharded.load_training_state(self.model, self.optimizer, state["location"], current_settings)
+        else:
+            self.strategy.load_full_state(self.model, self.optimizer, state["model"],
+                                          current_settings(state["optimizer"]))
         if self.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
             self.scaler.load_state_dict(state["scaler"])
         self.step = self.start_step = state["step"]
@@ -151,15 +163,17 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
     return run
 
 
-def choose_resume_checkpoint(cfg: TrainConfig, env: DistEnv, logger: RunLogger) -> Path | None:
+def choose_resume_checkpoint(cfg: TrainConfig, env: DistEnv, logger: RunLogger) -> Location | None:
     """Rank 0 resolves `resume` (scanning out_dir); every rank gets its answer, or its error."""
-    def resolve() -> Path | None:
+    folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
+
+    def resolve() -> Location | None:
         if not env.master_process:
             return None
         if cfg.resume == "never":
-            refuse_used_out_dir(Path(cfg.out_dir))
-        found = find_resume_checkpoint(cfg.out_dir, cfg.resume, warn=logger.warn)
-        check_one_history(cfg.out_dir, None if found is None else found[:2])
+            refuse_used_out_dir(Path(cfg.out_dir), folder)
+        found = find_resume_checkpoint(folder, cfg.resume, warn=logger.warn)
+        check_one_history(cfg.out_dir, folder, None if found is None else found[:2])
         if found is None:
             return None
         path, _, how = found
@@ -169,15 +183,17 @@ def choose_resume_checkpoint(cfg: TrainConfig, env: DistEnv, logger: RunLogger) 
     return broadcast_object(run_on_all_ranks(env, resolve), env)
 
 
-def refuse_used_out_dir(out_dir: Path) -> None:
+def refuse_used_out_dir(out_dir: Path, folder: Location) -> None:
     """A fresh start must not mix with the run already in out_dir (its checkpoints and log)."""
-    used = [p for p in (out_dir / LOG_NAME, *(p for _, p in list_checkpoints(out_dir))) if p.exists()]
+    used = [name_of(p) for _, p in list_checkpoints(folder)][-2:]
+    if (out_dir / LOG_NAME).exists():
+        used.insert(0, LOG_NAME)
     if used:
-        raise ConfigError(f"resume: {out_dir} already holds a run ({', '.join(p.name for p in used[-2:])}); "
+        raise ConfigError(f"resume: {out_dir} already holds a run ({', '.join(used)}); "
                           f"continue it with --resume auto, or give this run another out_dir")
 
 
-def load_compatible_checkpoint(path: Path, model_config) -> dict:
+def load_compatible_checkpoint(path: Location, model_config) -> dict:
     """The checkpoint's state, its tensors memory-mapped: every rank pages in only what it copies."""
     state = require_entries(load_checkpoint(path), RESUME_ENTRIES, path, "resuming")
     check_compatible(state, model_config.to_dict(), path)
@@ -207,30 +223,3 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, logger: RunLogger) -
     if changed:
         logger.warn(f"resuming with settings that differ from the checkpoint's: {', '.join(changed)} "
                     f"(this run uses the new values; the steps after the resume differ from an uninterrupted run)")
-
-
-def save_run(run: Run, cfg: TrainConfig, env: DistEnv, logger: RunLogger, provenance: dict) -> None:
-    """Checkpoint `step_{run.step}`: rank 0 writes, every rank learns whether that worked. Collective."""
-    state = run.state_dict()  # gathered onto rank 0 under FSDP
-
-    def write() -> None:
-        if not env.master_process:
-            return
-        logger.check()  # a log that could not be written stops the run before anything else
-        path = checkpoint_path(cfg.out_dir, run.step)
-        save_checkpoint({**state, **checkpoint_metadata(run, cfg, provenance)}, path)
-        prune_checkpoints(cfg.out_dir, cfg.keep_last, written_step=run.step, warn=logger.warn)
-        logger.console(f"saved checkpoint {path}")
-
-    run_on_all_ranks(env, write)
-
-
-def checkpoint_metadata(run: Run, cfg: TrainConfig, provenance: dict) -> dict:
-    """What a checkpoint file holds beside the run's state: what wrote it, with which settings."""
-    return {
-        "config": cfg.to_dict(),
-        "model_args": run.model.config.to_dict(),
-        "provenance": provenance,
-        "checkpoint_id": uuid.uuid4().hex,
-        "format_version": FORMAT_VERSION,
-    }

@@ -22,21 +22,26 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from errors import CheckpointError, ConfigError
-from training.checkpoint import (CHECKPOINT_DIR, CheckpointTooNewError, list_checkpoints, load_checkpoint,
-                                 remove_stale_temp_files)
+from training.checkpoint import CheckpointTooNewError, list_checkpoints, load_checkpoint, remove_stale_temp_files
 from training.run_logger import LOG_NAME
+from training.storage import Location, name_of, parent_of
 
 LOCK_NAME = ".lock"
 RUN_RECORD = "run.json"  # written by the trainer at every launch (training/provenance.py)
 
 
-def claim_run_folder(out_dir: str | Path, warn, console) -> RunFolderLock:
-    """Lock out_dir for this launch (rank 0), then clean what a killed save left: safe now that no one else writes."""
+def claim_run_folder(out_dir: str | Path, checkpoints: Location, warn, console) -> RunFolderLock:
+    """Lock out_dir for this launch (rank 0), then clean what a killed save left in its checkpoint
+    folder: safe now that no one else writes there."""
     lock = RunFolderLock(out_dir, warn)
-    removed = remove_stale_temp_files(out_dir)
+    try:
+        removed = remove_stale_temp_files(checkpoints)
+    except BaseException:
+        lock.release()
+        raise
     if removed:
-        console(f"removed {len(removed)} temporary file(s) of an interrupted checkpoint save: "
-                f"{', '.join(p.name for p in removed)}")
+        console(f"removed what {len(removed)} interrupted checkpoint save(s) left: "
+                f"{', '.join(name_of(p) for p in removed)}")
     return lock
 
 
@@ -94,8 +99,9 @@ def recorded_run_id(out_dir: str | Path) -> str | None:
     return record.get("run_id") if isinstance(record, dict) else None
 
 
-def check_one_history(out_dir: str | Path, chosen: tuple[Path, dict] | None) -> None:
-    """Refuse to go on when out_dir, or out_dir and the checkpoint chosen to resume, hold more than one run.
+def check_one_history(out_dir: str | Path, checkpoints: Location, chosen: tuple[Location, dict] | None) -> None:
+    """Refuse to go on when out_dir (with its checkpoint folder), or out_dir and the checkpoint chosen
+    to resume, hold more than one run.
 
     What names a run: run.json's run_id (every launch writes it), and each readable checkpoint's
     run_id. They must all agree, with each other and with the chosen checkpoint. A chosen
@@ -107,7 +113,7 @@ def check_one_history(out_dir: str | Path, chosen: tuple[Path, dict] | None) -> 
     recorded = recorded_run_id(out_dir)
     if recorded:
         owners[recorded] = f"{RUN_RECORD} and {LOG_NAME}"
-    for step, path in list_checkpoints(out_dir):
+    for step, path in list_checkpoints(checkpoints):
         try:
             run_id = load_checkpoint(path).get("run_id")  # metadata only: the tensors stay on disk
         except CheckpointTooNewError:
@@ -115,7 +121,7 @@ def check_one_history(out_dir: str | Path, chosen: tuple[Path, dict] | None) -> 
         except CheckpointError:
             continue  # damaged: never chosen, and set aside when it would be
         if run_id:
-            owners.setdefault(run_id, f"{CHECKPOINT_DIR}/{path.name}")
+            owners.setdefault(run_id, f"{name_of(checkpoints)}/{name_of(path)}")
     if len(owners) > 1:
         raise ConfigError(f"resume: {out_dir} holds more than one run ({describe(owners)}); one folder holds one "
                           f"line of history: move the other run's files out, or give this run another out_dir")
@@ -127,7 +133,7 @@ def check_one_history(out_dir: str | Path, chosen: tuple[Path, dict] | None) -> 
     if ours is not None and theirs != ours:
         raise ConfigError(f"resume: {path} belongs to run {short(theirs)}, but {out_dir} holds run {short(ours)} "
                           f"({owners[ours]}); continue that run with --resume auto, or give this run another out_dir")
-    if ours is None and (out_dir / LOG_NAME).exists() and path.parent != out_dir / CHECKPOINT_DIR:
+    if ours is None and (out_dir / LOG_NAME).exists() and str(parent_of(path)) != str(checkpoints):
         raise ConfigError(f"resume: {out_dir} holds a {LOG_NAME} of another run; resuming {path} there would mix "
                           f"their records: give this run another out_dir")
 

@@ -1,0 +1,186 @@
+"""The sharded checkpoint format: a folder `step_XXXXXXXX/` that every rank writes its part of.
+
+    step_00005000/
+        __0_0.distcp, __1_0.distcp, ...   each rank's tensors (torch.distributed.checkpoint, DCP)
+        .metadata                         DCP's index of every tensor shard: written once all parts are
+        checkpoint.json                   everything else (step, lineage, config, ...): written LAST
+
+The model and optimizer go through DCP's `get_state_dict` / `set_state_dict`, keyed by parameter
+name, the same under DDP, FSDP and one process: a checkpoint loads onto any world size and any
+strategy (DCP reshards), and a single process reads the model alone (sample.py, export, eval).
+
+A checkpoint is complete when `checkpoint.json` exists: DCP's `.metadata` is written by rank 0
+only after every rank reported its part written, and the commit file after that. A folder
+without the commit file is an interrupted save: never chosen, and removed before the next run's
+first save. Retention deletes the commit file first, so a half-deleted folder is never complete.
+
+Asynchronous saves (`dcp.async_save`) block the loop only while the state is copied off the
+device; the files are written by a background thread, whose collectives go over a process group
+of their own (gloo), apart from the training's.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import torch
+
+from errors import CheckpointError, first_line
+from training import storage
+from training.storage import Location
+
+COMMIT_NAME = "checkpoint.json"
+DCP_METADATA = ".metadata"
+TENSOR_ENTRIES = ("model", "optimizer")  # in the DCP files; everything else is in the commit file
+
+# DCP warns, on every save and load without a process group, that it "assumes the intent is to
+# save/load in a single process": one process (sample.py, a one-GPU run) is exactly that intent
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
+                        category=UserWarning)
+
+
+def is_sharded_checkpoint(location: Location) -> bool:
+    """A step folder (complete or not); a file checkpoint is a `.pt` file."""
+    return storage.is_dir(location)
+
+
+def is_complete(location: Location) -> bool:
+    return storage.exists(storage.join(location, COMMIT_NAME))
+
+
+def _writer(location: Location):
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    if storage.is_url(location):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        storage.filesystem(location)  # a missing backend package is a ConfigError naming it
+        return FsspecWriter(location, sync_files=True)
+    return FileSystemWriter(location, sync_files=True)
+
+
+def _reader(location: Location):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    if storage.is_url(location):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return FsspecReader(location)
+    return FileSystemReader(location)
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+
+def start_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, location: Location,
+               asynchronous: bool, process_group=None):
+    """Write the model and optimizer (this rank's part) into the folder; a Future when asynchronous.
+
+    Every rank calls it (a collective). Synchronous: returns once every part and DCP's index are
+    written. Asynchronous: returns once the state is copied to host memory; the Future completes
+    when the files are written (on rank 0: all ranks' files and the index), or raises their error.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    storage.make_dirs(location)
+    no_dist = not _distributed()
+    if asynchronous:
+        return dcp.async_save(state, storage_writer=_writer(location), process_group=process_group, no_dist=no_dist)
+    dcp.save(state, storage_writer=_writer(location), process_group=process_group, no_dist=no_dist)
+    return None
+
+
+def commit(location: Location, metadata: dict) -> None:
+    """Mark a written checkpoint complete: its commit file, written whole (rank 0, after the save finished)."""
+    storage.write_bytes(storage.join(location, COMMIT_NAME),
+                        (json.dumps(metadata, indent=1, sort_keys=True) + "\n").encode())
+
+
+def uncommit(location: Location) -> None:
+    """The first step of deleting a checkpoint: from now on it is incomplete, whatever happens next."""
+    storage.remove(storage.join(location, COMMIT_NAME))
+
+
+def read_metadata(location: Location) -> dict:
+    """The commit file's entries, plus `sharded`, `tensor_entries` (what the DCP files hold) and `location`.
+
+    Checks that every file DCP's index refers to is there and long enough, so a checkpoint whose
+    parts were truncated or lost (a copy that failed half-way) is refused here, before any rank
+    starts loading it; a CheckpointError names the folder.
+    """
+    try:
+        metadata = json.loads(storage.read_bytes(storage.join(location, COMMIT_NAME)))
+    except FileNotFoundError:
+        if not storage.exists(location):
+            raise CheckpointError(f"{location}: no such checkpoint") from None
+        raise CheckpointError(f"{location}: incomplete checkpoint (no {COMMIT_NAME}: "
+                              f"its save did not finish)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{location}: unreadable {COMMIT_NAME} ({first_line(e)})") from None
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{location}: {COMMIT_NAME} is not a mapping")
+    try:
+        index = _reader(location).read_metadata()
+    except Exception as e:  # a missing or damaged .metadata
+        raise CheckpointError(f"{location}: unreadable checkpoint index {DCP_METADATA} ({first_line(e)})") from None
+    needed: dict[str, int] = {}
+    for info in (index.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, length in sorted(needed.items()):
+        size = storage.size_of(storage.join(location, name))
+        if size is None:
+            raise CheckpointError(f"{location}: checkpoint part {name} is missing")
+        if size < length:
+            raise CheckpointError(f"{location}: checkpoint part {name} is truncated ({size} of {length} bytes)")
+    entries = sorted({key.split(".", 1)[0] for key in index.state_dict_metadata})
+    return {**metadata, "sharded": True, "tensor_entries": entries, "location": location}
+
+
+def read_full_state(location: Location) -> dict:
+    """The whole model and optimizer in this process, as saved: {"model": {name: tensor},
+    "optimizer": {"state": {name: {...}}, "param_groups": [...]}} (parameters by name, a tied
+    weight under its first name only). For consolidation and inspection: it holds everything."""
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    try:
+        return _load_state_dict_from_keys(set(TENSOR_ENTRIES), storage_reader=_reader(location))
+    except Exception as e:
+        raise CheckpointError(f"{location}: could not read the checkpoint ({first_line(e)})") from None
+
+
+def load_model(model: torch.nn.Module, location: Location) -> None:
+    """Read the checkpoint's model into `model`, a whole (unsharded) GPT, in this process alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    model_state = get_model_state_dict(model)
+    try:
+        dcp.load({"model": model_state}, storage_reader=_reader(location), no_dist=True)
+    except Exception as e:  # a shape or key that does not match, a part unreadable
+        raise CheckpointError(f"{location}: could not read the model ({first_line(e)})") from None
+    set_model_state_dict(model, model_state)
+
+
+def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, location: Location,
+                        adapt_optimizer) -> None:
+    """Every rank reads its own part of the model and optimizer, resharded for this run. Collective.
+
+    adapt_optimizer(saved optimizer state dict) -> the state dict to load (this run's settings).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    try:
+        dcp.load(state, storage_reader=_reader(location), no_dist=not _distributed())
+    except Exception as e:
+        raise CheckpointError(f"{location}: could not read the training state ({first_line(e)})") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=adapt_optimizer(state["optimizer"]))
