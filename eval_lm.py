@@ -35,6 +35,7 @@ from pathlib import Path
 
 from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer
 from errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
+from training import storage
 from training.checkpoint import CHECKPOINT_DIR, read_model
 from training.run_logger import write_text_file
 from training.runtime import resolve_runtime
@@ -68,8 +69,10 @@ def main(argv: list[str]) -> int:
         value = getattr(args, name)
         if value is not None and value < low:
             raise ConfigError(f"--{name}: must be >= {low}, got {value}")
-    if not Path(args.ckpt).exists():  # before the slow task index: a typo should fail at once
+    if not storage.exists(storage.as_location(args.ckpt)):  # before the slow task index: a typo should fail at once
         raise CheckpointError(f"{args.ckpt}: no such checkpoint file or run folder")
+    if storage.is_url(args.ckpt) and not args.out_dir:
+        raise ConfigError(f"--out_dir: needed for a checkpoint at a URL ({args.ckpt}): where the results go")
     if args.include_path and not Path(args.include_path).is_dir():
         raise ConfigError(f"--include_path: {args.include_path} is not a folder")
 
@@ -81,7 +84,7 @@ def main(argv: list[str]) -> int:
     check_tasks(tasks, task_manager.all_tasks)
     runtime = resolve_runtime(args.device, args.dtype, compile=False, loss_chunk_size=0)
     model, state, path = read_model(args.ckpt, "eval_lm.py")
-    del state["model"]  # the model holds the weights now
+    state.pop("model", None)  # the model holds the weights now
     if model.config.vocab_size < GPT2_VOCAB_SIZE:
         raise CheckpointError(f"{path}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
                               f"tokenized with GPT-2's tokenizer, which needs {GPT2_VOCAB_SIZE}")
@@ -159,7 +162,7 @@ def task_missing_data(tasks: list[str], task_manager) -> str | None:
 
 
 def run_folder(ckpt: Path) -> Path:
-    """The run folder of OUT_DIR/checkpoints/step_X.pt; the file's own folder for a loose .pt file."""
+    """The run folder of OUT_DIR/checkpoints/step_X[.pt]; the checkpoint's own folder for a loose one."""
     return ckpt.parent.parent if ckpt.parent.name == CHECKPOINT_DIR else ckpt.parent
 
 

@@ -15,17 +15,18 @@ import sys
 
 from errors import ArgumentParser, WriteError, run_cli
 from hf_interop.export import export_hf
-from training.checkpoint import WEIGHTS_ENTRIES, require_entries, resolve_checkpoint
+from training.checkpoint import WEIGHTS_ENTRIES, read_full_state, require_entries, resolve_checkpoint
 
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="export_hf.py", description=__doc__)
-    parser.add_argument("ckpt", help="checkpoint .pt file, or a run folder (its newest readable checkpoint)")
+    parser.add_argument("ckpt", help="checkpoint (.pt file or sharded step folder), or a run folder (its newest)")
     parser.add_argument("out_dir", help="folder to write the Hugging Face files into")
     parser.add_argument("--license", default="mit", help="license named in the model card (default mit)")
     args = parser.parse_args(argv)
     path, state = resolve_checkpoint(args.ckpt)
     require_entries(state, WEIGHTS_ENTRIES, path, "export_hf.py")
+    state = read_full_state(path, state)  # a sharded checkpoint's tensors, whole (a file's are already)
     try:
         out = export_hf(state, args.out_dir, license=args.license)
     except OSError as e:  # the output folder cannot be written

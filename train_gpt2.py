@@ -133,15 +133,14 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
                 if run.step == run.start_step:  # no update since the launch: nothing new to save
                     logger.console(f"{signal_name} received before the first step; nothing new to save")
                     return
-                checkpointer.save(run)
-                checkpointer.wait()  # written in full before the process exits
+                checkpointer.save(run, blocking=True)  # written in full before the process exits
                 logger.console(f"{signal_name} received: saved step {run.step}; {resume_hint(cfg)}")
                 return
             if run.step > run.start_step and ((last_step and cfg.final_checkpoint) or (
                     cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0)):
-                checkpointer.save(run)
+                checkpointer.save(run, blocking=last_step)  # the last one is waited for anyway
             if last_step:
-                checkpointer.wait()
+                checkpointer.wait()  # a background save still in flight
                 run_on_all_ranks(env, logger.check)  # the last records were written
                 return
 

@@ -60,8 +60,13 @@ class Checkpointer:
             self.process_group = dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(minutes=cfg.hang_timeout_minutes))
 
-    def save(self, run: Run) -> None:
-        """Checkpoint `step_{run.step}`. Collective: every rank calls it at the same step."""
+    def save(self, run: Run, blocking: bool = False) -> None:
+        """Checkpoint `step_{run.step}`. Collective: every rank calls it at the same step.
+
+        blocking: written and committed on return, also where saves are asynchronous. For the
+        saves the process exits after (the last step, a preemption): a background write that is
+        waited for at once costs its copy to host memory on top of the same write.
+        """
         self.wait()  # at most one save in flight (and the previous one's failure stops every rank now)
         metadata = {**run.progress_state(), **checkpoint_metadata(run, self.cfg, self.provenance)}
         if not self.sharded:
@@ -69,11 +74,13 @@ class Checkpointer:
             return
         path = checkpoint_path(self.folder, run.step, sharded_format=True)
         started = time.perf_counter()
+        asynchronous = self.asynchronous and not blocking
+        group = self.process_group if asynchronous else None
         future = run_on_all_ranks(self.env, lambda: sharded.start_save(
-            run.model, run.optimizer, path, self.asynchronous, self.process_group),
+            run.model, run.optimizer, path, asynchronous, group),
             describe=lambda e: self._write_error(path, e))
         self.pending = PendingSave(path, run.step, metadata, future, started)
-        if self.asynchronous:
+        if asynchronous:
             self.logger.console(f"saving checkpoint {path} in the background "
                                 f"(training blocked {time.perf_counter() - started:.2f} s)")
         else:
@@ -149,11 +156,12 @@ class Checkpointer:
         if isinstance(e, ReproError):
             return e
         cause = e
-        # DCP reports the failures of every rank together; the first one says what went wrong
+        # DCP reports the failures of every rank together; an OSError says what went wrong (torch.save's
+        # zip writer turns a failed write into an opaque size mismatch on the rank it hit), else the first
         failures = getattr(e, "failures", None)
         if failures:
-            cause = next(iter(failures.values()))
-            cause = cause[0] if isinstance(cause, tuple) else cause  # (exception, traceback)
+            causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()]  # (exception, traceback)
+            cause = next((c for c in causes if isinstance(c, OSError)), causes[0])
         reason = getattr(cause, "strerror", None) or first_line(cause)
         return CheckpointWriteError(f"{path}: could not write checkpoint ({reason}); earlier checkpoints are intact")
 

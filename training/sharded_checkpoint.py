@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from concurrent.futures import Future
 
 import torch
 
@@ -36,7 +37,8 @@ TENSOR_ENTRIES = ("model", "optimizer")  # in the DCP files; everything else is 
 
 # DCP warns, on every save and load without a process group, that it "assumes the intent is to
 # save/load in a single process": one process (sample.py, a one-GPU run) is exactly that intent
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized",
+# (worded "is disabled, unavailable or ..." by save and load, "is unavailable or ..." by the whole-state read)
+warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized",
                         category=UserWarning)
 
 
@@ -74,6 +76,45 @@ def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+class DCPError(Exception):
+    """A failure DCP reported as its CheckpointException, as an ordinary exception.
+
+    DCP derives CheckpointException from BaseException, which every `except Exception` (the
+    ranks' agreement on errors, the checkpointer) lets through as a traceback. `failures` keeps
+    what failed on each rank; the message is the first failure's.
+    """
+
+    def __init__(self, error: BaseException):
+        self.failures = getattr(error, "failures", None) or {}
+        super().__init__(first_line(_first_failure(error)))
+
+
+def _first_failure(error: BaseException) -> BaseException:
+    """The exception of the first failing rank inside DCP's CheckpointException; else error itself."""
+    failures = getattr(error, "failures", None)
+    if not failures:
+        return error
+    cause = next(iter(failures.values()))
+    return cause[0] if isinstance(cause, tuple) else cause  # (exception, traceback)
+
+
+def _ordinary_failure(future: Future) -> Future:
+    """A Future of the same result, whose CheckpointException is a DCPError."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    converted: Future = Future()
+
+    def finished(done: Future) -> None:
+        try:
+            converted.set_result(done.result())
+        except CheckpointException as e:
+            converted.set_exception(DCPError(e))
+        except BaseException as e:  # noqa: BLE001 - handed on as it is, to whoever waits for the save
+            converted.set_exception(e)
+
+    future.add_done_callback(finished)
+    return converted
+
 
 def start_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, location: Location,
                asynchronous: bool, process_group=None):
@@ -84,15 +125,20 @@ def start_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, locatio
     when the files are written (on rank 0: all ranks' files and the index), or raises their error.
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     storage.make_dirs(location)
     no_dist = not _distributed()
-    if asynchronous:
-        return dcp.async_save(state, storage_writer=_writer(location), process_group=process_group, no_dist=no_dist)
-    dcp.save(state, storage_writer=_writer(location), process_group=process_group, no_dist=no_dist)
+    try:
+        if asynchronous:
+            return _ordinary_failure(dcp.async_save(state, storage_writer=_writer(location),
+                                                    process_group=process_group, no_dist=no_dist))
+        dcp.save(state, storage_writer=_writer(location), process_group=process_group, no_dist=no_dist)
+    except CheckpointException as e:
+        raise DCPError(e) from None
     return None
 
 
@@ -146,24 +192,26 @@ def read_full_state(location: Location) -> dict:
     """The whole model and optimizer in this process, as saved: {"model": {name: tensor},
     "optimizer": {"state": {name: {...}}, "param_groups": [...]}} (parameters by name, a tied
     weight under its first name only). For consolidation and inspection: it holds everything."""
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     try:
         return _load_state_dict_from_keys(set(TENSOR_ENTRIES), storage_reader=_reader(location))
-    except Exception as e:
-        raise CheckpointError(f"{location}: could not read the checkpoint ({first_line(e)})") from None
+    except (Exception, CheckpointException) as e:
+        raise CheckpointError(f"{location}: could not read the checkpoint ({first_line(_first_failure(e))})") from None
 
 
 def load_model(model: torch.nn.Module, location: Location) -> None:
     """Read the checkpoint's model into `model`, a whole (unsharded) GPT, in this process alone."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     model_state = get_model_state_dict(model)
     try:
         dcp.load({"model": model_state}, storage_reader=_reader(location), no_dist=True)
-    except Exception as e:  # a shape or key that does not match, a part unreadable
-        raise CheckpointError(f"{location}: could not read the model ({first_line(e)})") from None
+    except (Exception, CheckpointException) as e:  # a shape or key that does not match, a part unreadable
+        raise CheckpointError(f"{location}: could not read the model ({first_line(_first_failure(e))})") from None
     set_model_state_dict(model, model_state)
 
 
@@ -174,13 +222,15 @@ def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     adapt_optimizer(saved optimizer state dict) -> the state dict to load (this run's settings).
     """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}
     try:
         dcp.load(state, storage_reader=_reader(location), no_dist=not _distributed())
-    except Exception as e:
-        raise CheckpointError(f"{location}: could not read the training state ({first_line(e)})") from None
+    except (Exception, CheckpointException) as e:
+        raise CheckpointError(f"{location}: could not read the training state "
+                              f"({first_line(_first_failure(e))})") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=adapt_optimizer(state["optimizer"]))

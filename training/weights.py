@@ -1,11 +1,11 @@
 """Initial weights for a fresh run: random (scratch), one of our checkpoints, or Hugging Face GPT-2.
 
-`init_from` is `scratch`, a checkpoint `.pt` file, a GPT-2 preset name (`gpt2`, `gpt2-medium`,
-`gpt2-large`, `gpt2-xl`: OpenAI's weights from the Hugging Face Hub) or a Hugging Face folder
-(a directory with config.json). The trainer builds the model from its own config first; the
-weights must fit its shape (n_layer, n_head, n_embd). HF weights have 50,257 vocabulary rows;
-the run's padding rows (50,304 by default) start at the mean embedding row, see
-hf_interop/convert.fit_to_model for why not zeros.
+`init_from` is `scratch`, a checkpoint (a `.pt` file or a sharded `step_X/` folder), a GPT-2
+preset (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`: OpenAI's weights from the Hugging Face
+Hub) or a Hugging Face folder (a directory with config.json). The trainer builds the model from
+its own config first; the weights must fit its shape (n_layer, n_head, n_embd). HF weights have
+50,257 vocabulary rows; the run's padding rows (50,304 by default) start at the mean embedding
+row, see hf_interop/convert.fit_to_model for why not zeros.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 from errors import ConfigError
 from hf_interop.convert import HFInteropError, load_hf_into
 from model import GPT, PRESETS
-from training.checkpoint import WEIGHTS_ENTRIES, check_compatible, load_checkpoint, require_entries
+from training.checkpoint import (WEIGHTS_ENTRIES, check_compatible, load_checkpoint, load_model_weights,
+                                 require_entries, step_of)
 
 
 def load_initial_weights(model: GPT, init_from: str) -> None:
@@ -23,10 +24,10 @@ def load_initial_weights(model: GPT, init_from: str) -> None:
     if init_from == "scratch":
         return
     path = Path(init_from)
-    if path.is_file():
+    if path.is_file() or (path.is_dir() and step_of(path) is not None):  # a .pt file, or a sharded step folder
         state = require_entries(load_checkpoint(path), WEIGHTS_ENTRIES, path, "init_from")
         check_compatible(state, model.config.to_dict(), path)
-        model.load_state_dict(state["model"])
+        load_model_weights(model, path, state)
         return
     if init_from in PRESETS or path.is_dir():
         try:
