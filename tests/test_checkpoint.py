@@ -208,3 +208,29 @@ def test_a_newer_format_checkpoint_stops_every_reader_and_stays_where_it_is(tmp_
         with pytest.raises(ckpt.CheckpointError, match="step_00000006.pt: checkpoint format_version .* is newer"):
             read()
         assert newer.exists() and [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [3, 6]
+
+
+def test_a_run_resumed_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tmp_path):
+    """Files load memory-mapped; a resumed run that kept views into one (its AdamW moments, its step
+    counts) would hold the file's disk space for the rest of the run, after retention deleted it."""
+    import gc
+
+    from conftest import build_tiny_run, make_shards
+    from training.checkpointer import Checkpointer
+    from training.run_logger import RunLogger
+
+    data, out = make_shards(tmp_path / "shards"), tmp_path / "out"
+    cfg, env, _, run = build_tiny_run(data, out, checkpoint_format="file")
+    tokens = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
+    run.model(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())[1].backward()
+    run.optimizer.step()
+    run.step = 1
+    Checkpointer(cfg, env, RunLogger(enabled=False), provenance={}).save(run)
+    path = ckpt.checkpoint_path(out / "checkpoints", 1)
+
+    resumed = build_tiny_run(data, out, checkpoint_format="file")[3]
+    assert resumed.start_step == 1 and resumed.optimizer.state  # the moments came from the file
+    os.remove(path)  # as retention does
+    gc.collect()
+    with open("/proc/self/maps") as maps:
+        assert [line for line in maps if str(path) in line] == []

@@ -11,10 +11,11 @@ fsdp_zero2  the same, but a block keeps its gathered parameters from its forward
             more memory, like ZeRO-2.
 
 Everything else is the same for all of them: the data (the loader is world-size independent),
-the step's math (bf16 autocast over float32 parameters, as under DDP), and the checkpoint
-format (full state dicts, gathered to rank 0 under FSDP), so a run can resume under another
-strategy or world size. Gradient accumulation never syncs gradients before the last micro-step
-(DDP's no_sync, FSDP's set_requires_gradient_sync); gradient clipping uses the global norm.
+the step's math (bf16 autocast over float32 parameters, as under DDP), and the checkpoints
+(full state dicts gathered to rank 0 in the file format, parameter names in the sharded one),
+so a run can resume under another strategy or world size. Gradient accumulation never syncs
+gradients before the last micro-step (DDP's no_sync, FSDP's set_requires_gradient_sync);
+gradient clipping uses the global norm.
 Another strategy (tensor or context parallel) is one more Strategy subclass in STRATEGIES.
 """
 
@@ -84,6 +85,7 @@ class Strategy:
         """Load full state dicts (every rank has them) into the model and optimizer."""
         model.load_state_dict(model_state)
         optimizer.load_state_dict(optimizer_state)
+        own_cpu_state(optimizer)
 
 
 class DDP(Strategy):
@@ -180,6 +182,7 @@ class FSDP(Strategy):
         set_model_state_dict(model, model_state, options=options)
         set_optimizer_state_dict(model, optimizer, by_name(optimizer_state, parameter_names(model, optimizer)),
                                  options=options)
+        own_cpu_state(optimizer)  # a shard of a CPU tensor is a view of it
 
 
 class FSDPZero2(FSDP):
@@ -195,6 +198,20 @@ STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, FSDP, FS
 def make_strategy(name: str, env: DistEnv, runtime: Runtime) -> Strategy:
     """The strategy the `strategy` key names (the config checked the name against STRATEGIES)."""
     return STRATEGIES[name](env, runtime)
+
+
+def own_cpu_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give the optimizer's CPU state tensors memory of their own.
+
+    A checkpoint file is loaded memory-mapped, and Optimizer.load_state_dict keeps a tensor that
+    is already on its parameter's device as it is: on the CPU (moments, and the step counts on
+    any device) a view into the file, which would keep the file mapped, and its disk space taken
+    after retention deletes it, for the rest of the run.
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.device.type == "cpu":
+                state[key] = value.clone()
 
 
 def parameter_names(model: GPT, optimizer: torch.optim.Optimizer) -> list[str]:
