@@ -5,7 +5,7 @@
 #   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh /tmp/dry    # every part's plumbing on the CPU, tiny models
 #   bash scripts/gpu_check.sh --report DIR RESULTS...         # one summary of several calls' results
 #
-# Parts, most valuable first (the default is all six, in this order):
+# Parts, most valuable first (the default is all seven, in this order):
 #   tests      pytest -m gpu tests/test_gpu.py: compiled vs eager, fused loss, resume, HellaSwag under
 #              compile, sample.py's KV cache, export to transformers (124M, bf16, real tokens)
 #   speed      GPT-2 124M, T=1024, 524,288 tokens/step: compiled/eager x plain/fused loss, B=64 and 32
@@ -15,6 +15,9 @@
 #   fsdp       --strategy fsdp / fsdp_zero2 under torchrun on the one GPU (124M B=64, 1558M): FSDP's
 #              overhead against the DDP rows
 #   levers     eager plain loss at B=64 (memory), CUDA graphs, max-autotune
+#   checkpoint scripts/bench_checkpoint.py on the GPU, 124M and 1558M: the file, a sharded save, an
+#              async sharded save (how long the loop is blocked, how long until complete), and the
+#              loads of the first two
 # Numerics (final losses after the same steps on the same tokens, across variants) come with
 # every summary. The variants themselves are listed in scripts/bench_gpu.sh.
 #
@@ -22,6 +25,7 @@
 # back to back in one lease, each returning its own RESULTS (under the call's files_at):
 #   run  command: bash scripts/gpu_check.sh "$OUT" tests speed                  carry: (none)
 #   run  command: bash scripts/gpu_check.sh "$OUT" reference presets fsdp levers  carry: [".ref"]
+# and, while device time is left, a third:  bash scripts/gpu_check.sh "$OUT" checkpoint
 # then, on the session's own machine:  bash scripts/gpu_check.sh --report DIR FILES_AT_1 FILES_AT_2
 #
 # Budget, estimated for one H100 before any was measured (the first run's part and variant
@@ -29,9 +33,10 @@
 # B=8, four short eager trainer runs); each 124M speed variant ~1.5 min (startup and cold compile
 # ~1 min, 30 steps of ~1 s); reference ~1.5 min; presets ~1.5, 2 and 3 min (compilation grows
 # with depth; each runs 3-6 steps); fsdp ~1.5 min per 124M variant and ~3 min for 1558M; levers
-# ~1 min (eager B=64), ~1.5 min per CUDA-graphs variant, several minutes for max-autotune. So call
-# 1 is ~9.5 min and call 2 ~16, which its 560 s budget cuts short: what is left is listed as
-# skipped (levers last), for a third call if device time remains.
+# ~1 min (eager B=64), ~1.5 min per CUDA-graphs variant, several minutes for max-autotune; checkpoint
+# ~0.5 min for 124M and ~5 min for 1558M (three saves and two loads of 19 GB). So call 1 is ~9.5
+# min and call 2 ~16, which its 560 s budget cuts short: what is left is listed as skipped (levers
+# last), for a third call if device time remains.
 # GPU_CHECK_BUDGET_S (default 560, 0 for none) caps one invocation: a part or variant that would
 # start with less than 90 s left is skipped and listed, so a call ends inside the tool's limit.
 # What was skipped can go into a third call while device time is left, BENCH_ONLY naming the
@@ -44,7 +49,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-ALL_PARTS="tests speed reference presets fsdp levers"
+ALL_PARTS="tests speed reference presets fsdp levers checkpoint"
 SKIPPED=99  # a part's exit status for "nothing to run here" (not one pytest or timeout uses)
 
 summarize() {  # environment DRY_RUN PARTS BUDGET | collect WORK RESULTS | report OUT RESULTS...
@@ -66,8 +71,8 @@ def table_lines(path):  # rows of a small tab-separated file; none when it does 
     return [line.split("\t") for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
-def tail(path, n=25):
-    return path.read_text(errors="replace").splitlines()[-n:] if path.exists() else []
+def tail(path, n=25):  # the last n lines (n None: all of them)
+    return path.read_text(errors="replace").splitlines()[-n if n else 0:] if path.exists() else []
 
 
 def environment(dry_run, parts, budget):
@@ -118,6 +123,7 @@ def collect(work, results):
         "environment": [json.loads((work / "environment.json").read_text())],
         "parts": [{"part": p, "status": s, "seconds": int(t)} for p, s, t in table_lines(work / "parts.tsv")],
         "tests": junit(work / "tests.xml"), "rows": rows,
+        "checkpoint": [json.loads(line) for line in tail(bench / "checkpoint.jsonl", None)],
         "failed": [{"label": label, "why": why, "log_tail": tail(bench / f"{label}.log")}
                    for label, why in table_lines(bench / "failed.txt")],
         "skipped": [{"label": label, "why": why} for label, why in table_lines(bench / "skipped.txt")],
@@ -159,7 +165,7 @@ def fmt(value, spec):
 def report(out, *sources):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    merged = {"environment": [], "parts": [], "tests": [], "rows": [], "failed": [], "skipped": []}
+    merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "failed": [], "skipped": []}
     for source in sources:
         path = Path(source) / "results.json" if Path(source).is_dir() else Path(source)
         for key, value in json.loads(path.read_text()).items():
@@ -214,6 +220,16 @@ def report(out, *sources):
             for r in group["rows"]:
                 md.append(f"| {r['label']} | {group['steps']} | {r['final_loss']:.5f} | {r['delta']:+.5f} "
                           f"| {'yes' if r['within_tolerance'] else 'NO'} |")
+        md.append("")
+    if merged["checkpoint"]:
+        md += ["## Checkpoints: scripts/bench_checkpoint.py (save: blocking / until complete; or load)", "",
+               "| variant | params | blocking s | total s | GB on disk | GB/s | load s | peak host GiB | peak GPU GiB |",
+               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for c in merged["checkpoint"]:
+            md.append(f"| {c['label']} | {c['params'] / 1e6:,.0f}M | {fmt(c.get('blocking_s'), '.2f')} "
+                      f"| {fmt(c.get('total_s'), '.2f')} | {fmt(c.get('bytes_on_disk', 0) / 1e9 or None, '.2f')} "
+                      f"| {fmt(c.get('gb_per_s'), '.2f')} | {fmt(c.get('load_s'), '.2f')} "
+                      f"| {max(c['peak_rss_gib']):.1f} | {fmt(c.get('peak_cuda_gib'), '.1f')} |")
         md.append("")
     if merged["failed"] or merged["skipped"]:
         md += ["## Not measured", ""]
@@ -288,6 +304,39 @@ part_reference() {  # $1: seconds left
     tail -3 "$BENCH/$label.log"
     [ $status = 0 ] || printf '%s\texit %s\n' "$label" "$status" >> "$BENCH/failed.txt"
     return $status
+}
+
+part_checkpoint() {  # $1: seconds left. Each model's checkpoints are deleted before the next (19 GB each for 1558M)
+    local models=(gpt2 gpt2-xl) device=(--device cuda) model variant label left status
+    [ "$DRY_RUN" = 1 ] && models=(tiny) device=(--device cpu --dry_run)
+    for model in "${models[@]}"; do
+        for variant in file sharded sharded-async load-file load-sharded; do
+            label=checkpoint-$model-$variant
+            left=$(( DEADLINE - $(date +%s) ))
+            if (( left < MIN_START_S )); then
+                printf '%s\t%ss of the time budget left\n' "$label" "$left" >> "$BENCH/skipped.txt"
+                continue
+            fi
+            local args=(--model "${model/tiny/gpt2}" "${device[@]}" --label "$label")
+            case $variant in
+                file) args+=(--format file --dir "$WORK/ckpt/file") ;;
+                sharded) args+=(--format sharded --dir "$WORK/ckpt/sharded") ;;
+                sharded-async) args+=(--format sharded --async) ;;  # a temp folder, deleted at once
+                load-file) args+=(--load "$WORK/ckpt/file/step_00000001.pt") ;;
+                load-sharded) args+=(--load "$WORK/ckpt/sharded/step_00000001") ;;
+            esac
+            echo "=== $label"
+            timeout --kill-after=20 "$left" "$PY" scripts/bench_checkpoint.py "${args[@]}" > "$BENCH/$label.log" 2>&1
+            status=$?
+            tail -1 "$BENCH/$label.log"
+            if [ $status = 0 ]; then
+                grep '^{' "$BENCH/$label.log" | tail -1 >> "$BENCH/checkpoint.jsonl"
+            else
+                printf '%s\texit %s\n' "$label" "$status" >> "$BENCH/failed.txt"
+            fi
+        done
+        rm -rf "$WORK/ckpt"
+    done
 }
 
 run_part() {  # one part under the budget; its status goes to parts.tsv, then the results are rewritten

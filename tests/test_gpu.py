@@ -325,7 +325,7 @@ raise SystemExit("the reference's top-level training code ran")
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_writes_results_summary_and_numerics(tmp_path):
-    """scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the speed and reference parts, a
+    """scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the speed, reference and checkpoint parts, a
     budget that skips every part, and --report merging the two; the tests part is left to the
     full dry run (minutes of CPU compilation)."""
     import json
@@ -346,12 +346,13 @@ def test_gpu_check_dry_run_writes_results_summary_and_numerics(tmp_path):
 
     ran, skipped, merged = tmp_path / "ran", tmp_path / "skipped", tmp_path / "merged"
     speed = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the test short
-    proc = gpu_check(str(ran), "speed", "reference", BENCH_ONLY=" ".join(speed + ["reference-*"]))
+    proc = gpu_check(str(ran), "speed", "reference", "checkpoint", BENCH_ONLY=" ".join(speed + ["reference-*"]))
     assert sorted(p.name for p in ran.iterdir()) == [
         "details.tar.gz", "gpu_check.log", "numerics.json", "results.json", "summary.md"]
     assert proc.stdout.endswith((ran / "summary.md").read_text())  # the summary is printed last
     results = json.loads((ran / "results.json").read_text())
-    assert [(p["part"], p["status"]) for p in results["parts"]] == [("speed", "ok"), ("reference", "ok")]
+    assert [(p["part"], p["status"]) for p in results["parts"]] == [("speed", "ok"), ("reference", "ok"),
+                                                                     ("checkpoint", "ok")]
     assert [r["label"] for r in results["rows"]] == [*speed, "reference-build-nanogpt-b64"]
     assert results["environment"][0]["dry_run"] and not results["failed"] and not results["skipped"]
     (numerics,) = json.loads((ran / "numerics.json").read_text())  # the reference ran on other tokens
@@ -360,6 +361,11 @@ def test_gpu_check_dry_run_writes_results_summary_and_numerics(tmp_path):
         assert {"124m-compile-plain-b64.json", "124m-compile-plain-b64.log", "reference-build-nanogpt-b64.log",
                 "parts.tsv", "environment.json"} <= set(tar.getnames())
     assert "1.000x" in (ran / "summary.md").read_text()  # the reference's own row, and ratios beside it
+    saves, loads = results["checkpoint"][:3], results["checkpoint"][3:]
+    assert [c["label"] for c in results["checkpoint"]] == [
+        f"checkpoint-tiny-{v}" for v in ("file", "sharded", "sharded-async", "load-file", "load-sharded")]
+    assert all(c["total_s"] >= c["blocking_s"] > 0 and c["bytes_on_disk"] > 0 for c in saves)
+    assert all(c["load_s"] > 0 for c in loads) and "| checkpoint-tiny-load-file |" in (ran / "summary.md").read_text()
 
     gpu_check(str(skipped), "tests", "presets", GPU_CHECK_BUDGET_S="1")
     parts = json.loads((skipped / "results.json").read_text())["parts"]
