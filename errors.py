@@ -5,7 +5,8 @@ the process ends with:
 
     2  bad input: configuration or command-line arguments, data files, checkpoints to read
     1  a write failed (checkpoint, log, run folder), or anything else that stops a run
-    3  the training loss went NaN/inf (the update was not applied)
+    3  the training diverged: the loss went NaN/inf (the update was not applied), or the
+       loss spikes went on past max_rollbacks rollbacks
 
 `run_cli(main, argv)` is the wrapper every script's `__main__` goes through: it runs main,
 turns a ReproError into one `error: message` line on stderr and its exit code, and lets
@@ -58,6 +59,10 @@ class NonFiniteLossError(ReproError):
     """The loss or gradient norm went NaN/inf; the update was not applied."""
 
     exit_code = 3
+
+
+class DivergedError(NonFiniteLossError):
+    """Spikes (or NaNs) that rollbacks did not get past: max_rollbacks used up, or no checkpoint."""
 
 
 def first_line(e: BaseException, limit: int = 200) -> str:

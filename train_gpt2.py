@@ -16,7 +16,8 @@ the ranks' agreement around it; evals/ the periodic val loss, HellaSwag and samp
 training/run_logger.py rank 0's console, files and W&B.
 
 Exit codes (errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
-configuration or input; 3 the loss went NaN/inf (the update was not applied); 1 anything else
+configuration or input; 3 the loss went NaN/inf (the update was not applied), or spikes went on
+past max_rollbacks rollbacks; 1 anything else
 (e.g. a checkpoint write failed). Under torchrun the shell sees torchrun's own status.
 """
 
@@ -43,11 +44,12 @@ from training.metrics import model_flops_utilization, process_start_time
 from training.parallel import local_state_bytes, make_strategy
 from training.preemption import PreemptionFlag
 from training.provenance import provenance
-from training.run import Run, build_run
+from training.run import Run, build_run, roll_back
 from training.run_folder import claim_run_folder
 from training.run_logger import RunLogger, format_train_line
 from training.storage import filesystem, is_url
 from training.runtime import Runtime, resolve_runtime
+from training.spikes import RollbackRequested
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first evals: ranks wait on each other
 
@@ -122,7 +124,7 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
 
     model = run.strategy.training_model(run.model)  # compiled, and wrapped by DDP: the training forward
     checkpointer = Checkpointer(cfg, env, logger, record)  # file or sharded, at most one save in flight
-    batches = Prefetcher(run.train_loader, run.start_step, cfg.max_steps, runtime.device)
+    batches = prefetch(cfg, run, runtime)
     stopping = False  # set only from all-reduced votes, so every rank stops at the same step
     try:
         while True:
@@ -144,7 +146,14 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
                 run_on_all_ranks(env, logger.check)  # the last records were written
                 return
 
-            result = take_step(run, model, batches, preemption.requested)
+            try:
+                result = take_step(run, model, batches, preemption.requested)
+            except RollbackRequested as request:  # every rank alike: spikes in a row, or a NaN (if asked)
+                checkpointer.wait()  # a save in flight counts: it may be the newest good state
+                batches.close()
+                roll_back(cfg, env, run, logger, request)
+                batches = prefetch(cfg, run, runtime)  # from the checkpoint's step, past the batches since
+                continue
             checkpointer.poll()  # rank 0 commits a background save that has finished
             stopping = result.stop
             log_step(cfg, env, runtime, run, logger, result, flops_per_token)
@@ -153,6 +162,11 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
     finally:
         batches.close()
         checkpointer.close()  # after a failure: a background save that finishes still counts
+
+
+def prefetch(cfg: TrainConfig, run: Run, runtime: Runtime) -> Prefetcher:
+    """The micro-batches of the steps from run.step to max_steps, read ahead on a thread."""
+    return Prefetcher(run.train_loader, run.step + run.data_offset, cfg.max_steps + run.data_offset, runtime.device)
 
 
 def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger, result: StepResult,
@@ -170,6 +184,10 @@ def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger:
     if runtime.device_type == "cuda":
         record["peak_mem_gb"] = torch.cuda.max_memory_allocated(runtime.device) / 2**30
     logger.log(record)
+    if result.spike:
+        logger.log({"kind": "skip", "step": record["step"], "tokens": run.tokens_seen, "loss": result.loss,
+                    "grad_norm": result.grad_norm, "reason": result.spike})
+        logger.warn(f"step {record['step']}: loss spike, the update was not applied ({result.spike})")
     if run.step == run.start_step + 1:
         logger.log({"kind": "startup", "step": run.start_step, "compile": runtime.compile,
                     "seconds_to_first_step": time.time() - process_start_time(),

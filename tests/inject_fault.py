@@ -1,7 +1,8 @@
 """Run train_gpt2.py with a fault injected into one rank's training step (fault-injection tests only).
 
     torchrun ... tests/inject_fault.py TRAINER_ARGS...
-    with FAULT=nan|batch|hang, FAULT_STEP=s, FAULT_RANK=r in the environment
+    with FAULT=nan|batch|hang, FAULT_STEP=s, FAULT_RANK=r in the environment,
+    or FAULT=spike, FAULT_POSITIONS=p1,p2,..., FAULT_FACTOR=f (default 1000; nan for a NaN loss)
 
 The trainer runs unchanged; only the step function it is given differs, and only on rank r at
 optimizer step s (counted from the run's first step, 0):
@@ -9,6 +10,10 @@ optimizer step s (counted from the run's first step, 0):
   batch: rank r cannot read its first micro-batch of the step (a DataError from the batches);
   hang:  rank r stops responding (sleeps) before the step, as a hung GPU or a deadlock would.
 The trainer must notice on its own and stop every rank (one line each, or a timeout).
+
+spike is a property of the data, as a real spike's cause would be: on every rank, the loss of
+the steps that read the batches of the given data positions (step + data_offset) is multiplied
+by f, and so are its gradients. A rollback that passes over those batches leaves the spike behind.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ import train_gpt2  # the repository is on PYTHONPATH (tests/conftest.py's run_tr
 from errors import DataError, run_cli
 
 FAULT = os.environ["FAULT"]
-FAULT_STEP = int(os.environ["FAULT_STEP"])
+FAULT_STEP = int(os.environ.get("FAULT_STEP", -1))
+FAULT_POSITIONS = {int(p) for p in os.environ.get("FAULT_POSITIONS", "").split(",") if p}
+FAULT_FACTOR = float(os.environ.get("FAULT_FACTOR", "1000"))
 ON_THIS_RANK = int(os.environ.get("RANK", 0)) == int(os.environ.get("FAULT_RANK", "0"))
 
 
@@ -41,9 +48,25 @@ class UnreadableFirstBatch:
         return self.batches.get(step, micro_step)
 
 
+class ScaledLoss:
+    """The training model, with its loss (and so its gradients) multiplied by a factor."""
+
+    def __init__(self, model, factor: float):
+        self.model, self.factor = model, factor
+
+    def __call__(self, *args, **kwargs):
+        logits, loss = self.model(*args, **kwargs)
+        return logits, loss * self.factor
+
+    def __getattr__(self, name):  # no_sync and the rest: the wrapped model's
+        return getattr(self.model, name)
+
+
 def with_fault(step):
     """The trainer's step (Lockstep.step), with the fault injected before it on rank r at step s."""
     def faulty_step(run, model, batches, stop_requested):
+        if FAULT == "spike" and run.step + run.data_offset in FAULT_POSITIONS:
+            model = ScaledLoss(model, FAULT_FACTOR)
         if ON_THIS_RANK and run.step - run.start_step == FAULT_STEP:
             if FAULT == "nan":
                 weight = run.model.lm_head.weight
@@ -60,7 +83,7 @@ def with_fault(step):
 
 
 def main(argv: list[str]) -> int:
-    if FAULT not in ("nan", "batch", "hang"):
+    if FAULT not in ("nan", "batch", "hang", "spike"):
         raise SystemExit(f"unknown FAULT {FAULT!r}")
     return train_gpt2.main(argv, wrap_step=with_fault)
 

@@ -46,17 +46,20 @@ def count_syncs(monkeypatch):
     return counts
 
 
-def test_a_training_step_syncs_with_the_host_once(shards, tmp_path, count_syncs):
-    cfg, env, runtime, run = build_tiny_run(shards, tmp_path / "run")
+@pytest.mark.parametrize("settings", [{}, {"spike_skip": "true", "spike_window": 2}], ids=["default", "spike-skip"])
+def test_a_training_step_syncs_with_the_host_once(shards, tmp_path, count_syncs, settings):
+    """With spike_skip, steps 2 and 3 are judged against a full window: on the same sync."""
+    cfg, env, runtime, run = build_tiny_run(shards, tmp_path / "run", **settings)
     batches = Prefetcher(run.train_loader, 0, cfg.max_steps, runtime.device)
     count_syncs.clear()
     try:
-        for _ in range(3):
+        for _ in range(4):
             Lockstep(cfg, env, runtime).step(run, run.model, batches, stop_requested=False)
     finally:
         batches.close()
-    assert run.step == 3 and run.grad_accum_steps == 4  # micro-steps do not sync
-    assert list(count_syncs.values()) == [3] and next(iter(count_syncs)).startswith("training/lockstep.py:")
+    assert run.step == 4 and run.grad_accum_steps == 4  # micro-steps do not sync
+    assert list(count_syncs.values()) == [4] and next(iter(count_syncs)).startswith("training/lockstep.py:")
+    assert run.spikes is None or (run.spikes.full and run.skips_in_a_row == 0)
 
 
 def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs):

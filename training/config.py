@@ -98,6 +98,28 @@ class TrainConfig:
                                "gathered from its forward to its backward)")
     hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
                                             "(a rank hung or died); start-up gets 30 minutes")
+    # --- long runs: loss spikes, rollback, diagnostics
+    spike_skip: bool = option(False, "skip an update whose loss or grad norm is more than spike_threshold standard "
+                                     "deviations above the mean of the last spike_window applied steps (every rank "
+                                     "skips the same one; a skip record says why)")
+    spike_window: int = option(128, "applied steps in the spike window; nothing is skipped until it is full")
+    spike_threshold: float = option(6.0, "standard deviations above the window's mean that make a spike")
+    rollback_after: int = option(0, "after N skipped steps in a row, reload the newest checkpoint and continue past "
+                                    "the batches since it (0: never; needs spike_skip)")
+    rollback_on_nonfinite: bool = option(False, "a NaN/inf loss or grad norm rolls back like rollback_after instead "
+                                                "of stopping the run (exit 3)")
+    max_rollbacks: int = option(3, "rollbacks in one run; the next one stops it with an error (exit 3)")
+    rank_stats_interval: int = option(100, "every N steps the ranks share their step and data-wait times, and a "
+                                           "ranks record gives the median and the slowest rank (0: off)")
+    straggler_factor: float = option(1.5, "warn, naming rank and host, when a rank's step time stays above this "
+                                          "multiple of the median for 3 rank_stats intervals in a row (0: never)")
+    profile_from: int = option(0, "profile profile_steps steps from this step with torch.profiler: one trace per "
+                                  "rank in out_dir/profile/ (0: off)")
+    profile_steps: int = option(3, "steps in the profile window")
+    memory_snapshot: int = option(0, "CUDA only: record every allocation for the first N steps, then write one "
+                                     "snapshot per rank to out_dir/memory/ (also on out-of-memory; 0: off)")
+    tensorboard: bool = option(False, "also write the log's numbers as TensorBoard scalars to out_dir/tensorboard/ "
+                                      "(needs the tensorboard package)")
     # --- Weights & Biases
     wandb: bool = option(False, "log to Weights & Biases")
     wandb_project: str = option("gpt2-repro", "W&B project")
@@ -131,6 +153,15 @@ class TrainConfig:
                     "checkpoint_interval", "hellaswag_limit", "loss_chunk_size"):
             value = getattr(self, key)
             require(value is None or value >= 0, key, f"must be >= 0, got {value}")
+        for key in ("rollback_after", "max_rollbacks", "rank_stats_interval", "profile_from", "memory_snapshot"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        require(self.spike_window >= 2, "spike_window", f"must be >= 2, got {self.spike_window}")
+        require(self.spike_threshold > 0, "spike_threshold", f"must be positive, got {self.spike_threshold}")
+        require(self.profile_steps > 0, "profile_steps", f"must be positive, got {self.profile_steps}")
+        require(self.straggler_factor == 0 or self.straggler_factor > 1, "straggler_factor",
+                f"must be 0 (never) or above 1, got {self.straggler_factor}")
+        require(not self.rollback_after or self.spike_skip, "rollback_after",
+                "counts skipped steps, so it needs spike_skip: true")
         for key in ("max_lr", "weight_decay", "grad_clip", "dropout", "peak_flops", "min_lr"):
             require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
         require(self.min_lr <= self.max_lr, "min_lr", f"{self.min_lr} is above max_lr {self.max_lr}")

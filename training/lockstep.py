@@ -9,8 +9,11 @@ alike, before the update is applied:
 
 - a failure on any rank (an unreadable batch, a log record rank 0 could not write): every
   rank raises the same error, and the update is not applied;
-- a NaN/inf loss or gradient norm: NonFiniteLossError, the update is not applied;
+- a NaN/inf loss or gradient norm: NonFiniteLossError, the update is not applied (with
+  rollback_on_nonfinite: RollbackRequested, and the loop reloads the newest checkpoint);
 - float16 gradients that overflowed: the scaler skips this update (and lowers its scale);
+- with spike_skip, a loss spike (training/spikes.py): the update is not applied, and after
+  rollback_after of them in a row, RollbackRequested;
 - a stop signal on any rank: every rank stops after this step.
 (FSDP adds its own reduce-scatters and the global gradient-norm all-reduce; no host sync.)
 """
@@ -30,6 +33,7 @@ from training.distributed import DistEnv, all_reduce_sum, as_repro_error, raise_
 from training.run import Run
 from training.runtime import Runtime
 from training.schedule import learning_rate
+from training.spikes import RollbackRequested, spike_reason
 from training.step import apply_update, train_step
 
 
@@ -41,6 +45,7 @@ class StepResult:
     stop: bool  # some rank was asked to stop (SIGTERM/SIGUSR1): all ranks see the same value
     seconds: float
     skipped: bool = False  # float16 only: the gradients overflowed, the scaler skipped the update
+    spike: str | None = None  # why the update was not applied: a loss spike (spike_skip)
 
 
 class GuardedBatches:
@@ -85,26 +90,42 @@ class Lockstep:
             # dropout masks depend on (seed, step, rank) only, so a resumed run draws the same ones
             torch.manual_seed(((cfg.seed * 1_000_003 + step) * 4099 + env.rank) % 2**64)
         lr = learning_rate(step, cfg.warmup_steps, cfg.max_steps, cfg.max_lr, cfg.min_lr)
-        micro_batches = GuardedBatches(batches, step, run.grad_accum_steps, (cfg.micro_batch_size, cfg.seq_len), env)
+        micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
+                                       (cfg.micro_batch_size, cfg.seq_len), env)
         loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, cfg.grad_clip or math.inf)
 
         # the step's one collective: the summed loss, the stop votes, the failure votes
         failure = self.pending_failure() or micro_batches.failure
         stats = all_reduce_sum(torch.stack([loss, loss.new_full((), float(stop_requested)),
                                             loss.new_full((), float(failure is not None))]), env)
+        global_loss = stats[0] / env.world_size
+        decided = torch.stack([global_loss, stats[1], stats[2], grad_norm])
+        spikes = run.spikes if run.spikes is not None and run.spikes.full else None
+        if spikes is not None:  # the spike verdict rides on the same sync
+            decided = torch.cat([decided, spikes.judge(global_loss, grad_norm)])
         # the step's one host synchronisation: decide before the update is applied
-        loss_value, stop_votes, failures, norm_value = torch.stack(
-            [stats[0] / env.world_size, stats[1], stats[2], grad_norm]).tolist()
+        loss_value, stop_votes, failures, norm_value, *judged = decided.tolist()
         if failures:
             raise_first_error(failure, env)  # every rank raises the same error
         overflow = run.scaler.is_enabled() and not math.isfinite(norm_value)
         if not (math.isfinite(loss_value) and (math.isfinite(norm_value) or overflow)):
+            reason = f"loss {loss_value} / grad norm {norm_value} is not finite"
+            if cfg.rollback_on_nonfinite:
+                raise RollbackRequested(step, reason)
             raise NonFiniteLossError(
-                f"step {step}: loss {loss_value} / grad norm {norm_value} is not finite; the update was "
-                f"not applied and the newest checkpoint in {cfg.out_dir} is the last good state")
+                f"step {step}: {reason}; the update was not applied and the newest checkpoint in "
+                f"{cfg.out_dir} is the last good state")
+        spike = spike_reason(judged, loss_value, norm_value, cfg.spike_threshold) if judged and judged[0] else None
 
-        apply_update(run, skip=overflow)
+        apply_update(run, skip=overflow or spike is not None)
+        if spike is not None:
+            run.skips_in_a_row += 1
+            if cfg.rollback_after and run.skips_in_a_row >= cfg.rollback_after:
+                raise RollbackRequested(step, f"{run.skips_in_a_row} spikes in a row, the last: {spike}")
+        elif run.spikes is not None and not overflow:
+            run.skips_in_a_row = 0
+            run.spikes.add(global_loss, grad_norm)
         run.step += 1
         run.tokens_seen += cfg.total_batch_size
         return StepResult(loss=loss_value, grad_norm=norm_value, lr=lr, stop=bool(stop_votes),
-                          seconds=time.perf_counter() - t0, skipped=overflow)
+                          seconds=time.perf_counter() - t0, skipped=overflow, spike=spike)

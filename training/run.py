@@ -15,7 +15,7 @@ import torch
 
 from data.loader import TrainLoader, ValLoader, validate_shards
 from data.manifest import data_fingerprint
-from errors import CheckpointError, ConfigError
+from errors import CheckpointError, ConfigError, DivergedError
 from model import GPT
 from training import sharded_checkpoint as sharded
 from training.checkpoint import (RESUME_ENTRIES, check_compatible, checkpoints_folder, find_resume_checkpoint,
@@ -27,6 +27,7 @@ from training.parallel import Strategy
 from training.run_folder import check_one_history
 from training.run_logger import LOG_NAME, RunLogger
 from training.runtime import Runtime
+from training.spikes import RollbackRequested, SpikeWindow
 from training.weights import load_initial_weights
 
 
@@ -38,9 +39,10 @@ class Run:
 
     Its state, what a checkpoint holds, is `state_dict()` and goes back with `load_state_dict()`
     (PyTorch's Stateful protocol): the model, the optimizer, float16's loss scale, the step, the
-    tokens seen, the lineage, the latest evaluation figures and the W&B run id. Nothing else is
-    needed to resume exactly: the data position is a function of the step (data/loader.py) and
-    dropout masks are reseeded from (seed, step, rank) every step.
+    tokens seen, the lineage, the latest evaluation figures, the W&B run id, and what steers a
+    long run (the spike window, skips in a row, rollbacks and the batches they passed over).
+    Nothing else is needed to resume exactly: the data position is a function of the step and
+    data_offset (data/loader.py) and dropout masks are reseeded from (seed, step, rank) every step.
     """
 
     model: GPT
@@ -58,6 +60,10 @@ class Run:
     ancestry: list[str] = field(default_factory=list)  # checkpoint_ids this run resumed from, oldest first
     metrics: dict = field(default_factory=dict)  # the latest val / HellaSwag figures
     wandb_run_id: str | None = None  # set on rank 0 when W&B starts (a resume continues that W&B run)
+    spikes: SpikeWindow | None = None  # with spike_skip: the recent steps a spike is judged against
+    skips_in_a_row: int = 0  # spikes skipped since the last applied update
+    rollbacks: int = 0  # rollbacks so far in this run (max_rollbacks bounds them)
+    data_offset: int = 0  # batches passed over by rollbacks: step s trains on the data of step s + data_offset
     # --- this launch
     start_step: int = 0  # where this launch began: 0, or the step of the checkpoint it resumed
     resumed_from: Location | None = None
@@ -82,6 +88,9 @@ class Run:
             "ancestry": list(self.ancestry),
             "metrics": dict(self.metrics),
             "wandb_run_id": self.wandb_run_id,
+            "long_run": {"spike_window": self.spikes.state_dict() if self.spikes else None,
+                         "skips_in_a_row": self.skips_in_a_row, "rollbacks": self.rollbacks,
+                         "data_offset": self.data_offset},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -110,6 +119,12 @@ class Run:
         self.ancestry = [*state.get("ancestry", []), state.get("checkpoint_id")]
         self.metrics = dict(state.get("metrics", {}))
         self.wandb_run_id = state.get("wandb_run_id")
+        long_run = state.get("long_run") or {}  # older checkpoints: no skips, no rollbacks
+        if self.spikes is not None and long_run.get("spike_window"):
+            self.spikes.load_state_dict(long_run["spike_window"])
+        self.skips_in_a_row = long_run.get("skips_in_a_row", 0)
+        self.rollbacks = long_run.get("rollbacks", 0)
+        self.data_offset = long_run.get("data_offset", 0)
 
 
 def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strategy, logger: RunLogger) -> Run | None:
@@ -141,8 +156,10 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
     optimizer = model.configure_optimizers(cfg.weight_decay, cfg.max_lr, (cfg.beta1, cfg.beta2), cfg.adam_eps,
                                            runtime.device_type)
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.loss_scaling)
+    spikes = SpikeWindow(cfg.spike_window, cfg.spike_threshold, runtime.device, runtime.weights_dtype) \
+        if cfg.spike_skip else None
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
-              val_loader=val_loader, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint)
+              val_loader=val_loader, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes)
     if resume_path is None:
         return run
 
@@ -161,6 +178,44 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
         logger.warn(f"the shards in {cfg.data_dir} changed since {resume_path} was written (data fingerprint "
                     f"{trained_on} -> {fingerprint}): the steps after the resume read other data")
     return run
+
+
+def roll_back(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger, request: RollbackRequested) -> None:
+    """Continue from the newest checkpoint, past the batches since it. Every rank calls it (collective).
+
+    The run's state becomes the checkpoint's (weights, optimizer, step, spike window) except
+    the rollback count, and data_offset moves so that the checkpoint's step trains on the data
+    after the batch that failed: the batches from the checkpoint to the failure are passed
+    over, and the rollback record says which. So the data position stays a function of the
+    state, and a run resumed later goes where this one goes. The log drops the records of the
+    steps that will be redone, as a resume does. A save in flight must have been waited for.
+    """
+    folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
+    stop = f"step {request.step}: {request.reason}"
+    if run.rollbacks >= cfg.max_rollbacks:
+        raise DivergedError(f"{stop}; rolled back {run.rollbacks} time(s) already (max_rollbacks {cfg.max_rollbacks}): "
+                            f"stopping; the newest checkpoint in {folder} is the last good state")
+
+    def newest() -> Location | None:
+        found = find_resume_checkpoint(folder, "auto", warn=logger.warn) if env.master_process else None
+        return None if found is None else found[0]
+
+    path = broadcast_object(run_on_all_ranks(env, newest), env)
+    if path is None:
+        raise DivergedError(f"{stop}; there is no checkpoint in {folder} to roll back to: stopping")
+    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, cfg.model_config()))
+    failed_batch, rollbacks = request.step + run.data_offset, run.rollbacks + 1
+    run.optimizer.zero_grad(set_to_none=True)  # a non-finite step left its gradients
+    run.load_state_dict(state)
+    passed_over = [run.step + run.data_offset, failed_batch]  # data positions, first and last
+    run.data_offset = failed_batch + 1 - run.step
+    run.rollbacks = rollbacks
+    run.skips_in_a_row = 0  # the batches of those skips are passed over
+    logger.rewind(run.step)
+    logger.log({"kind": "rollback", "step": run.step, "tokens": run.tokens_seen, "from_step": request.step,
+                "reason": request.reason, "skipped_batches": passed_over})
+    logger.warn(f"{stop}; rolled back to {path} (step {run.step}) and passing over the batches of data positions "
+                f"{passed_over[0]}-{passed_over[1]} (rollback {rollbacks} of at most {cfg.max_rollbacks})")
 
 
 def choose_resume_checkpoint(cfg: TrainConfig, env: DistEnv, logger: RunLogger) -> Location | None:

@@ -139,6 +139,17 @@ class RunLogger:
         if self.failure is not None:
             raise self.failure
 
+    def rewind(self, step: int) -> None:
+        """Drop the log's records of step >= `step` (a rollback will redo those steps), as a resume does."""
+        if not self.enabled or self._jsonl is None:
+            return
+        self._jsonl.close()
+        truncate_log(self.path, step)
+        try:
+            self._jsonl = open(self.path, "a", buffering=1)
+        except OSError as e:
+            raise WriteError(f"{self.path}: could not open ({e.strerror or e})") from None
+
     def console(self, text: str) -> None:
         if self.enabled:
             print(text, flush=True)
