@@ -119,7 +119,9 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
         f"model {cfg.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
         f"device {runtime.device} | {runtime.dtype} | compile {runtime.compile} | {cfg.strategy} | "
         f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.stream.num_rows:,} train rows "
-        f"({run.train_loader.steps_per_epoch} steps/epoch)"
+        f"({run.train_loader.steps_per_epoch} steps/epoch"
+        + (f", starting at documents: {run.train_loader.stream.coverage:.0%} of the tokens" if cfg.doc_aligned else "")
+        + ")"
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
 
     model = run.strategy.training_model(run.model)  # compiled, and wrapped by DDP: the training forward

@@ -10,6 +10,17 @@ step alone, and may change the world size W or the micro-batch B.
 
 Consecutive rows overlap by one token, so B consecutive rows of one shard are the single
 slice [j*T, (j+B)*T] and read as one copy.
+
+With `doc_aligned`, every row starts at a document's first token (the <|endoftext|> our
+shards put before each document), packed greedily: a row takes T+1 tokens from a document
+start, and the next row begins at the first document that starts at or after its end. A
+document longer than a row is cut there and the rest of it is passed over (modded-nanogpt's
+choice: no row begins mid-document); `coverage` says what share of the tokens rows still use.
+
+By default epoch 0 reads the shards in order and later epochs in a shard order seeded by
+(seed, epoch), as build-nanogpt reads FineWeb. With `shuffle`, every epoch reads the rows
+themselves in an order seeded by (seed, epoch): global row j of epoch e is the row
+permutation_e[j]. The position is still a pure function of the step, on any world size.
 """
 
 from __future__ import annotations
@@ -23,20 +34,44 @@ import numpy as np
 import torch
 
 from data.shards import check_token_range, find_shards, open_shard
+from data.tokenizer import EOT_TOKEN
 from errors import ConfigError, DataError
 
 
-class RowStream:
-    """Rows of T+1 tokens numbered consecutively through an ordered list of shards."""
+def document_row_starts(tokens: np.ndarray, seq_len: int, doc_token: int) -> np.ndarray:
+    """Where a shard's document-aligned rows start: each at a document's first token, the next
+    at the first document starting at or after the previous row's end (see the module doc)."""
+    docs = np.flatnonzero(np.asarray(tokens) == doc_token)
+    last = len(tokens) - (seq_len + 1)  # the last start with a whole row after it
+    starts, i = [], 0
+    while i < len(docs) and docs[i] <= last:
+        starts.append(int(docs[i]))
+        i = int(np.searchsorted(docs, docs[i] + seq_len, side="left"))
+    return np.array(starts, dtype=np.int64)
 
-    def __init__(self, shard_paths: list[Path], seq_len: int):
+
+class RowStream:
+    """Rows of T+1 tokens numbered consecutively through an ordered list of shards.
+
+    doc_token None: row j of a shard is its tokens [j*T, j*T + T]. Otherwise rows start at
+    that token's occurrences (document starts), as document_row_starts packs them.
+    """
+
+    def __init__(self, shard_paths: list[Path], seq_len: int, doc_token: int | None = None):
         self.seq_len = seq_len
         self.paths = list(shard_paths)
         self.shards = [open_shard(p) for p in self.paths]
-        self.rows_per_shard = [(len(s) - 1) // seq_len for s in self.shards]
+        self.row_starts = None if doc_token is None else [document_row_starts(s, seq_len, doc_token)
+                                                          for s in self.shards]
+        if self.row_starts is None:
+            self.rows_per_shard = [(len(s) - 1) // seq_len for s in self.shards]
+        else:
+            self.rows_per_shard = [len(starts) for starts in self.row_starts]
         # first global row of each shard: bisect maps a global row to its shard
         self.first_row = np.concatenate([[0], np.cumsum(self.rows_per_shard)]).tolist()
         self.num_rows = self.first_row[-1]
+        # the share of the tokens that rows use (inputs; each row's last target is the next one's first input)
+        self.coverage = self.num_rows * seq_len / max(1, sum(len(s) for s in self.shards))
 
     def reordered(self, order: list[int]) -> "RowStream":
         """The same shards in another order (epoch shuffles), sharing the memory maps."""
@@ -45,6 +80,8 @@ class RowStream:
         other.paths = [self.paths[i] for i in order]
         other.shards = [self.shards[i] for i in order]
         other.rows_per_shard = [self.rows_per_shard[i] for i in order]
+        other.row_starts = None if self.row_starts is None else [self.row_starts[i] for i in order]
+        other.coverage = self.coverage
         other.first_row = np.concatenate([[0], np.cumsum(other.rows_per_shard)]).tolist()
         other.num_rows = self.num_rows
         return other
@@ -61,6 +98,12 @@ class RowStream:
             row = first + done
             shard = bisect.bisect_right(self.first_row, row) - 1
             local = row - self.first_row[shard]
+            if self.row_starts is not None:  # rows apart from each other: one at a time
+                start = self.row_starts[shard][local]
+                span = self.shards[shard][start : start + T + 1]
+                x[done], y[done] = span[:-1], span[1:]
+                done += 1
+                continue
             n = min(count - done, self.rows_per_shard[shard] - local)
             # n consecutive rows share their boundary tokens: one slice of n*T + 1 tokens
             span = self.shards[shard][local * T : (local + n) * T + 1]
@@ -115,7 +158,10 @@ class TrainLoader:
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
+        shuffle: bool = False,
+        doc_aligned: bool = False,
     ):
+        self.shuffle = shuffle
         self.grad_accum_steps = grad_accum_steps(total_batch_size, seq_len, micro_batch_size, world_size)
         self.T = seq_len
         self.B = micro_batch_size
@@ -124,15 +170,24 @@ class TrainLoader:
         self.seed = seed
         self.rows_per_step = total_batch_size // seq_len  # R
         self.paths = find_shards(data_dir, "train")
-        self.stream = RowStream(self.paths, seq_len)
+        self.stream = RowStream(self.paths, seq_len, EOT_TOKEN if doc_aligned else None)
         self.steps_per_epoch = self.stream.num_rows // self.rows_per_step
         if self.steps_per_epoch == 0:
             raise DataError(
                 f"data_dir {data_dir}: the train shards hold {self.stream.num_rows} rows of "
-                f"{seq_len + 1} tokens, fewer than one step needs ({self.rows_per_step}); "
-                f"lower total_batch_size or add data"
+                f"{seq_len + 1} tokens{' starting at a document (<|endoftext|>)' if doc_aligned else ''}, "
+                f"fewer than one step needs ({self.rows_per_step}); lower total_batch_size or add data"
             )
         self._epoch_streams = {0: self.stream}
+        self._permutation: tuple[int, np.ndarray] | None = None  # (epoch, its row order), with shuffle
+
+    def row_order(self, epoch: int) -> np.ndarray:
+        """With shuffle: the epoch's order of the train rows, a permutation seeded by (seed, epoch)."""
+        if self._permutation is None or self._permutation[0] != epoch:
+            # a stream of its own ("rows"): never the same draws as the shard orders below
+            rng = np.random.default_rng([self.seed, epoch, int.from_bytes(b"rows", "little")])
+            self._permutation = (epoch, rng.permutation(self.stream.num_rows))
+        return self._permutation[1]
 
     def epoch_stream(self, epoch: int) -> RowStream:
         """Epoch 0 reads the shards in order; later epochs in an order seeded by (seed, epoch)."""
@@ -150,7 +205,13 @@ class TrainLoader:
     def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of shape (B, T), int64, on the CPU."""
         epoch, first = self.first_row(step, micro_step)
-        x, y = self.epoch_stream(epoch).read(first, self.B)
+        if self.shuffle:
+            rows = self.row_order(epoch)[first : first + self.B]
+            x, y = np.empty((self.B, self.T), dtype=np.int64), np.empty((self.B, self.T), dtype=np.int64)
+            for i, row in enumerate(rows.tolist()):
+                x[i : i + 1], y[i : i + 1] = self.stream.read(row, 1)
+        else:
+            x, y = self.epoch_stream(epoch).read(first, self.B)
         return torch.from_numpy(x), torch.from_numpy(y)
 
 

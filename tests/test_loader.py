@@ -90,6 +90,55 @@ def test_later_epochs_shuffle_shards_with_the_seed_and_are_deterministic(tmp_pat
         assert np.array_equal(a.micro_batch(step, 1)[0], b.micro_batch(step, 1)[0])
 
 
+def test_shuffle_reads_every_row_once_per_epoch_in_a_seeded_order_the_same_for_any_world_size(tmp_path):
+    data = make_shards(tmp_path, train_sizes=(1000, 777, 1500, 640))
+    one = TrainLoader(data, T, 8, T * 8, seed=7, shuffle=True)
+    stream, steps = one.stream, one.steps_per_epoch
+    whole = stream.read(0, stream.num_rows)[0]
+    for epoch in (0, 1):
+        read = np.concatenate([one.micro_batch(epoch * steps + s, 0)[0].numpy() for s in range(steps)])
+        order = one.row_order(epoch)[: steps * one.rows_per_step]
+        assert np.array_equal(read, whole[order])  # row j of the epoch is row order[j]
+        assert len(set(order.tolist())) == len(order)  # no row twice
+    assert not np.array_equal(one.row_order(0), one.row_order(1))
+    assert not np.array_equal(one.row_order(0), np.arange(stream.num_rows))
+    assert not np.array_equal(one.row_order(0), TrainLoader(data, T, 8, T * 8, seed=8, shuffle=True).row_order(0))
+    # 2 ranks x 2 micro-steps of 2 rows read the same rows of a step as one process
+    ranks = [TrainLoader(data, T, 2, T * 8, rank=r, world_size=2, seed=7, shuffle=True) for r in range(2)]
+    for step in (0, 3, steps + 1):
+        by_rank = [ranks[r].micro_batch(step, k)[0] for k in range(2) for r in range(2)]  # k-major, as first_row
+        assert torch.equal(torch.cat(by_rank), one.micro_batch(step, 0)[0])
+
+
+def test_doc_aligned_rows_start_at_documents_and_pass_over_the_rest_of_a_long_one(tmp_path):
+    from data.tokenizer import EOT_TOKEN
+
+    rng = np.random.default_rng(3)
+    lengths = [5, 40, 9, 16, 3, 70, 12, 30, 8, 17, 25, 6] * 4  # with its EOT: shorter and longer than a row
+    docs = [np.concatenate([[EOT_TOKEN], rng.integers(0, 500, n - 1)]).astype(np.uint16) for n in lengths]
+    (tmp_path / "d").mkdir()
+    for i, part in enumerate((docs[:20], docs[20:])):
+        write_shard(tmp_path / "d" / shard_name("doc", "train", i), np.concatenate(part))
+    loader = TrainLoader(tmp_path / "d", T, 2, T * 4, doc_aligned=True)
+    stream = loader.stream
+    for shard, starts in zip(stream.shards, stream.row_starts):
+        doc_starts = set(np.flatnonzero(np.asarray(shard) == EOT_TOKEN).tolist())
+        assert set(starts.tolist()) <= doc_starts  # every row begins at a document
+        assert np.all(np.diff(starts) >= T)  # rows share at most their boundary token
+        for a, b in zip(starts[:-1], starts[1:]):  # the next row: the first document after the row's end
+            assert b == min(d for d in doc_starts if d >= a + T)
+        assert starts[-1] + T + 1 <= len(shard)
+    x, y = loader.micro_batch(0, 1)
+    assert (x[:, 0] == EOT_TOKEN).all() and torch.equal(x[:, 1:], y[:, :-1])
+    assert 0.3 < stream.coverage < 1.0
+    # the same rows on 2 ranks, and shuffled rows are whole document-aligned rows too
+    ranks = [TrainLoader(tmp_path / "d", T, 1, T * 4, rank=r, world_size=2, doc_aligned=True) for r in range(2)]
+    both = torch.cat([ranks[r].micro_batch(1, k)[0] for k in range(2) for r in range(2)])
+    assert torch.equal(both, torch.cat([loader.micro_batch(1, k)[0] for k in range(2)]))
+    shuffled = TrainLoader(tmp_path / "d", T, 2, T * 4, seed=1, shuffle=True, doc_aligned=True)
+    assert (shuffled.micro_batch(0, 0)[0][:, 0] == EOT_TOKEN).all()
+
+
 def test_too_little_data_for_one_step_is_a_clear_error(tmp_path):
     data = make_shards(tmp_path, train_sizes=(100,))
     with pytest.raises(DataError, match="fewer than one step"):

@@ -187,6 +187,8 @@ def read_full_state(path: Location, state: dict | None = None) -> dict:
     """A checkpoint of either format as the file format holds it: `model` with every key of
     GPT.state_dict() (a tied weight under both names) and `optimizer` keyed by parameter index,
     with the entries beside them. What consolidation writes, and what tests compare."""
+    from training.config import TrainConfig
+    from training.optimizers import build_optimizer
     from training.parallel import by_index, parameter_names
 
     state = load_checkpoint(path) if state is None else state
@@ -196,7 +198,9 @@ def read_full_state(path: Location, state: dict | None = None) -> dict:
     full = sharded.read_full_state(path)
     with torch.device("meta"):  # the names and their order only: no memory
         model = GPT(GPTConfig(**state["model_args"]))
-    optimizer = model.configure_optimizers(0.0, 0.0, (0.9, 0.95))
+    # the checkpoint's kind of optimizer (its groups order the parameters), with default settings
+    saved_optimizer = state.get("config", {}).get("optimizer", "adamw")
+    optimizer = build_optimizer(model, TrainConfig(optimizer=saved_optimizer), "cpu")
     names = parameter_names(model, optimizer)
     first_name = {id(p): name for name, p in reversed(list(model.state_dict(keep_vars=True).items()))}
     model_state = {name: full["model"][first_name[id(p)]] for name, p in model.state_dict(keep_vars=True).items()}

@@ -20,7 +20,9 @@ from data.loader import grad_accum_steps
 from data.tokenizer import GPT2_VOCAB_SIZE
 from errors import ConfigError, first_line
 from model import PRESETS, GPTConfig
+from training.optimizers import OPTIMIZERS
 from training.parallel import STRATEGIES
+from training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_start
 from training.storage import is_url
 
 def option(default, help: str):
@@ -60,6 +62,30 @@ class TrainConfig:
     beta2: float = option(0.95, "AdamW beta2")
     adam_eps: float = option(1e-8, "AdamW epsilon")
     grad_clip: float = option(1.0, "clip the global gradient norm to this (0: no clipping; the norm is still logged)")
+    lr_schedule: str = option("cosine", "cosine (warmup, then cosine decay to min_lr: GPT-3's) or wsd "
+                                        "(warmup-stable-decay: warmup, max_lr held, then a cooldown to min_lr over "
+                                        "the last cooldown_frac of max_steps)")
+    cooldown_frac: float = option(0.2, "wsd: the share of max_steps that cools down, in (0, 1] (0.2: the 20% "
+                                       "cooldown that matches a tuned cosine in Hagele et al. 2024)")
+    cooldown_shape: str = option("linear", "wsd: linear, or 1-sqrt (lr = min_lr + (max_lr - min_lr) * "
+                                           "(1 - sqrt(progress)): a little better in Hagele et al. 2024)")
+    optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon on the "
+                                     "blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay on "
+                                     "embeddings, lm_head, LayerNorms and biases; ddp only). A checkpoint resumes "
+                                     "only with the optimizer it was written with")
+    muon_lr: float = option(0.02, "muon: peak learning rate of the Muon matrices, scaled by the schedule like "
+                                  "max_lr (0.02: Keller Jordan's Muon default; the orthogonalised update has "
+                                  "singular values near 1, so this lr is not on AdamW's scale)")
+    muon_momentum: float = option(0.95, "muon: Nesterov momentum (0.95: the Muon paper and modded-nanogpt)")
+    muon_weight_decay: float = option(0.0, "muon: decoupled weight decay, applied as w *= 1 - lr * wd with the "
+                                           "Muon lr (0: as Keller Jordan's Muon and the modded-nanogpt speedruns; "
+                                           "torch's default 0.1 is meant for AdamW-sized lrs and would shrink the "
+                                           "weights 0.2% a step at lr 0.02)")
+    shuffle: bool = option(False, "read the train rows in a new order every epoch, seeded by seed and epoch (false: "
+                                  "build-nanogpt's order, the shards in order, then in a seeded shard order)")
+    doc_aligned: bool = option(False, "start every train row at a document (its <|endoftext|>): a document longer "
+                                      "than a row is cut at the row's end and its rest passed over (the startup "
+                                      "line says the share of tokens the rows use)")
     # --- evaluation (val loss always runs after the last step)
     eval_interval: int = option(250, "val loss every N steps (0: only after the last)")
     val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288)")
@@ -169,6 +195,26 @@ class TrainConfig:
         for key in ("beta1", "beta2"):
             require(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
         require(self.adam_eps > 0, "adam_eps", f"must be positive, got {self.adam_eps}")
+        require(self.lr_schedule in SCHEDULES, "lr_schedule",
+                f"unknown schedule {self.lr_schedule!r}; choose {', '.join(SCHEDULES)}")
+        require(self.cooldown_shape in COOLDOWN_SHAPES, "cooldown_shape",
+                f"unknown shape {self.cooldown_shape!r}; choose {', '.join(COOLDOWN_SHAPES)}")
+        require(0 < self.cooldown_frac <= 1, "cooldown_frac", f"must be in (0, 1], got {self.cooldown_frac}")
+        if self.lr_schedule == "wsd":
+            start = cooldown_start(self.max_steps, self.cooldown_frac)
+            require(self.warmup_steps <= start, "warmup_steps",
+                    f"{self.warmup_steps} runs into the wsd cooldown, which starts at step {start} "
+                    f"(max_steps {self.max_steps}, cooldown_frac {self.cooldown_frac})")
+        require(self.optimizer in OPTIMIZERS, "optimizer",
+                f"unknown optimizer {self.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
+        require(self.muon_lr >= 0, "muon_lr", f"must be >= 0, got {self.muon_lr}")
+        require(0 <= self.muon_momentum < 1, "muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
+        require(self.muon_weight_decay >= 0, "muon_weight_decay", f"must be >= 0, got {self.muon_weight_decay}")
+        if self.optimizer == "muon":
+            require(self.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
+                                               "muon_lr by lr / max_lr)")
+            require(self.strategy == "ddp", "optimizer",
+                    f"muon needs whole weight matrices; it runs under strategy ddp ({self.strategy} shards them)")
         # numpy's seed sequences (the epoch shuffles) take non-negative integers, torch.manual_seed 64 bits
         require(0 <= self.seed < 2**64, "seed", f"must be in [0, 2**64), got {self.seed}")
         if self.model == "custom":

@@ -89,7 +89,8 @@ class Lockstep:
         if cfg.dropout > 0:
             # dropout masks depend on (seed, step, rank) only, so a resumed run draws the same ones
             torch.manual_seed(((cfg.seed * 1_000_003 + step) * 4099 + env.rank) % 2**64)
-        lr = learning_rate(step, cfg.warmup_steps, cfg.max_steps, cfg.max_lr, cfg.min_lr)
+        lr = learning_rate(step, cfg.warmup_steps, cfg.max_steps, cfg.max_lr, cfg.min_lr, cfg.lr_schedule,
+                           cfg.cooldown_frac, cfg.cooldown_shape)
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
                                        (cfg.micro_batch_size, cfg.seq_len), env)
         loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, cfg.grad_clip or math.inf)

@@ -23,6 +23,7 @@ from training.checkpoint import (RESUME_ENTRIES, check_compatible, checkpoints_f
 from training.storage import Location, name_of
 from training.config import TrainConfig
 from training.distributed import DistEnv, broadcast_object, run_on_all_ranks
+from training.optimizers import build_optimizer, check_same_optimizer
 from training.parallel import Strategy
 from training.run_folder import check_one_history
 from training.run_logger import LOG_NAME, RunLogger
@@ -139,7 +140,7 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
 
     def open_data() -> tuple[TrainLoader, ValLoader, str]:
         train_loader = TrainLoader(cfg.data_dir, cfg.seq_len, cfg.micro_batch_size, cfg.total_batch_size,
-                                   env.rank, env.world_size, cfg.seed)
+                                   env.rank, env.world_size, cfg.seed, shuffle=cfg.shuffle, doc_aligned=cfg.doc_aligned)
         val_loader = ValLoader(cfg.data_dir, cfg.seq_len, cfg.val_tokens, cfg.micro_batch_size,
                                env.rank, env.world_size)
         # every rank checks the headers, and the token ranges of its share of the shards
@@ -153,8 +154,7 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
     load_initial_weights(model, cfg.init_from)
     strategy.shard(model)  # under FSDP: before the optimizer, which must hold the sharded parameters
     model.to(runtime.device, dtype=runtime.weights_dtype)
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.max_lr, (cfg.beta1, cfg.beta2), cfg.adam_eps,
-                                           runtime.device_type)
+    optimizer = build_optimizer(model, cfg, runtime.device_type)  # AdamW (configure_optimizers), or Muon + AdamW
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.loss_scaling)
     spikes = SpikeWindow(cfg.spike_window, cfg.spike_threshold, runtime.device, runtime.weights_dtype) \
         if cfg.spike_skip else None
@@ -170,6 +170,7 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
                               f"raise max_steps to train on, or start another run in another out_dir")
         logger.console(f"nothing to do: {resume_path} is at max_steps {cfg.max_steps}; raise max_steps to train on")
         return None
+    check_same_optimizer(cfg, state["config"], resume_path)  # another optimizer's state does not fit
     run.load_state_dict(state)
     run.resumed_from = resume_path
     warn_on_changed_settings(cfg, state["config"], logger)

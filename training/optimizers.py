@@ -1,0 +1,127 @@
+"""The optimizer of a run, the `optimizer` key: one function, build_optimizer.
+
+adamw  the faithful recipe: model.configure_optimizers (AdamW, weight decay on 2-D tensors only).
+muon   the modern recipe: torch.optim.Muon on the transformer blocks' weight matrices (attention
+       c_attn / c_proj, MLP c_fc / c_proj), AdamW on everything else: the token embedding (tied
+       with lm_head, so once), the position embedding, LayerNorm gains and every bias.
+
+Both are one torch.optim.Optimizer to the rest of the code (zero_grad, step, param_groups,
+state_dict / load_state_dict, DCP's get_state_dict / set_state_dict, GradScaler.unscale_,
+training/parallel.py's parameter_names): MuonWithAdamW's param_groups are the AdamW groups
+followed by the Muon group, and its `state` is the one dict both inner optimizers read and write.
+
+The training loop sets every group's "lr" to the schedule's value, in max_lr's units
+(training/step.py). Each group carries its own peak lr as "base_lr" (max_lr for the AdamW
+groups, muon_lr for Muon's), and the update uses lr * base_lr / max_lr: the schedule scales both
+optimizers alike, and the AdamW groups get the schedule's value exactly (base_lr / max_lr is 1).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+
+import torch
+
+from errors import CheckpointError
+from model import GPT
+
+OPTIMIZERS = ("adamw", "muon")
+BLOCK_MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def build_optimizer(model: GPT, cfg, device_type: str) -> torch.optim.Optimizer:
+    """The optimizer the config names, over the model's (possibly FSDP-sharded) parameters."""
+    if cfg.optimizer == "adamw":
+        return model.configure_optimizers(cfg.weight_decay, cfg.max_lr, (cfg.beta1, cfg.beta2), cfg.adam_eps,
+                                          device_type)
+    if cfg.optimizer != "muon":
+        raise ValueError(f"unknown optimizer {cfg.optimizer!r}")  # the config refuses it first
+    muon, adamw = split_parameters(model)
+    fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
+    adamw_groups = [
+        {"params": [p for p in adamw if p.dim() >= 2], "weight_decay": cfg.weight_decay},  # embeddings
+        {"params": [p for p in adamw if p.dim() < 2], "weight_decay": 0.0},  # LayerNorm gains, biases
+    ]
+    inner_adamw = torch.optim.AdamW(adamw_groups, lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
+                                    fused=fused)
+    inner_muon = torch.optim.Muon([{"params": muon}], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                                  weight_decay=cfg.muon_weight_decay, nesterov=True)
+    return MuonWithAdamW(inner_adamw, inner_muon, peak_lr=cfg.max_lr)
+
+
+def split_parameters(model: GPT) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(Muon's, AdamW's) parameters, every trainable parameter in exactly one (a tied one once).
+
+    Muon: the 2-D weight matrices inside the transformer blocks. AdamW: the rest, including the
+    embeddings (a lookup table is not a hidden layer's map: Muon's orthogonalised update does
+    not suit it) and lm_head (tied with the token embedding here).
+    """
+    muon, adamw = [], []
+    for name, p in model.named_parameters():  # a tied parameter comes once, under its first name
+        if not p.requires_grad:
+            continue
+        in_block = name.startswith("transformer.h.")
+        (muon if in_block and name.endswith(BLOCK_MATRICES) and p.dim() == 2 else adamw).append(p)
+    return muon, adamw
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """AdamW and Muon as one optimizer: param_groups are AdamW's groups, then Muon's.
+
+    The public groups (self.param_groups) hold the settings; each step copies them onto the
+    inner optimizers' own groups, with lr scaled by base_lr / peak_lr. The state is one dict,
+    shared with the inner optimizers, and re-shared after load_state_dict (which replaces it).
+    """
+
+    def __init__(self, adamw: torch.optim.AdamW, muon: torch.optim.Muon, peak_lr: float):
+        if peak_lr <= 0:
+            raise ValueError(f"peak_lr must be positive, got {peak_lr}")
+        self.inner = [adamw, muon]
+        self.peak_lr = peak_lr
+        groups = []
+        for optimizer in self.inner:
+            for group in optimizer.param_groups:
+                # "lr" is in max_lr's units, as the training loop sets it; "base_lr" is the group's own peak
+                groups.append({**group, "params": list(group["params"]), "lr": peak_lr, "base_lr": group["lr"]})
+        super().__init__(groups, defaults={})
+        self._share_state()
+
+    def _share_state(self) -> None:
+        for optimizer in self.inner:
+            optimizer.state = self.state
+
+    def _inner_groups(self) -> Iterable[dict]:
+        return (group for optimizer in self.inner for group in optimizer.param_groups)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for public, inner in zip(self.param_groups, self._inner_groups(), strict=True):
+            inner.update({k: v for k, v in public.items() if k not in ("params", "base_lr")})
+            if public["base_lr"] != self.peak_lr:  # the AdamW groups take the schedule's value as it is
+                inner["lr"] = public["lr"] * (public["base_lr"] / self.peak_lr)
+        for optimizer in self.inner:
+            optimizer.step()
+        return loss
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("param_groups", [])
+        if len(saved) != len(self.param_groups) or any("base_lr" not in g for g in saved):
+            raise CheckpointError("optimizer: the checkpoint's optimizer state is not Muon + AdamW's (its "
+                                  "parameter groups differ); resume it with the optimizer it was written with")
+        super().load_state_dict(state_dict)
+        self._share_state()
+
+
+def check_same_optimizer(cfg, saved_config: dict, path) -> None:
+    """A checkpoint resumes only with the optimizer it was written with: its state (AdamW moments,
+    or Muon momentum buffers) does not fit another. Checkpoints from before the key were adamw's."""
+    saved = saved_config.get("optimizer", "adamw")
+    if saved != cfg.optimizer:
+        raise CheckpointError(f"optimizer: {path} was written with optimizer {saved}, this run uses "
+                              f"{cfg.optimizer}: its optimizer state does not fit; resume with --optimizer {saved}, "
+                              f"or start from its weights with --init_from {path} in another out_dir")
