@@ -5,7 +5,7 @@
 #   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh /tmp/dry    # every part's plumbing on the CPU, tiny models
 #   bash scripts/gpu_check.sh --report DIR RESULTS...         # one summary of several calls' results
 #
-# Parts, most valuable first (the default is all seven, in this order):
+# Parts, most valuable first (the default is all nine, in this order):
 #   tests      pytest -m gpu tests/test_gpu.py: compiled vs eager, fused loss, resume, HellaSwag under
 #              compile, sample.py's KV cache, export to transformers (124M, bf16, real tokens)
 #   speed      GPT-2 124M, T=1024, 524,288 tokens/step: compiled/eager x plain/fused loss, B=64 and 32
@@ -15,6 +15,9 @@
 #   fsdp       --strategy fsdp / fsdp_zero2 under torchrun on the one GPU (124M B=64, 1558M): FSDP's
 #              overhead against the DDP rows
 #   levers     eager plain loss at B=64 (memory), CUDA graphs, max-autotune
+#   longrun    what spike_skip and rank_stats_interval cost per step (124M B=64, against the speed rows)
+#   recipe     the faithful and the modern recipe, GPT-2 124M, 300 steps of 65,536 tokens on the same
+#              Shakespeare tokens (scripts/compare_recipes.py --gpu; carry data/shakespeare)
 #   checkpoint scripts/bench_checkpoint.py on the GPU, 124M and 1558M: the file, a sharded save, an
 #              async sharded save (how long the loop is blocked, how long until complete), and the
 #              loads of the first two
@@ -25,7 +28,8 @@
 # back to back in one lease, each returning its own RESULTS (under the call's files_at):
 #   run  command: bash scripts/gpu_check.sh "$OUT" tests speed                  carry: (none)
 #   run  command: bash scripts/gpu_check.sh "$OUT" reference presets fsdp levers  carry: [".ref"]
-# and, while device time is left, a third:  bash scripts/gpu_check.sh "$OUT" checkpoint
+# and, while device time is left, a third:  bash scripts/gpu_check.sh "$OUT" longrun recipe checkpoint
+#                                          carry: ["data/shakespeare"] (python prep/shakespeare.py here first)
 # then, on the session's own machine:  bash scripts/gpu_check.sh --report DIR FILES_AT_1 FILES_AT_2
 #
 # Budget, estimated for one H100 before any was measured (the first run's part and variant
@@ -49,7 +53,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-ALL_PARTS="tests speed reference presets fsdp levers checkpoint"
+ALL_PARTS="tests speed reference presets fsdp levers longrun recipe checkpoint"
 SKIPPED=99  # a part's exit status for "nothing to run here" (not one pytest or timeout uses)
 
 summarize() {  # environment DRY_RUN PARTS BUDGET | collect WORK RESULTS | report OUT RESULTS...
@@ -124,6 +128,7 @@ def collect(work, results):
         "parts": [{"part": p, "status": s, "seconds": int(t)} for p, s, t in table_lines(work / "parts.tsv")],
         "tests": junit(work / "tests.xml"), "rows": rows,
         "checkpoint": [json.loads(line) for line in tail(bench / "checkpoint.jsonl", None)],
+        "recipe": json.loads((bench / "recipes.json").read_text()) if (bench / "recipes.json").exists() else [],
         "failed": [{"label": label, "why": why, "log_tail": tail(bench / f"{label}.log")}
                    for label, why in table_lines(bench / "failed.txt")],
         "skipped": [{"label": label, "why": why} for label, why in table_lines(bench / "skipped.txt")],
@@ -165,7 +170,8 @@ def fmt(value, spec):
 def report(out, *sources):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "failed": [], "skipped": []}
+    merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "recipe": [], "failed": [],
+              "skipped": []}
     for source in sources:
         path = Path(source) / "results.json" if Path(source).is_dir() else Path(source)
         for key, value in json.loads(path.read_text()).items():
@@ -231,6 +237,15 @@ def report(out, *sources):
                       f"| {fmt(c.get('gb_per_s'), '.2f')} | {fmt(c.get('load_s'), '.2f')} "
                       f"| {max(c['peak_rss_gib']):.1f} | {fmt(c.get('peak_cuda_gib'), '.1f')} |")
         md.append("")
+    if merged["recipe"]:
+        md += ["## Recipes: scripts/compare_recipes.py (steps to the faithful run's final val loss)", "",
+               "| setting | seed | faithful final val | modern final val | faithful steps | modern steps | speed-up |",
+               "| --- | --- | --- | --- | --- | --- | --- |"]
+        for r in merged["recipe"]:
+            md.append(f"| {r['setting']} | {r['seed']} | {r['faithful_final_val']:.4f} | {r['modern_final_val']:.4f} "
+                      f"| {r['faithful_steps']} | {r['modern_steps'] or 'not reached'} "
+                      f"| {fmt(r['speedup'], '.2f')} |")
+        md.append("")
     if merged["failed"] or merged["skipped"]:
         md += ["## Not measured", ""]
         md += [f"- {f['label']}: failed, {f['why']} (log tail in results.json)" for f in merged["failed"]]
@@ -290,6 +305,7 @@ part_speed() { bench_group speed; }
 part_presets() { bench_group presets; }
 part_fsdp() { bench_group fsdp; }
 part_levers() { bench_group levers; }
+part_longrun() { bench_group longrun; }
 
 part_reference() {  # $1: seconds left
     local label=reference-build-nanogpt-b64 status
@@ -303,6 +319,22 @@ part_reference() {  # $1: seconds left
     status=$?
     tail -3 "$BENCH/$label.log"
     [ $status = 0 ] || printf '%s\texit %s\n' "$label" "$status" >> "$BENCH/failed.txt"
+    return $status
+}
+
+part_recipe() {  # $1: seconds left. Both recipes on the Shakespeare shards, which must have been carried along
+    if ! ls data/shakespeare/*_val_*.npy > /dev/null 2>&1; then
+        printf 'recipe\tno data/shakespeare (python prep/shakespeare.py, then carry it)\n' >> "$BENCH/skipped.txt"
+        return $SKIPPED
+    fi
+    local args=(--gpu) status
+    [ "$DRY_RUN" = 1 ] && args=(--dry_run)
+    timeout --kill-after=20 "$1" "$PY" scripts/compare_recipes.py "${args[@]}" --seeds 1337 --out "$WORK/recipe" \
+        > "$BENCH/recipe.log" 2>&1
+    status=$?
+    tail -6 "$BENCH/recipe.log"
+    cp "$WORK/recipe/recipes.json" "$WORK/recipe/recipes.png" "$BENCH/" 2>/dev/null
+    [ $status = 0 ] || printf 'recipe\texit %s\n' "$status" >> "$BENCH/failed.txt"
     return $status
 }
 
