@@ -35,6 +35,7 @@ from data.tokenizer import get_tokenizer
 from errors import ConfigError, run_cli
 from evals.periodic import PeriodicEvaluation
 from training.config import TrainConfig, config_yaml, parse_args, usage
+from training.diagnostics import Diagnostics
 from training.distributed import (DistEnv, any_rank, barrier, local_rank, run_on_all_ranks,
                                   set_collective_timeout, setup_distributed, teardown_distributed)
 from training.checkpoint import checkpoints_folder
@@ -125,6 +126,8 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
 
     model = run.strategy.training_model(run.model)  # compiled, and wrapped by DDP: the training forward
+    diagnostics = Diagnostics(cfg, env, runtime, cfg.out_dir, logger)  # each off unless configured
+    diagnostics.watch(model)  # the ranks' compute time ends at their last forward
     checkpointer = Checkpointer(cfg, env, logger, record)  # file or sharded, at most one save in flight
     batches = prefetch(cfg, run, runtime)
     stopping = False  # set only from all-reduced votes, so every rank stops at the same step
@@ -148,14 +151,20 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
                 run_on_all_ranks(env, logger.check)  # the last records were written
                 return
 
+            diagnostics.step_started(run.step)
             try:
                 result = take_step(run, model, batches, preemption.requested)
+            except torch.OutOfMemoryError:
+                diagnostics.out_of_memory(run.step)  # memory_snapshot: what filled the memory
+                raise
             except RollbackRequested as request:  # every rank alike: spikes in a row, or a NaN (if asked)
                 checkpointer.wait()  # a save in flight counts: it may be the newest good state
                 batches.close()
                 roll_back(cfg, env, run, logger, request)
                 batches = prefetch(cfg, run, runtime)  # from the checkpoint's step, past the batches since
                 continue
+            diagnostics.add_data_wait(result.data_wait)
+            diagnostics.step_finished(run.step - 1)  # every rank: at rank_stats_interval, one all-gather
             checkpointer.poll()  # rank 0 commits a background save that has finished
             stopping = result.stop
             log_step(cfg, env, runtime, run, logger, result, flops_per_token)
@@ -163,6 +172,7 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
                 set_collective_timeout(env, datetime.timedelta(minutes=cfg.hang_timeout_minutes))
     finally:
         batches.close()
+        diagnostics.close()  # a profile window or memory recording still open is written
         checkpointer.close()  # after a failure: a background save that finishes still counts
 
 

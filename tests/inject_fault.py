@@ -3,6 +3,7 @@
     torchrun ... tests/inject_fault.py TRAINER_ARGS...
     with FAULT=nan|batch|hang, FAULT_STEP=s, FAULT_RANK=r in the environment,
     or FAULT=spike, FAULT_POSITIONS=p1,p2,..., FAULT_FACTOR=f (default 1000; nan for a NaN loss)
+    or FAULT=slow, FAULT_RANK=r, FAULT_SLEEP=seconds (default 0.2)
 
 The trainer runs unchanged; only the step function it is given differs, and only on rank r at
 optimizer step s (counted from the run's first step, 0):
@@ -10,6 +11,8 @@ optimizer step s (counted from the run's first step, 0):
   batch: rank r cannot read its first micro-batch of the step (a DataError from the batches);
   hang:  rank r stops responding (sleeps) before the step, as a hung GPU or a deadlock would.
 The trainer must notice on its own and stop every rank (one line each, or a timeout).
+
+slow: rank r sleeps before every step's work, as a slower GPU would compute: a straggler.
 
 spike is a property of the data, as a real spike's cause would be: on every rank, the loss of
 the steps that read the batches of the given data positions (step + data_offset) is multiplied
@@ -67,6 +70,8 @@ def with_fault(step):
     def faulty_step(run, model, batches, stop_requested):
         if FAULT == "spike" and run.step + run.data_offset in FAULT_POSITIONS:
             model = ScaledLoss(model, FAULT_FACTOR)
+        if FAULT == "slow" and ON_THIS_RANK:
+            time.sleep(float(os.environ.get("FAULT_SLEEP", "0.2")))
         if ON_THIS_RANK and run.step - run.start_step == FAULT_STEP:
             if FAULT == "nan":
                 weight = run.model.lm_head.weight
@@ -83,7 +88,7 @@ def with_fault(step):
 
 
 def main(argv: list[str]) -> int:
-    if FAULT not in ("nan", "batch", "hang", "spike"):
+    if FAULT not in ("nan", "batch", "hang", "spike", "slow"):
         raise SystemExit(f"unknown FAULT {FAULT!r}")
     return train_gpt2.main(argv, wrap_step=with_fault)
 

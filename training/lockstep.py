@@ -46,6 +46,7 @@ class StepResult:
     seconds: float
     skipped: bool = False  # float16 only: the gradients overflowed, the scaler skipped the update
     spike: str | None = None  # why the update was not applied: a loss spike (spike_skip)
+    data_wait: float = 0.0  # seconds this rank waited for its micro-batches (host clock)
 
 
 class GuardedBatches:
@@ -58,11 +59,15 @@ class GuardedBatches:
     def __init__(self, batches, step: int, count: int, shape: tuple[int, int], env: DistEnv):
         self.batches, self.step, self.count, self.shape, self.env = batches, step, count, shape, env
         self.failure: ReproError | None = None
+        self.wait = 0.0  # seconds spent in batches.get
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         for micro_step in range(self.count):
             try:
-                yield self.batches.get(self.step, micro_step)  # (B, T) inputs and targets, on the device
+                started = time.perf_counter()
+                batch = self.batches.get(self.step, micro_step)  # (B, T) inputs and targets, on the device
+                self.wait += time.perf_counter() - started
+                yield batch
             except Exception as e:  # noqa: BLE001 - keep stepping in lockstep, fail together after the step
                 self.failure = self.failure or as_repro_error(e, self.env)
                 zeros = torch.zeros(self.shape, dtype=torch.long, device=self.env.device)
@@ -129,4 +134,5 @@ class Lockstep:
         run.step += 1
         run.tokens_seen += cfg.total_batch_size
         return StepResult(loss=loss_value, grad_norm=norm_value, lr=lr, stop=bool(stop_votes),
-                          seconds=time.perf_counter() - t0, skipped=overflow, spike=spike)
+                          seconds=time.perf_counter() - t0, skipped=overflow, spike=spike,
+                          data_wait=micro_batches.wait)
