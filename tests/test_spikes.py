@@ -187,3 +187,13 @@ def test_under_fsdp_a_rollback_reloads_every_ranks_shard_from_either_format(data
         spiky_run(data, out, "7,8", rollback_after=2, strategy="fsdp", checkpoint_format=checkpoint_format)
         assert [(r["step"], r["from_step"]) for r in records(out, "rollback")] == [(6, 8)]
         assert sorted(train_losses(out)) == list(range(12))
+
+
+@pytest.mark.slow
+def test_with_the_modern_recipe_a_spike_leaves_muon_and_adamw_state_as_they_were(data, tmp_path):
+    out = tmp_path / "muon"
+    spiky_run(data, out, "7", optimizer="muon", lr_schedule="wsd", max_steps=9, checkpoint_interval=1)
+    assert [r["step"] for r in records(out, "skip")] == [7]
+    before, after = (ckpt.read_full_state(dict(ckpt.list_checkpoints(out / "checkpoints"))[s]) for s in (7, 8))
+    assert_same_tensors(before["model"], after["model"])
+    assert_same_tensors(before["optimizer"]["state"], after["optimizer"]["state"])  # momentum buffers too
