@@ -27,6 +27,7 @@ import datetime
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -47,7 +48,7 @@ from training.preemption import PreemptionFlag
 from training.provenance import provenance
 from training.run import Run, build_run, roll_back
 from training.run_folder import claim_run_folder
-from training.run_logger import RunLogger, format_train_line
+from training.run_logger import TENSORBOARD_MISSING, RunLogger, format_train_line
 from training.storage import filesystem, is_url
 from training.runtime import Runtime, resolve_runtime
 from training.spikes import RollbackRequested
@@ -107,6 +108,8 @@ def open_run_folder(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger,
             describe=lambda e: ConfigError(f"wandb: could not start the run ({type(e).__name__}: {e}); "
                                            f"use --wandb_mode offline or --wandb false"))
         run.wandb_run_id = logger.wandb_run_id  # on rank 0, which writes the checkpoints
+    if cfg.tensorboard:
+        run_on_all_ranks(env, lambda: logger.start_tensorboard(Path(cfg.out_dir) / "tensorboard"))
 
 
 def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger,
@@ -221,6 +224,8 @@ def check_optional_packages(cfg: TrainConfig) -> None:
 
     if cfg.wandb and cfg.wandb_mode != "disabled" and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb: the wandb package is not installed (pip install wandb), or set --wandb false")
+    if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(TENSORBOARD_MISSING)
     if is_url(cfg.checkpoint_dir):
         filesystem(cfg.checkpoint_dir)  # a ConfigError naming the package a URL's scheme needs (s3fs, gcsfs)
 

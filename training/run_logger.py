@@ -1,4 +1,4 @@
-"""Rank 0's record of a run: a console line, `log.jsonl`, and optionally Weights & Biases.
+"""Rank 0's record of a run: a console line, `log.jsonl`, and optionally W&B and TensorBoard.
 
 Every other rank holds a disabled logger, so call sites need no `if master_process`. Nothing
 here is a collective. A record that cannot be written (disk full) does not raise in the
@@ -8,7 +8,8 @@ the trainer shares it with every rank at the step's all-reduce, so all stop with
 log.jsonl has one JSON object per event (`kind` = train, val, hellaswag, sample, ...). When a
 run resumes from the checkpoint of step s, the records of step >= s are dropped first: they
 describe work after that checkpoint which will now be redone, so the log ends up with
-exactly one record of each kind per step.
+exactly one record of each kind per step. W&B and TensorBoard get the same records' numbers,
+as `kind/field` against the step (and the samples' text).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from atomic_file import atomic_write
 from errors import ConfigError, WriteError, print_warning
 
 LOG_NAME = "log.jsonl"
+TENSORBOARD_MISSING = "tensorboard: needs the tensorboard package (pip install tensorboard), or set --tensorboard false"
 
 
 def read_log(path: str | Path) -> list[dict]:
@@ -52,6 +54,11 @@ def write_text_file(path: Path, text: str) -> None:
         raise WriteError(f"{path}: could not write ({e.strerror or e})") from None
 
 
+def _is_number(value) -> bool:
+    """A value W&B and TensorBoard can plot: a finite int or float (not a bool, text or list)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _finite_or_none(value):
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -66,6 +73,7 @@ class RunLogger:
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.wandb_run = None
+        self.tensorboard = None  # a SummaryWriter, with `tensorboard: true`
         self.failure: WriteError | None = None  # the first record that could not be written
         self.path: Path | None = None  # log.jsonl, once the run folder is open
         self._jsonl = None
@@ -105,6 +113,19 @@ class RunLogger:
             id=run_id, resume="allow", mode=mode, dir=str(out_dir),
         )
 
+    def start_tensorboard(self, log_dir: str | Path) -> None:
+        """Write every record's numbers as TensorBoard scalars into log_dir (rank 0)."""
+        if not self.enabled:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+        except ImportError:
+            raise ConfigError(TENSORBOARD_MISSING) from None
+        try:
+            self.tensorboard = SummaryWriter(log_dir=str(log_dir))
+        except OSError as e:
+            raise WriteError(f"{log_dir}: could not create the TensorBoard folder ({e.strerror or e})") from None
+
     @property
     def wandb_run_id(self) -> str | None:
         return self.wandb_run.id if self.wandb_run is not None else None
@@ -123,9 +144,19 @@ class RunLogger:
             self.failure = WriteError(f"{self.path}: could not append a record ({e.strerror or e}); "
                                       f"the checkpoints written before are intact")
             return
+        kind, step = record["kind"], record["step"]
+        numbers = {f"{kind}/{k}": v for k, v in record.items() if k not in ("kind", "step") and _is_number(v)}
+        if self.tensorboard is not None:
+            try:
+                for name, value in numbers.items():
+                    self.tensorboard.add_scalar(name, value, global_step=step)
+                if kind == "sample":
+                    self.tensorboard.add_text("sample/text", record["text"], global_step=step)
+            except OSError as e:
+                self.failure = WriteError(f"{self.tensorboard.log_dir}: could not write TensorBoard events "
+                                          f"({e.strerror or e}); the checkpoints written before are intact")
         if self.wandb_run is not None:
-            kind, step = record["kind"], record["step"]
-            metrics = {f"{kind}/{k}": v for k, v in record.items() if k not in ("kind", "step") and v is not None}
+            metrics = numbers
             if kind == "sample":
                 import wandb
 
@@ -166,6 +197,12 @@ class RunLogger:
             except OSError:
                 pass  # its failure was reported when the record was written
             self._jsonl = None
+        if self.tensorboard is not None:
+            try:
+                self.tensorboard.close()  # flushes the events
+            except OSError:
+                pass  # its failure was reported when the record was written
+            self.tensorboard = None
         if self.wandb_run is not None:
             self.wandb_run.finish()
             self.wandb_run = None
