@@ -7,9 +7,12 @@ One panel per kind of data the runs logged, side by side against tokens seen: lo
 loss as a trailing moving average over --smooth N points, raw values faint behind it, and val
 loss), then one panel per other evaluation a run logged (HellaSwag acc_norm, ...): the panels
 come from the record kinds in the logs, as the trainer's evaluations declare them
-(evals/periodic.py). One colour per run, labelled by its folder name; a thin vertical line in
-the run's colour marks each resume (a launch that started from step S > 0, as its `startup`
-record says).
+(evals/periodic.py). One colour per run, labelled by its folder name. Vertical lines in the
+run's colour mark what changed its course: a thin solid line each resume (a launch that started
+from step S > 0, as its `startup` record says), a dashed line each rollback (at the tokens of
+the checkpoint it went back to) and a dotted line each skipped update (a loss spike). The train
+loss of a skipped update is left out of its curve: it was never applied, and a spike's loss
+would flatten the rest.
 
 Reference lines (--references, default auto) follow each run folder's config.yaml:
 - val loss 3.29, OpenAI's GPT-2 124M checkpoint on FineWeb-Edu: for runs of a GPT-2 size on
@@ -102,6 +105,23 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+MARKERS = {  # record kind -> (legend suffix, line style) of the vertical lines marking it
+    "rollback": ("rolled back", "--"),
+    "skip": ("skipped a spike", ":"),
+}
+
+
+def event_tokens(records: list[dict], kind: str) -> list[float]:
+    """Tokens seen at each record of `kind` (skip: after the skipped step; rollback: at the step gone back to)."""
+    return sorted(r["tokens"] for r in records if r.get("kind") == kind and _finite(r.get("tokens")))
+
+
+def without_skipped_steps(records: list[dict]) -> list[dict]:
+    """The records, less the train records of updates that were skipped (their loss was a spike)."""
+    skipped = {r.get("step") for r in records if r.get("kind") == "skip"}
+    return [r for r in records if not (r.get("kind") == "train" and r.get("step") in skipped)]
+
+
 def resume_tokens(records: list[dict]) -> list[float]:
     """Tokens seen at each resume: a startup record of step S > 0 is placed at the tokens of the
     train record of step S - 1 (the log keeps it: a resume from S drops only steps >= S)."""
@@ -161,7 +181,8 @@ def applicable_references(configs: list[dict], mode: str) -> tuple[bool, list[tu
 def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | None = None,
          references: str = "auto") -> Figure:
     """Draw the panels that runs (label -> PlottedRun) have data for into the image `out`; the figure."""
-    data = {label: {s: series(run.records, s.kind, s.field) for s in SERIES} for label, run in runs.items()}
+    data = {label: {s: series(without_skipped_steps(run.records), s.kind, s.field) for s in SERIES}
+            for label, run in runs.items()}
     panels = list(dict.fromkeys(s.panel for s in SERIES if any(len(d[s][0]) for d in data.values())))
     shared = {panel: sum(s.panel == panel for s in SERIES) > 1 for panel in panels}  # label curves by kind
     fig, row = plt.subplots(1, len(panels), figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), dpi=DPI,
@@ -186,6 +207,11 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
         for tokens in resume_tokens(runs[label].records):
             for ax in axes.values():
                 ax.axvline(tokens / scale, color=color, linewidth=0.8, alpha=0.6, label=f"{label} resumed")
+        for kind, (suffix, style) in MARKERS.items():
+            for tokens in event_tokens(runs[label].records, kind):
+                for ax in axes.values():
+                    ax.axvline(tokens / scale, color=color, linewidth=0.8, linestyle=style, alpha=0.8,
+                               label=f"{label} {suffix}")
     for s in SERIES:
         if s.panel in axes:
             axes[s.panel].set(ylabel=s.ylabel, title=s.panel)

@@ -182,6 +182,34 @@ def test_resumes_are_marked_per_run(tmp_path):
         assert [t.get_text() for t in ax.get_legend().get_texts()].count("a resumed") == 1  # one entry per run
 
 
+def test_skips_and_rollbacks_are_marked_and_a_skipped_steps_loss_is_left_out(tmp_path):
+    batch = 524288
+    records = fake_run(resumes=(150,))
+    for r in records:  # update 80 was a spike: its loss was logged, then a skip record
+        if r["kind"] == "train" and r["step"] == 80:
+            r["loss"] = 5000.0
+    records += [{"kind": "skip", "step": 80, "tokens": 81 * batch, "loss": 5000.0, "grad_norm": 400.0,
+                 "reason": "loss 5000 > 4 + 6 x 0.1"},
+                {"kind": "rollback", "step": 100, "tokens": 100 * batch, "from_step": 120, "reason": "spikes",
+                 "skipped_batches": [100, 120]}]
+    fig = figure(tmp_path, {"a": (records, GPT2_124M), "plain": (fake_run(seed=1), GPT2_124M)})
+    unit = 1e6
+    for ax in fig.axes:
+        marks = {}
+        for line in ax.get_lines():
+            if line.get_label().startswith("a ") and line.get_label() != "a train":
+                marks.setdefault(line.get_label(), []).append((line.get_xdata()[0], line.get_linestyle()))
+        assert {k: v for k, v in marks.items() if k != "a val"} == {
+            "a resumed": [(150 * batch / unit, "-")], "a rolled back": [(100 * batch / unit, "--")],
+            "a skipped a spike": [(81 * batch / unit, ":")]}
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "a rolled back" in legend and "a skipped a spike" in legend and "plain rolled back" not in legend
+    loss = fig.axes[0]
+    train = next(line for line in loss.get_lines() if line.get_label() == "a train")
+    assert max(train.get_ydata()) < 20  # the spike's 5000 is not on the curve
+    assert loss.get_ylim()[1] < 20
+
+
 def test_hellaswag_reference_sizes_match_the_model_presets():
     assert {size: shape for size, (shape, _) in plot_log.HELLASWAG_REFS.items()} == \
         {size: (p["n_layer"], p["n_embd"]) for size, p in PRESETS.items()}
