@@ -35,11 +35,11 @@ demo: install
 # Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once.
 XDIST := -n 2 --dist loadfile
 
-# everything (CI); about 3 minutes on 2 CPU cores
+# everything (CI); about 4 minutes on 2 CPU cores
 test: install lint
 	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST)
 
-# the inner loop: no test that starts a process (trainer, torchrun, prep); about 20 seconds
+# the inner loop: no test that starts a process (trainer, torchrun, prep); about 40 seconds
 test-fast: install
 	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) -m "not slow"
 
