@@ -593,3 +593,16 @@ def test_a_failed_background_write_stops_every_rank_with_one_line_and_earlier_ch
     again = run_trainer(every_step, nproc=2)  # room again: the same command goes on from step 3
     assert "removed what 1 interrupted checkpoint save(s) left: step_00000004" in again.stdout
     assert_same_run(out, straight("ddp2"))
+
+
+def test_a_short_write_that_torch_reports_opaquely_is_named_as_what_it_likely_is(tmp_path):
+    """torch.save's zip writer turns a write cut short by a full disk or a file size limit into
+    'unexpected pos A vs B'; without an OSError from any rank, the line says what that means."""
+    from errors import CheckpointWriteError
+
+    opaque = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    error = Checkpointer._write_error(tmp_path / "step_00000004", opaque)
+    assert isinstance(error, CheckpointWriteError)
+    assert str(error) == (f"{tmp_path / 'step_00000004'}: could not write checkpoint (a write came back short: is "
+                          f"the disk full, or a file size limit reached? ([enforce fail at inline_container.cc:672] "
+                          f". unexpected pos 704 vs 598)); earlier checkpoints are intact")

@@ -163,6 +163,8 @@ class Checkpointer:
             causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()]  # (exception, traceback)
             cause = next((c for c in causes if isinstance(c, OSError)), causes[0])
         reason = getattr(cause, "strerror", None) or first_line(cause)
+        if "unexpected pos" in reason:  # torch.save's zip writer saw a write come back short
+            reason = f"a write came back short: is the disk full, or a file size limit reached? ({reason})"
         return CheckpointWriteError(f"{path}: could not write checkpoint ({reason}); earlier checkpoints are intact")
 
 
