@@ -166,8 +166,7 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
                 roll_back(cfg, env, run, logger, request)
                 batches = prefetch(cfg, run, runtime)  # from the checkpoint's step, past the batches since
                 continue
-            diagnostics.add_data_wait(result.data_wait)
-            diagnostics.step_finished(run.step - 1)  # every rank: at rank_stats_interval, one all-gather
+            diagnostics.step_finished(run.step - 1, result.data_wait)  # every rank: an all-gather at intervals
             checkpointer.poll()  # rank 0 commits a background save that has finished
             stopping = result.stop
             log_step(cfg, env, runtime, run, logger, result, flops_per_token)

@@ -90,6 +90,8 @@ class RowStream:
         """Rows [first, first+count) as inputs and targets, int64 arrays of shape (count, T)."""
         if first < 0 or first + count > self.num_rows:
             raise IndexError(f"rows [{first}, {first + count}) outside [0, {self.num_rows})")
+        if self.row_starts is not None:  # document-aligned rows lie apart from each other
+            return self.read_rows(range(first, first + count))
         T = self.seq_len
         x = np.empty((count, T), dtype=np.int64)
         y = np.empty((count, T), dtype=np.int64)
@@ -98,18 +100,25 @@ class RowStream:
             row = first + done
             shard = bisect.bisect_right(self.first_row, row) - 1
             local = row - self.first_row[shard]
-            if self.row_starts is not None:  # rows apart from each other: one at a time
-                start = self.row_starts[shard][local]
-                span = self.shards[shard][start : start + T + 1]
-                x[done], y[done] = span[:-1], span[1:]
-                done += 1
-                continue
             n = min(count - done, self.rows_per_shard[shard] - local)
             # n consecutive rows share their boundary tokens: one slice of n*T + 1 tokens
             span = self.shards[shard][local * T : (local + n) * T + 1]
             x[done : done + n] = span[:-1].reshape(n, T)
             y[done : done + n] = span[1:].reshape(n, T)
             done += n
+        return x, y
+
+    def read_rows(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """The given global rows, in that order, as inputs and targets of shape (len(rows), T): one at a time."""
+        T = self.seq_len
+        x = np.empty((len(rows), T), dtype=np.int64)
+        y = np.empty((len(rows), T), dtype=np.int64)
+        for i, row in enumerate(rows):
+            shard = bisect.bisect_right(self.first_row, row) - 1
+            local = row - self.first_row[shard]
+            start = local * T if self.row_starts is None else int(self.row_starts[shard][local])
+            span = self.shards[shard][start : start + T + 1]
+            x[i], y[i] = span[:-1], span[1:]
         return x, y
 
 
@@ -206,10 +215,7 @@ class TrainLoader:
         """Inputs and targets of shape (B, T), int64, on the CPU."""
         epoch, first = self.first_row(step, micro_step)
         if self.shuffle:
-            rows = self.row_order(epoch)[first : first + self.B]
-            x, y = np.empty((self.B, self.T), dtype=np.int64), np.empty((self.B, self.T), dtype=np.int64)
-            for i, row in enumerate(rows.tolist()):
-                x[i : i + 1], y[i : i + 1] = self.stream.read(row, 1)
+            x, y = self.stream.read_rows(self.row_order(epoch)[first : first + self.B].tolist())
         else:
             x, y = self.epoch_stream(epoch).read(first, self.B)
         return torch.from_numpy(x), torch.from_numpy(y)

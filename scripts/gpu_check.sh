@@ -167,6 +167,14 @@ def fmt(value, spec):
     return "-" if value is None else format(value, spec)
 
 
+def table(title, columns, rows):
+    """A markdown section: `## title` and a table of rows (lists of cells); nothing without rows."""
+    if not rows:
+        return []
+    return [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows), ""]
+
+
 def report(out, *sources):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -227,25 +235,19 @@ def report(out, *sources):
                 md.append(f"| {r['label']} | {group['steps']} | {r['final_loss']:.5f} | {r['delta']:+.5f} "
                           f"| {'yes' if r['within_tolerance'] else 'NO'} |")
         md.append("")
-    if merged["checkpoint"]:
-        md += ["## Checkpoints: scripts/bench_checkpoint.py (save: blocking / until complete; or load)", "",
-               "| variant | params | blocking s | total s | GB on disk | GB/s | load s | peak host GiB | peak GPU GiB |",
-               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for c in merged["checkpoint"]:
-            md.append(f"| {c['label']} | {c['params'] / 1e6:,.0f}M | {fmt(c.get('blocking_s'), '.2f')} "
-                      f"| {fmt(c.get('total_s'), '.2f')} | {fmt(c.get('bytes_on_disk', 0) / 1e9 or None, '.2f')} "
-                      f"| {fmt(c.get('gb_per_s'), '.2f')} | {fmt(c.get('load_s'), '.2f')} "
-                      f"| {max(c['peak_rss_gib']):.1f} | {fmt(c.get('peak_cuda_gib'), '.1f')} |")
-        md.append("")
-    if merged["recipe"]:
-        md += ["## Recipes: scripts/compare_recipes.py (steps to the faithful run's final val loss)", "",
-               "| setting | seed | faithful final val | modern final val | faithful steps | modern steps | speed-up |",
-               "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in merged["recipe"]:
-            md.append(f"| {r['setting']} | {r['seed']} | {r['faithful_final_val']:.4f} | {r['modern_final_val']:.4f} "
-                      f"| {r['faithful_steps']} | {r['modern_steps'] or 'not reached'} "
-                      f"| {fmt(r['speedup'], '.2f')} |")
-        md.append("")
+    md += table("Checkpoints: scripts/bench_checkpoint.py (save: blocking / until complete; or load)",
+                ["variant", "params", "blocking s", "total s", "GB on disk", "GB/s", "load s", "peak host GiB",
+                 "peak GPU GiB"],
+                [[c["label"], f"{c['params'] / 1e6:,.0f}M", fmt(c.get("blocking_s"), ".2f"),
+                  fmt(c.get("total_s"), ".2f"), fmt(c.get("bytes_on_disk", 0) / 1e9 or None, ".2f"),
+                  fmt(c.get("gb_per_s"), ".2f"), fmt(c.get("load_s"), ".2f"), f"{max(c['peak_rss_gib']):.1f}",
+                  fmt(c.get("peak_cuda_gib"), ".1f")] for c in merged["checkpoint"]])
+    md += table("Recipes: scripts/compare_recipes.py (steps to the faithful run's final val loss)",
+                ["setting", "seed", "faithful final val", "modern final val", "faithful steps", "modern steps",
+                 "speed-up"],
+                [[r["setting"], r["seed"], f"{r['faithful_final_val']:.4f}", f"{r['modern_final_val']:.4f}",
+                  r["faithful_steps"], r["modern_steps"] or "not reached", fmt(r["speedup"], ".2f")]
+                 for r in merged["recipe"]])
     if merged["failed"] or merged["skipped"]:
         md += ["## Not measured", ""]
         md += [f"- {f['label']}: failed, {f['why']} (log tail in results.json)" for f in merged["failed"]]

@@ -265,9 +265,8 @@ def test_the_bundle_drives_all_three(tmp_path, logger, capsys):
     diagnostics.watch(model)
     for step in range(4):
         diagnostics.step_started(step)
-        diagnostics.add_data_wait(0.001)
         model(torch.zeros(2, 8))
-        diagnostics.step_finished(step)
+        diagnostics.step_finished(step, data_wait=0.001)
     diagnostics.close()
     assert [r["step"] for r in records(tmp_path, "ranks")] == [1, 3]
     assert [p.name for p in (tmp_path / "run" / "profile").iterdir()] == ["rank0_steps1-1.json"]

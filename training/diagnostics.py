@@ -421,10 +421,8 @@ class Diagnostics:
         diagnostics.watch(model)                      # model: the training model the step calls
     around take_step (step = run.step before it):
         diagnostics.step_started(run.step)
-        result = take_step(...)                       # add_data_wait inside, where batches are fetched
-        diagnostics.step_finished(run.step - 1)       # every rank; at the interval a collective
-    where a micro-batch is fetched (GuardedBatches.__iter__, timing batches.get):
-        diagnostics.add_data_wait(seconds)
+        result = take_step(...)                       # times its waits for batches: result.data_wait
+        diagnostics.step_finished(run.step - 1, result.data_wait)  # every rank; at the interval a collective
     in `except torch.OutOfMemoryError:` around take_step, before re-raising:
         diagnostics.out_of_memory(run.step)
     in the loop's `finally`:
@@ -446,12 +444,11 @@ class Diagnostics:
         self.profile.step_started(step)
         self.ranks.step_started()  # last: the profiler's start is not timed
 
-    def add_data_wait(self, seconds: float) -> None:
-        self.ranks.add_data_wait(seconds)
-
-    def step_finished(self, step: int) -> None:
-        """After update `step`, on every rank: timings, snapshot, profile window, then (at the
-        interval) the ranks' one all-gather. A collective at every rank_stats_interval-th step."""
+    def step_finished(self, step: int, data_wait: float = 0.0) -> None:
+        """After update `step`, on every rank, with the seconds it waited for batches: timings,
+        snapshot, profile window, then (at the interval) the ranks' one all-gather. A collective
+        at every rank_stats_interval-th step."""
+        self.ranks.add_data_wait(data_wait)
         self.ranks.step_finished()  # first: the writes below are not part of the step's time
         self.memory.step_finished(step)
         self.profile.step_finished(step)
