@@ -261,7 +261,10 @@ def test_a_sharded_muon_checkpoint_consolidates_to_a_file_that_resumes_bitwise(d
 
     straight, resumed, file = tmp_path / "straight", tmp_path / "resumed", tmp_path / "step_00000003.pt"
     run_trainer(args(data, straight, checkpoint_format="sharded"), nproc=2)
-    consolidate(dict(list_checkpoints(straight / "checkpoints"))[3], file)
+    state = consolidate(dict(list_checkpoints(straight / "checkpoints"))[3], file)
+    # numbered as torch's own Optimizer.state_dict() numbers them: through its groups, in order
+    numbers = [i for group in state["optimizer"]["param_groups"] for i in group["params"]]
+    assert numbers == list(range(len(numbers)))
     run_trainer(args(data, resumed, checkpoint_format="sharded", resume=str(file)), nproc=2)
     assert train_losses(resumed) == {s: loss for s, loss in train_losses(straight).items() if s >= 3}
 
