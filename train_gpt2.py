@@ -50,7 +50,7 @@ from training.run import Run, build_run, roll_back
 from training.run_folder import claim_run_folder
 from training.run_logger import TENSORBOARD_MISSING, RunLogger, format_train_line
 from training.storage import filesystem, is_url
-from training.runtime import Runtime, resolve_runtime
+from training.runtime import Runtime, resolve_runtime, deterministic_kernels
 from training.spikes import RollbackRequested
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first evals: ranks wait on each other
@@ -63,6 +63,12 @@ def main(argv: list[str], wrap_step=None) -> int:
         return 0
     cfg = parse_args(argv)
     check_optional_packages(cfg)
+    with deterministic_kernels(cfg.deterministic):  # entered before any CUDA work
+        return run_training(cfg, argv, wrap_step)
+
+
+def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
+    """Set up the processes, then build and train the run that cfg describes; the exit status."""
     runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops, local_rank())
     if runtime.device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul left outside autocast

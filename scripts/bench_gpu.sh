@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmarks of docs/PERFORMANCE.md: one bench.py run (the trainer's real step) per variant.
 #
-#   bash scripts/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp longrun
+#   bash scripts/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp longrun repro
 #   DATA_DIR=data/shakespeare bash scripts/bench_gpu.sh  # real tokens: final_loss values compare (numerics)
 #   BENCH_DRY_RUN=1 bash scripts/bench_gpu.sh /tmp/b     # every variant as a 3-step tiny CPU run (plumbing)
 #   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash scripts/bench_gpu.sh DIR speed presets   # some labels only
@@ -22,7 +22,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${1:-bench_results}
 shift $(( $# > 0 ? 1 : 0 ))
-GROUPS_TO_RUN=${*:-speed levers presets fsdp longrun}
+GROUPS_TO_RUN=${*:-speed levers presets fsdp longrun repro}
 mkdir -p "$RESULTS"
 PY=${PYTHON:-python3}
 DATA=()
@@ -114,6 +114,11 @@ group_longrun() {  # what the long-run features cost per step against 124m-compi
         --spike_skip true --spike_window 8
     run 124m-compile-plain-b64-rankstats "${SPEED[@]}" --micro_batch_size 64 --compile true --loss_chunk_size 0 \
         --rank_stats_interval 5
+}
+
+group_repro() {  # what deterministic mode costs per step against 124m-compile-plain-b64 (speed group)
+    run 124m-compile-plain-b64-deterministic "${SPEED[@]}" --micro_batch_size 64 --compile true --loss_chunk_size 0 \
+        --deterministic true
 }
 
 group_presets() {  # B from scripts/activation_memory.py's estimate (docs/PERFORMANCE.md), halved on out of memory

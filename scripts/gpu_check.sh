@@ -5,7 +5,7 @@
 #   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh /tmp/dry    # every part's plumbing on the CPU, tiny models
 #   bash scripts/gpu_check.sh --report DIR RESULTS...         # one summary of several calls' results
 #
-# Parts, most valuable first (the default is all nine, in this order):
+# Parts, most valuable first (the default is all ten, in this order):
 #   tests      pytest -m gpu tests/test_gpu.py: compiled vs eager, fused loss, resume, HellaSwag under
 #              compile, sample.py's KV cache, export to transformers (124M, bf16, real tokens)
 #   speed      GPT-2 124M, T=1024, 524,288 tokens/step: compiled/eager x plain/fused loss, B=64 and 32
@@ -21,6 +21,9 @@
 #   checkpoint scripts/bench_checkpoint.py on the GPU, 124M and 1558M: the file, a sharded save, an
 #              async sharded save (how long the loop is blocked, how long until complete), and the
 #              loads of the first two
+#   repro      scripts/repro_check.py: two identical compiled 124M runs of 50 steps and a resume, with
+#              and without --deterministic true, compared bit for bit; the kernels and gradients that
+#              differ; then what deterministic costs at B=64 (bench_gpu.sh group repro)
 # Numerics (final losses after the same steps on the same tokens, across variants) come with
 # every summary. The variants themselves are listed in scripts/bench_gpu.sh.
 #
@@ -28,7 +31,7 @@
 # back to back in one lease, each returning its own RESULTS (under the call's files_at):
 #   run  command: bash scripts/gpu_check.sh "$OUT" tests speed                  carry: (none)
 #   run  command: bash scripts/gpu_check.sh "$OUT" reference presets fsdp levers  carry: [".ref"]
-# and, while device time is left, a third:  bash scripts/gpu_check.sh "$OUT" longrun recipe checkpoint
+# and, while device time is left, a third:  bash scripts/gpu_check.sh "$OUT" repro longrun recipe checkpoint
 #                                          carry: ["data/shakespeare"] (python prep/shakespeare.py here first)
 # then, on the session's own machine:  bash scripts/gpu_check.sh --report DIR FILES_AT_1 FILES_AT_2
 #
@@ -53,7 +56,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-ALL_PARTS="tests speed reference presets fsdp levers longrun recipe checkpoint"
+ALL_PARTS="tests speed reference presets fsdp levers longrun recipe checkpoint repro"
 SKIPPED=99  # a part's exit status for "nothing to run here" (not one pytest or timeout uses)
 
 summarize() {  # environment DRY_RUN PARTS BUDGET | collect WORK RESULTS | report OUT RESULTS...
@@ -129,6 +132,7 @@ def collect(work, results):
         "tests": junit(work / "tests.xml"), "rows": rows,
         "checkpoint": [json.loads(line) for line in tail(bench / "checkpoint.jsonl", None)],
         "recipe": json.loads((bench / "recipes.json").read_text()) if (bench / "recipes.json").exists() else [],
+        "repro": [(bench / "repro.md").read_text()] if (bench / "repro.md").exists() else [],
         "failed": [{"label": label, "why": why, "log_tail": tail(bench / f"{label}.log")}
                    for label, why in table_lines(bench / "failed.txt")],
         "skipped": [{"label": label, "why": why} for label, why in table_lines(bench / "skipped.txt")],
@@ -178,8 +182,8 @@ def table(title, columns, rows):
 def report(out, *sources):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "recipe": [], "failed": [],
-              "skipped": []}
+    merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "recipe": [], "repro": [],
+              "failed": [], "skipped": []}
     for source in sources:
         path = Path(source) / "results.json" if Path(source).is_dir() else Path(source)
         for key, value in json.loads(path.read_text()).items():
@@ -248,6 +252,7 @@ def report(out, *sources):
                 [[r["setting"], r["seed"], f"{r['faithful_final_val']:.4f}", f"{r['modern_final_val']:.4f}",
                   r["faithful_steps"], r["modern_steps"] or "not reached", fmt(r["speedup"], ".2f")]
                  for r in merged["recipe"]])
+    md += [line for text in merged["repro"] for line in text.splitlines() + [""]]  # repro_check.py's own summary
     if merged["failed"] or merged["skipped"]:
         md += ["## Not measured", ""]
         md += [f"- {f['label']}: failed, {f['why']} (log tail in results.json)" for f in merged["failed"]]
@@ -290,11 +295,13 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 BENCH=$WORK/bench
 
-bench_group() {  # bench_gpu.sh's group $1 on the repository-text corpus (real tokens, so losses compare)
-    if [ ! -d "$WORK/corpus" ]; then
-        PYTHONPATH=.:tests "$PY" -c "import sys; from test_gpu import write_corpus_shards; \
-write_corpus_shards(sys.argv[1], int(sys.argv[2]))" "$WORK/corpus" "$CORPUS_TOKENS" || return
-    fi
+corpus() {  # the repository-text corpus in $WORK/corpus (real tokens, so losses compare), written once
+    [ -d "$WORK/corpus" ] || PYTHONPATH=.:tests "$PY" -c "import sys; from test_gpu import write_corpus_shards; \
+write_corpus_shards(sys.argv[1], int(sys.argv[2]))" "$WORK/corpus" "$CORPUS_TOKENS"
+}
+
+bench_group() {  # bench_gpu.sh's group $1 on the corpus
+    corpus || return
     DATA_DIR=$WORK/corpus PYTHON=$PY bash scripts/bench_gpu.sh "$BENCH" "$1"
 }
 
@@ -371,6 +378,21 @@ part_checkpoint() {  # $1: seconds left. Each model's checkpoints are deleted be
         done
         rm -rf "$WORK/ckpt"
     done
+}
+
+part_repro() {  # $1: seconds left. repro_check.py, then (with the time left) the bench rows of deterministic mode
+    local args=() status
+    [ "$DRY_RUN" = 1 ] && args=(--dry_run --steps 4)
+    corpus || return
+    # BENCH_MIN_S is kept back for the bench variant, which the deadline skips if repro_check used it
+    timeout --kill-after=20 $(( $1 - MIN_START_S )) "$PY" scripts/repro_check.py --data_dir "$WORK/corpus" \
+        --out "$WORK/repro" "${args[@]}" > "$BENCH/repro.log" 2>&1
+    status=$?
+    tail -20 "$BENCH/repro.log"
+    cp "$WORK/repro/repro.json" "$WORK/repro/repro.md" "$BENCH/" 2>/dev/null
+    [ $status = 0 ] || printf 'repro\texit %s\n' "$status" >> "$BENCH/failed.txt"
+    bench_group repro
+    return $status
 }
 
 run_part() {  # one part under the budget; its status goes to parts.tsv, then the results are rewritten

@@ -115,6 +115,9 @@ class TrainConfig:
                              "float32, or float64 (weights and math, for numerical checks)")
     compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)")
     seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples")
+    deterministic: bool = option(False, "only kernels that give the same bits for the same inputs, so two runs "
+                                        "with the same seed and data log the same losses (slower on GPUs: see "
+                                        "docs/PERFORMANCE.md; on CPUs the kernels mostly are already)")
     loss_chunk_size: int | None = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
                                             "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
     log_interval: int = option(1, "console line every N steps (log.jsonl gets every step)")

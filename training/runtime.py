@@ -8,6 +8,7 @@ CPU has it, and the CPU's name.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,40 @@ class Runtime:
         """The forward's precision context: bf16 or fp16 autocast, or nothing."""
         half = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(self.dtype)
         return torch.autocast(device_type=self.device.type, dtype=half or torch.bfloat16, enabled=half is not None)
+
+
+@contextlib.contextmanager
+def deterministic_kernels(enabled: bool):
+    """Within: only kernels that give the same bits for the same inputs (the `deterministic` key).
+
+    Enter it before any CUDA work: cuBLAS reads CUBLAS_WORKSPACE_CONFIG when it makes its first
+    handle, and a fixed workspace is what makes its split reductions repeatable. Then every op
+    with a deterministic kernel uses it and one without raises instead of varying silently;
+    cuDNN stops timing algorithms; and Inductor stops timing kernel candidates on the device,
+    which could pick differently-rounding kernels in two processes (torch switches that on with
+    the rest where it can; set here too for releases that keep it apart). The process-wide
+    switches are put back on leaving (tests run the trainer in-process).
+    """
+    if not enabled:
+        yield
+        return
+    import torch._inductor.config as inductor_config
+
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             getattr(inductor_config, "deterministic", None))
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    if saved[4] is not None:
+        inductor_config.deterministic = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
+        if saved[4] is not None:
+            inductor_config.deterministic = saved[4]
 
 
 def resolve_runtime(device: str, dtype: str, compile: bool | None, loss_chunk_size: int | None,

@@ -1,0 +1,151 @@
+"""The `deterministic` key and scripts/repro_check.py, the tool that says whether runs repeat bit for bit.
+
+On the CPU the kernels repeat anyway, so these tests check the mechanism: the key puts every
+training step under torch's deterministic mode and takes it off again; repro_check compares
+runs, kernels and gradients correctly, and names the layer where injected nondeterminism
+enters a backward or a forward. What the GPU's own kernels do is scripts/gpu_check.sh's
+`repro` part.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, base_args, train_losses
+
+sys.path.insert(0, str(REPO / "scripts"))
+
+import repro_check  # noqa: E402
+import train_gpt2  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from training.runtime import deterministic_kernels  # noqa: E402
+
+
+def test_the_deterministic_key_runs_every_step_in_deterministic_mode_and_changes_no_cpu_bits(shards, tmp_path):
+    seen = []
+
+    def watch(step):
+        def watched(*args):
+            seen.append((torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic))
+            return step(*args)
+        return watched
+
+    assert train_gpt2.main(base_args(shards, tmp_path / "plain")) == 0
+    assert train_gpt2.main(base_args(shards, tmp_path / "det", deterministic="true"), wrap_step=watch) == 0
+    assert seen == [(True, True)] * 6
+    assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic  # put back
+    assert train_losses(tmp_path / "det") == train_losses(tmp_path / "plain")  # CPU kernels were already
+
+
+def test_deterministic_kernels_puts_back_what_was_there():
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with deterministic_kernels(True):
+            assert torch.are_deterministic_algorithms_enabled()
+            assert not torch.is_deterministic_algorithms_warn_only_enabled()  # an op without one raises
+            with pytest.raises(RuntimeError, match="deterministic"):
+                torch.zeros(4).put_(torch.tensor([0, 0]), torch.ones(2))  # put_ without accumulate has none
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    with deterministic_kernels(False):
+        assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_compare_losses_names_the_first_differing_step_and_the_largest_gap():
+    a = {0: 10.0, 1: 9.5, 2: 9.0, 3: 8.5}
+    assert repro_check.compare_losses(a, dict(a)) == {"steps": 4, "equal": True, "first_differing_step": None,
+                                                      "differing_steps": 0, "max_abs_diff": 0.0}
+    b = {0: 10.0, 1: 9.5, 2: 9.0 + 2**-20, 3: 8.25}
+    result = repro_check.compare_losses(a, b)
+    assert (result["equal"], result["first_differing_step"], result["differing_steps"]) == (False, 2, 2)
+    assert result["max_abs_diff"] == 0.25
+    assert repro_check.compare_losses(a, {0: 10.0})["first_differing_step"] == 1  # a missing step differs
+
+
+def test_repeat_compare_tells_a_repeatable_op_from_one_that_varies_and_one_that_raises():
+    x = torch.randn(64, 64)
+    assert repro_check.repeat_compare(lambda: {"y": x @ x}) == {"equal": True, "differing": [], "max_abs_diff": 0.0}
+    noisy = repro_check.repeat_compare(lambda: {"y": x @ x, "z": x + torch.rand(()) * 1e-3})
+    assert not noisy["equal"] and noisy["differing"] == ["z"] and 0 < noisy["max_abs_diff"] < 1e-3
+    with deterministic_kernels(True):
+        raised = repro_check.repeat_compare(lambda: {"y": torch.zeros(4).put_(torch.tensor([1]), torch.ones(1))})
+    assert "deterministic" in raised["error"]
+
+
+def test_every_kernel_probe_runs_and_repeats_on_the_cpu():
+    shape = repro_check.SHAPES["dry"]
+    probes = repro_check.kernel_probes(shape, torch.device("cpu"))
+    assert set(probes) == {"matmul", "attention", "embedding", "cross_entropy", "layer_norm", "adamw"}
+    for name, op in probes.items():
+        assert repro_check.repeat_compare(op, repeats=2)["equal"], name
+
+
+def tiny_gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(block_size=16, vocab_size=64, n_layer=3, n_head=2, n_embd=32))
+
+
+def tokens() -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(1))
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+def test_gradient_check_finds_nothing_in_a_repeatable_model():
+    model = tiny_gpt()
+    result = repro_check.gradient_check(model, model, *tokens(), torch.autocast("cpu", enabled=False), hooks=True)
+    assert result["loss_equal"] and result["first_forward_difference"] is None
+    assert result["gradients_differing"] == 0 and result["nearest_the_loss"] is None
+    assert result["parameters"] == len(list(model.parameters()))
+
+
+def test_gradient_check_names_the_layer_where_backward_noise_enters():
+    """Noise on the gradient reaching block 1's attention output, as an atomics-summing attention
+    backward would make: block 1's c_proj is the nearest parameter to differ, and everything nearer
+    the input differs with it; block 1's MLP, block 2 and the final LayerNorm do not."""
+    model = tiny_gpt()
+
+    def noisy_backward(module, args, out):
+        out.register_hook(lambda grad: grad + torch.randn_like(grad) * 1e-6)
+
+    model.transformer.h[1].attn.register_forward_hook(noisy_backward)
+    result = repro_check.gradient_check(model, model, *tokens(), torch.autocast("cpu", enabled=False), hooks=True)
+    assert result["loss_equal"] and result["first_forward_difference"] is None
+    assert result["nearest_the_loss"] == "transformer.h.1.attn.c_proj.bias"
+    differing = set(result["differing"])
+    assert {"transformer.h.1.attn.c_attn.weight", "transformer.h.0.mlp.c_fc.weight"} <= differing
+    assert not differing & {"transformer.h.1.mlp.c_fc.weight", "transformer.h.2.attn.c_proj.weight",
+                            "transformer.ln_f.weight"}
+
+
+def test_gradient_check_names_the_first_module_whose_forward_output_differs():
+    model = tiny_gpt()
+    model.transformer.h[0].mlp.register_forward_hook(lambda module, args, out: out + torch.rand(()) * 1e-6)
+    result = repro_check.gradient_check(model, model, *tokens(), torch.autocast("cpu", enabled=False), hooks=True)
+    assert not result["loss_equal"] and result["first_forward_difference"] == "transformer.h.0.mlp"
+
+
+@pytest.mark.slow
+def test_repro_check_dry_run_finds_deterministic_cpu_runs_and_resumes_bitwise(tmp_path):
+    """The script end to end on the CPU: three launches of the trainer in deterministic mode."""
+    from conftest import make_shards
+
+    data = make_shards(tmp_path / "data")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "repro_check.py"), "--data_dir", str(data),
+                           "--out", str(tmp_path / "out"), "--dry_run", "--steps", "4", "--modes", "deterministic",
+                           "--stages", "runs"], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "repro.json").read_text())
+    (run,) = report["runs"]
+    assert run["mode"] == "deterministic" and not run["errors"]
+    assert run["a_vs_b"]["losses"]["equal"] and run["a_vs_b"]["weights"]["equal"]
+    assert run["a_vs_resumed"]["losses"] == {"steps": 2, "equal": True, "first_differing_step": None,
+                                             "differing_steps": 0, "max_abs_diff": 0.0}
+    assert run["a_vs_resumed"]["weights"]["equal"] and set(run["ms_per_step"]) == {"a", "b"}
+    assert "| deterministic | bitwise | bitwise |" in (tmp_path / "out" / "repro.md").read_text()
+    assert "deterministic: true" in (tmp_path / "out" / "deterministic" / "a" / "config.yaml").read_text()
