@@ -53,19 +53,32 @@ def assert_same_run(run: Path, reference: Path) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
-def torchrun_cmd(args: list[str], *torchrun_args: str) -> list[str]:
+def torchrun_cmd(args: list[str], *torchrun_args: str, script: str = "train_gpt2.py") -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *torchrun_args,
-            str(REPO / "train_gpt2.py"), *args]
+            str(REPO / script), *args]
 
 
-def start_torchrun(args: list[str], *torchrun_args: str) -> subprocess.Popen:
-    """A 2-rank torchrun of the trainer, running in the background, its output piped."""
-    return subprocess.Popen(torchrun_cmd(args, *torchrun_args), cwd=REPO, env=env_for_workers(),
+def start_torchrun(args: list[str], *torchrun_args: str, step_pause: float = 0.0) -> subprocess.Popen:
+    """A 2-rank torchrun of the trainer, running in the background, its output piped.
+
+    step_pause: seconds rank 0 sleeps before every step (tests/inject_fault.py's FAULT=slow; the
+    other rank waits for it in the step's all-reduce). A tiny run takes a few ms a step and can
+    finish before a signal sent at step 3 reaches it; paused steps leave the signal time to land
+    mid-run, and change no bit of the training.
+    """
+    env, script = env_for_workers(), "train_gpt2.py"
+    if step_pause:
+        env.update(FAULT="slow", FAULT_RANK="0", FAULT_SLEEP=str(step_pause), PYTHONPATH=str(REPO))
+        script = "tests/inject_fault.py"
+    return subprocess.Popen(torchrun_cmd(args, *torchrun_args, script=script), cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def env_for_workers() -> dict:
     return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+
+
+SIGNAL_PAUSE = 0.1  # step_pause for runs signalled mid-run: their 12 steps take over a second
 
 
 def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -98,7 +111,7 @@ def children(pid: int) -> list[int]:
 def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight, tmp_path):
     out = tmp_path / "preempted"
     args = base_args(data, out, **PREEMPTIBLE)
-    proc = start_torchrun(args)
+    proc = start_torchrun(args, step_pause=SIGNAL_PAUSE)
     wait_for_step(out, 3, proc)
     proc.send_signal(signal.SIGTERM)  # what SLURM / the cloud sends to the launcher
     stdout, stderr = proc.communicate(timeout=120)
@@ -337,7 +350,7 @@ def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path)
 def test_sigusr1_to_a_plain_torchrun_stops_the_orphaned_workers_with_a_checkpoint(data, straight, tmp_path):
     out = tmp_path / "orphans"
     args = base_args(data, out, **PREEMPTIBLE)
-    proc = start_torchrun(args)
+    proc = start_torchrun(args, step_pause=SIGNAL_PAUSE)
     wait_for_step(out, 3, proc)
     workers = children(proc.pid)
     proc.send_signal(signal.SIGUSR1)  # not in torchrun's default --signals-to-handle: it dies at once

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer, train_losses
-from test_faults import children, env_for_workers, start_torchrun, wait_for_step
+from test_faults import SIGNAL_PAUSE, children, env_for_workers, start_torchrun, wait_for_step
 from training.checkpoint import delete_checkpoint, list_checkpoints, read_full_state
 from training.run_logger import read_log
 
@@ -87,7 +87,7 @@ def test_a_checkpoint_resumes_under_another_strategy_or_world_size(runs, data, t
 def test_sigterm_under_fsdp_saves_and_the_same_command_continues_bitwise(runs, data, tmp_path):
     out = tmp_path / "preempted"
     args = base_args(data, out, strategy="fsdp", max_steps=STEPS, checkpoint_interval=0)
-    proc = start_torchrun(args)
+    proc = start_torchrun(args, step_pause=SIGNAL_PAUSE)
     wait_for_step(out, 1, proc)
     assert len(children(proc.pid)) == 2
     proc.send_signal(signal.SIGTERM)
