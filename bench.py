@@ -17,6 +17,7 @@ and writes it as JSON.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -105,7 +106,8 @@ def table(row: dict) -> str:
     return f"{line(header)}\n{'-' * len(line(header))}\n{line(values)}"
 
 
-def main(argv: list[str]) -> int:
+def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """bench.py's own arguments, and the rest: the trainer's (--key value, checked by its config)."""
     parser = ArgumentParser(prog="bench.py", description=__doc__)
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (the first one compiles)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
@@ -114,6 +116,11 @@ def main(argv: list[str]) -> int:
     args, trainer_args = parser.parse_known_args(argv)
     if args.warmup < 1 or args.steps < 1:
         raise ConfigError("--warmup and --steps must be at least 1")
+    return args, trainer_args
+
+
+def main(argv: list[str]) -> int:
+    args, trainer_args = split_args(argv)
 
     import train_gpt2
     from training.config import parse_args

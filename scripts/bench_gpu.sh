@@ -5,6 +5,8 @@
 #   DATA_DIR=data/shakespeare bash scripts/bench_gpu.sh  # real tokens: final_loss values compare (numerics)
 #   BENCH_DRY_RUN=1 bash scripts/bench_gpu.sh /tmp/b     # every variant as a 3-step tiny CPU run (plumbing)
 #   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash scripts/bench_gpu.sh DIR speed presets   # some labels only
+#   BENCH_LIST=1 bash scripts/bench_gpu.sh - [GROUP...]  # runs nothing; a line a variant: label, launcher
+#                                                        # (python|torchrun), NAME=value words, arguments (tabs)
 #
 # scripts/gpu_check.sh calls this for its speed, levers and presets parts. Each variant writes
 # RESULTS_DIR/<label>.json (bench.py's row) and <label>.log. A variant that fails (out of memory,
@@ -23,7 +25,8 @@ cd "$(dirname "$0")/.."
 RESULTS=${1:-bench_results}
 shift $(( $# > 0 ? 1 : 0 ))
 GROUPS_TO_RUN=${*:-speed levers presets fsdp longrun repro}
-mkdir -p "$RESULTS"
+LIST=${BENCH_LIST:-0}  # 1: list the variants (every micro-batch size a `fit` would try), write and run nothing
+[ "$LIST" = 1 ] || mkdir -p "$RESULTS"
 PY=${PYTHON:-python3}
 DATA=()
 [ -n "${DATA_DIR:-}" ] && DATA=(--data_dir "$DATA_DIR")
@@ -49,6 +52,10 @@ run() {  # label, [NAME=value...], bench/trainer arguments; status 0 when the JS
         [[ $label == $pattern ]] && chosen=yes  # unquoted: a glob match
     done
     [ $chosen = yes ] || return 1
+    if [ "$LIST" = 1 ]; then
+        printf '%s\t%s\t%s\t%s\n' "$label" "$( [ ${#launch[@]} -gt 1 ] && echo torchrun || echo python)" "${envs[*]}" "$*"
+        return 1
+    fi
     if [ -n "${BENCH_DEADLINE:-}" ]; then
         local left=$(( BENCH_DEADLINE - $(date +%s) ))
         if (( left < BENCH_MIN_S )); then
@@ -82,6 +89,7 @@ fit() {  # label prefix, micro-batch sizes largest first, then arguments: the la
     shift 2
     for b in $sizes; do
         run "$prefix-b$b" "$@" --micro_batch_size "$b" && return
+        [ "$LIST" = 1 ] && continue
         # only running out of memory is worth a smaller batch (not a timeout, an error or a skip)
         [ "$(tail -1 "$RESULTS/failed.txt" 2>/dev/null)" = "$prefix-b$b	out of memory" ] || return
     done
@@ -135,15 +143,19 @@ group_fsdp() {  # FSDP2 on one GPU (torchrun, world size 1): its overhead agains
     fit 1558m-fsdp "8 4" TORCHRUN=1 --model gpt2-xl --compile true --warmup 1 --steps 2 --strategy fsdp
 }
 
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1 \
-    || echo "no nvidia-smi" > "$RESULTS/gpu.txt"
-"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$RESULTS/gpu.txt"
 for group in $GROUPS_TO_RUN; do
     if ! declare -F "group_$group" > /dev/null; then
         echo "unknown group $group (groups: $(declare -F | sed -n 's/^declare -f group_//p' | tr '\n' ' '))" >&2
         exit 2
     fi
 done
+if [ "$LIST" = 1 ]; then
+    for group in $GROUPS_TO_RUN; do "group_$group"; done
+    exit 0
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1 \
+    || echo "no nvidia-smi" > "$RESULTS/gpu.txt"
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$RESULTS/gpu.txt"
 for group in $GROUPS_TO_RUN; do
     "group_$group"
 done

@@ -37,21 +37,25 @@ def gpu(test):
     return pytest.mark.gpu(skip(test))
 
 
-if DRY_RUN:  # conftest's tiny model (base_args starts from it): 2 micro-steps of 4 x 32 tokens
-    DEVICE, B, T = "cpu", 4, 32
-    MODEL = dict(micro_batch_size=B, total_batch_size=2 * B * T, max_lr=3e-3)
-    CHUNK = 48  # 128 tokens per micro-batch: chunks of 48, 48 and 32
-else:  # GPT-2 124M at T=1024, 2 micro-steps of B=8; "null" clears base_args' tiny n_layer/n_head/n_embd
-    DEVICE, B, T = "cuda", 8, 1024
-    MODEL = dict(model="gpt2", n_layer="null", n_head="null", n_embd="null", block_size=T, seq_len=T,
-                 micro_batch_size=B, total_batch_size=2 * B * T, max_lr=6e-4)
-    CHUNK = 3000  # 8192 tokens per micro-batch: chunks of 3000, 3000 and 2192, a ragged last one
+# (device, B, T, model keys, fused-loss chunk) of each setting, 2 micro-steps of B x T tokens:
+# the rehearsal on the CPU starts from conftest's tiny model (base_args); 128 tokens per micro-batch
+# give chunks of 48, 48 and 32. On CUDA, GPT-2 124M ("null" clears base_args' tiny n_layer/n_head/
+# n_embd); 8192 tokens per micro-batch give chunks of 3000, 3000 and 2192, a ragged last one.
+REHEARSAL = ("cpu", 4, 32, dict(micro_batch_size=4, total_batch_size=2 * 4 * 32, max_lr=3e-3), 48)
+CUDA = ("cuda", 8, 1024, dict(model="gpt2", n_layer="null", n_head="null", n_embd="null", block_size=1024,
+                              seq_len=1024, micro_batch_size=8, total_batch_size=2 * 8 * 1024, max_lr=6e-4), 3000)
 
-# bf16 autocast, eager unless a test compiles. Warmup 5 keeps steps 0-4 independent of max_steps,
-# so a 5-step run is the first half of a 10-step one (resume test). Val runs after the last step
-# only, on one micro-batch.
-SETTINGS = dict(MODEL, device=DEVICE, dtype="bfloat16", compile="false", warmup_steps=5, min_lr=6e-5,
+
+def trainer_settings(device: str, B: int, T: int, model: dict) -> dict:
+    """bf16 autocast, eager unless a test compiles. Warmup 5 keeps steps 0-4 independent of max_steps,
+    so a 5-step run is the first half of a 10-step one (resume test). Val runs after the last step
+    only, on one micro-batch."""
+    return dict(model, device=device, dtype="bfloat16", compile="false", warmup_steps=5, min_lr=6e-5,
                 eval_interval=0, val_tokens=B * T, checkpoint_interval=0, seed=1337, vocab_size=GPT2_VOCAB)
+
+
+DEVICE, B, T, MODEL, CHUNK = REHEARSAL if DRY_RUN else CUDA
+SETTINGS = trainer_settings(DEVICE, B, T, MODEL)
 
 LOSS_TOL = 1e-2  # compiled vs eager, per step over 20 steps (the issue's bound)
 RESUME_TOL = 1e-3  # per-step loss, when the kernels are not deterministic (see the resume test)
@@ -119,13 +123,14 @@ def compiled_run(corpus, tmp_path_factory) -> tuple[Path, Path]:
 def train_in_process(data: Path, out: Path, steps: int, compile: bool) -> list[float]:
     """Per-step losses of `steps` trainer steps through the eager model or torch.compile of it (one GPU)."""
     from data.loader import Prefetcher
-    from training.step import train_step
+    from training.lockstep import Lockstep
 
     cfg, env, runtime, run = build_tiny_run(data, out, **{**SETTINGS, "max_steps": steps, "loss_chunk_size": 0})
     model = torch.compile(run.model) if compile else run.model
     batches = Prefetcher(run.train_loader, 0, steps, runtime.device)
+    lockstep = Lockstep(cfg, env, runtime)  # the trainer's step: the math, the votes, the one host sync
     try:
-        return [train_step(run, model, batches, cfg, env, runtime, stop_requested=False).loss for _ in range(steps)]
+        return [lockstep.step(run, model, batches, stop_requested=False).loss for _ in range(steps)]
     finally:
         batches.close()
 
@@ -289,6 +294,43 @@ def test_a_cuda_checkpoint_exports_and_loads_in_transformers_with_the_same_logit
     torch.testing.assert_close(ours_logits[..., :GPT2_VOCAB_SIZE], hf_logits, atol=1e-3, rtol=1e-3)
 
 
+def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
+    """The trainer arguments of every GPU launch: bench_gpu.sh's variants (every micro-batch size a
+    `fit` may try), compare_recipes.py --gpu, repro_check.py's runs and this file's CUDA setting.
+
+    CI has no GPU and the dry runs replace the model and device, so a renamed key or a new rule
+    between keys would otherwise first fail on a lent GPU. World size 1, as gpu_check runs them.
+    """
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench
+    import compare_recipes
+    import repro_check
+    from training.config import parse_args
+
+    listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-"], env=dict(os.environ, BENCH_LIST="1"),
+                             capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    launches = {}
+    for line in listing.stdout.splitlines():
+        label, launcher, variables, arguments = line.split("\t")
+        assert launcher in ("python", "torchrun") and all("=" in v for v in variables.split()), line
+        launches[label] = bench.split_args(arguments.split())[1]
+    groups = {"speed": "124m-compile-plain-b64", "levers": "124m-compile-plain-b64-maxautotune",
+              "presets": "1558m-b4", "fsdp": "1558m-fsdp-b4", "longrun": "124m-compile-plain-b64-spikeskip",
+              "repro": "124m-compile-plain-b64-deterministic"}
+    assert set(groups.values()) <= set(launches), sorted(launches)
+    max_steps, recipe_settings = compare_recipes.SETTINGS["gpu"]
+    for recipe, extra in compare_recipes.RECIPES.items():
+        launches[f"recipe-{recipe}"] = [*recipe_settings, *compare_recipes.COMMON, *extra]
+    for mode, extra in repro_check.MODES.items():
+        launches[f"repro-{mode}"] = [*repro_check.SHAPES["gpu"]["args"], *extra, "--max_steps", "50"]
+    launches["test_gpu"] = base_args(tmp_path, tmp_path, **trainer_settings(*CUDA[:4]))
+    for label, arguments in launches.items():
+        cfg = parse_args(arguments)  # a ConfigError names the key
+        assert cfg.device == "cuda" or "--device" not in arguments, label
+        cfg.grad_accum_steps(1)
+
+
 # A stand-in for build-nanogpt's train_gpt2.py, whose code may not live in this repository: the
 # definitions scripts/gpu_reference.py loads, on our model, around statements that must not run.
 REFERENCE_STAND_IN = """
@@ -325,9 +367,11 @@ raise SystemExit("the reference's top-level training code ran")
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_writes_results_summary_and_numerics(tmp_path):
-    """scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the speed, reference and checkpoint parts, a
-    budget that skips every part, and --report merging the two; the tests part is left to the
-    full dry run (minutes of CPU compilation)."""
+    """scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the tests, speed, reference and checkpoint
+    parts, a budget that skips every part, and --report merging the two.
+
+    The tests part runs every `gpu` test above on the tiny model: CI has no GPU, so this is what
+    keeps them in step with the code they call (about 30 s)."""
     import json
     import tarfile
 
@@ -340,19 +384,23 @@ def test_gpu_check_dry_run_writes_results_summary_and_numerics(tmp_path):
 
     def gpu_check(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
         proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args], cwd=tmp_path,
-                              env={**env, **extra_env}, capture_output=True, text=True, timeout=240)
+                              env={**env, **extra_env}, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc
 
     ran, skipped, merged = tmp_path / "ran", tmp_path / "skipped", tmp_path / "merged"
     speed = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the test short
-    proc = gpu_check(str(ran), "speed", "reference", "checkpoint", BENCH_ONLY=" ".join(speed + ["reference-*"]))
+    proc = gpu_check(str(ran), "tests", "speed", "reference", "checkpoint", BENCH_ONLY=" ".join(speed + ["reference-*"]))
     assert sorted(p.name for p in ran.iterdir()) == [
         "details.tar.gz", "gpu_check.log", "numerics.json", "results.json", "summary.md"]
     assert proc.stdout.endswith((ran / "summary.md").read_text())  # the summary is printed last
     results = json.loads((ran / "results.json").read_text())
-    assert [(p["part"], p["status"]) for p in results["parts"]] == [("speed", "ok"), ("reference", "ok"),
-                                                                     ("checkpoint", "ok")]
+    assert [(p["part"], p["status"]) for p in results["parts"]] == [("tests", "ok"), ("speed", "ok"),
+                                                                     ("reference", "ok"), ("checkpoint", "ok")]
+    gpu_tests = [name for name, test in globals().items() if name.startswith("test_") and "gpu" in
+                 {mark.name for mark in getattr(test, "pytestmark", [])}]
+    assert len(gpu_tests) == 6 and sorted(t["test"] for t in results["tests"]) == sorted(gpu_tests)
+    assert all(t["outcome"] == "passed" for t in results["tests"]), results["tests"]
     assert [r["label"] for r in results["rows"]] == [*speed, "reference-build-nanogpt-b64"]
     assert results["environment"][0]["dry_run"] and not results["failed"] and not results["skipped"]
     (numerics,) = json.loads((ran / "numerics.json").read_text())  # the reference ran on other tokens
