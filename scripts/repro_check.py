@@ -347,9 +347,6 @@ def main(argv: list[str]) -> int:
         raise ConfigError("CUDA is not available: use --dry_run to rehearse on the CPU")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # the in-process stages switch modes after cuBLAS has started: give both modes the fixed workspace
-    # the deterministic one needs from the start (the runs, each its own process, keep the true default)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     base = [*shape["args"], "--data_dir", args.data_dir, "--warmup_steps", str(min(10, args.steps // 2)),
             "--eval_interval", "0", "--val_tokens", str(shape["B"] * shape["T"]), "--hellaswag_interval", "0",
             "--sample_interval", "0", "--keep_last", "5", "--wandb", "false", "--seed", "1337",
@@ -367,6 +364,11 @@ def main(argv: list[str]) -> int:
         for mode in args.modes:
             report["runs"].append(run_mode(mode, base, args.steps, out, args.fresh_cache, args.timeout))
             save()
+    # the in-process stages switch modes after cuBLAS has started: give both modes the fixed workspace
+    # the deterministic one needs from the start. Only now: the runs above, each its own process,
+    # inherit this environment, and the default mode's must be the user's default.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
     def runs_differed(mode: str) -> bool:  # True where not known
         run = next((r for r in report.get("runs", []) if r["mode"] == mode), {})
         return verdict(run.get("a_vs_b")) != "bitwise"

@@ -10,6 +10,7 @@ enters a backward or a forward. What the GPU's own kernels do is scripts/gpu_che
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -26,7 +27,8 @@ from model import GPT, GPTConfig  # noqa: E402
 from training.runtime import deterministic_kernels  # noqa: E402
 
 
-def test_the_deterministic_key_runs_every_step_in_deterministic_mode_and_changes_no_cpu_bits(shards, tmp_path):
+def test_the_deterministic_key_runs_every_step_in_deterministic_mode_and_changes_no_cpu_bits(shards, tmp_path,
+                                                                                          monkeypatch):
     seen = []
 
     def watch(step):
@@ -35,11 +37,17 @@ def test_the_deterministic_key_runs_every_step_in_deterministic_mode_and_changes
             return step(*args)
         return watched
 
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     assert train_gpt2.main(base_args(shards, tmp_path / "plain")) == 0
     assert train_gpt2.main(base_args(shards, tmp_path / "det", deterministic="true"), wrap_step=watch) == 0
     assert seen == [(True, True)] * 6
     assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic  # put back
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     assert train_losses(tmp_path / "det") == train_losses(tmp_path / "plain")  # CPU kernels were already
+    # run.json says which cuBLAS workspace each run had
+    kernel_env = {name: json.loads((tmp_path / name / "run.json").read_text())["kernel_env"] for name in ("plain", "det")}
+    assert "CUBLAS_WORKSPACE_CONFIG" not in kernel_env["plain"]
+    assert kernel_env["det"]["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
 
 
 def test_deterministic_kernels_puts_back_what_was_there():
@@ -132,20 +140,30 @@ def test_gradient_check_names_the_first_module_whose_forward_output_differs():
 
 @pytest.mark.slow
 def test_repro_check_dry_run_finds_deterministic_cpu_runs_and_resumes_bitwise(tmp_path):
-    """The script end to end on the CPU: three launches of the trainer in deterministic mode."""
+    """The script end to end on the CPU: three launches of the trainer in each mode.
+
+    The default mode's launches run as the user's would: without the fixed cuBLAS workspace that
+    the deterministic mode sets (and the script's own in-process stages need later)."""
     from conftest import make_shards
 
     data = make_shards(tmp_path / "data")
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "repro_check.py"), "--data_dir", str(data),
-                           "--out", str(tmp_path / "out"), "--dry_run", "--steps", "4", "--modes", "deterministic",
-                           "--stages", "runs"], capture_output=True, text=True, timeout=240)
+                           "--out", str(tmp_path / "out"), "--dry_run", "--steps", "4", "--stages", "runs"],
+                          capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "repro.json").read_text())
-    (run,) = report["runs"]
-    assert run["mode"] == "deterministic" and not run["errors"]
-    assert run["a_vs_b"]["losses"]["equal"] and run["a_vs_b"]["weights"]["equal"]
-    assert run["a_vs_resumed"]["losses"] == {"steps": 2, "equal": True, "first_differing_step": None,
-                                             "differing_steps": 0, "max_abs_diff": 0.0}
-    assert run["a_vs_resumed"]["weights"]["equal"] and set(run["ms_per_step"]) == {"a", "b"}
-    assert "| deterministic | bitwise | bitwise |" in (tmp_path / "out" / "repro.md").read_text()
+    assert [run["mode"] for run in report["runs"]] == ["default", "deterministic"]
+    for run in report["runs"]:
+        assert not run["errors"]
+        assert run["a_vs_b"]["losses"]["equal"] and run["a_vs_b"]["weights"]["equal"]
+        assert run["a_vs_resumed"]["losses"] == {"steps": 2, "equal": True, "first_differing_step": None,
+                                                 "differing_steps": 0, "max_abs_diff": 0.0}
+        assert run["a_vs_resumed"]["weights"]["equal"] and set(run["ms_per_step"]) == {"a", "b"}
+        for name in ("a", "b", "resumed"):
+            kernel_env = json.loads((tmp_path / "out" / run["mode"] / name / "run.json").read_text())["kernel_env"]
+            workspace = kernel_env.get("CUBLAS_WORKSPACE_CONFIG")
+            assert workspace == (":4096:8" if run["mode"] == "deterministic" else None), (run["mode"], name)
+    summary = (tmp_path / "out" / "repro.md").read_text()
+    assert "| default | bitwise | bitwise |" in summary and "| deterministic | bitwise | bitwise |" in summary
     assert "deterministic: true" in (tmp_path / "out" / "deterministic" / "a" / "config.yaml").read_text()

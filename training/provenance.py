@@ -8,6 +8,7 @@ traced to the commit, versions, devices and command that made it.
 from __future__ import annotations
 
 import hashlib
+import os
 import platform
 import shlex
 import subprocess
@@ -22,6 +23,9 @@ from training.distributed import DistEnv
 from training.runtime import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
+# environment variables that choose kernels or change how they sum (cuBLAS' workspace, TF32, inductor's
+# and NCCL's algorithm switches): two runs that differ here may round differently
+KERNEL_ENV_PREFIXES = ("CUBLAS_", "CUDNN_", "NVIDIA_TF32_OVERRIDE", "TORCHINDUCTOR_", "TORCH_", "PYTORCH_", "NCCL_")
 
 
 def provenance(cfg: TrainConfig, env: DistEnv, runtime: Runtime, argv: list[str], data_fingerprint: str,
@@ -41,8 +45,14 @@ def provenance(cfg: TrainConfig, env: DistEnv, runtime: Runtime, argv: list[str]
         "command": shlex.join([Path(sys.argv[0]).name, *argv]),
         "config_sha256": hashlib.sha256(config_yaml(cfg).encode()).hexdigest(),
         "data_fingerprint": data_fingerprint,
+        "kernel_env": kernel_environment(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def kernel_environment() -> dict[str, str]:
+    """The set environment variables that can change which kernels run, or their rounding (sorted)."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(KERNEL_ENV_PREFIXES)}
 
 
 def git_state(folder: Path) -> tuple[str | None, bool | None]:

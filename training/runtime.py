@@ -59,7 +59,8 @@ def deterministic_kernels(enabled: bool):
     cuDNN stops timing algorithms; and Inductor stops timing kernel candidates on the device,
     which could pick differently-rounding kernels in two processes (torch switches that on with
     the rest where it can; set here too for releases that keep it apart). The process-wide
-    switches are put back on leaving (tests run the trainer in-process).
+    switches and the variable are put back on leaving (tests run the trainer in-process; a cuBLAS
+    handle made meanwhile keeps its workspace).
     """
     if not enabled:
         yield
@@ -68,7 +69,7 @@ def deterministic_kernels(enabled: bool):
 
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-             getattr(inductor_config, "deterministic", None))
+             getattr(inductor_config, "deterministic", None), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
@@ -81,6 +82,8 @@ def deterministic_kernels(enabled: bool):
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
         if saved[4] is not None:
             inductor_config.deterministic = saved[4]
+        if saved[5] is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 def resolve_runtime(device: str, dtype: str, compile: bool | None, loss_chunk_size: int | None,
