@@ -10,7 +10,9 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from test_prep import (
 )
 
 ARGS = ["--shard_size", "50000"]
+SLOW_PREP = Path(__file__).with_name("slow_prep.py")  # prep/fineweb.py pausing after each shard
 
 pytestmark = pytest.mark.slow  # every test here starts processes (the Hub test only with num_proc 2)
 
@@ -41,8 +44,10 @@ def recorded_shards(out) -> list[str]:
 
 
 def interrupt(cmd, out, sig, log, min_shards=10):
-    """Start cmd and send it sig once `min_shards` are recorded: SIGINT to its process group (as a
-    terminal's Ctrl-C does), SIGKILL to the main process alone. Its exit code, stderr and workers."""
+    """Start cmd (a prep_cmd) and send it sig once `min_shards` are recorded: SIGINT to its process
+    group (as a terminal's Ctrl-C does), SIGKILL to the main process alone. Its exit code, stderr
+    and workers. The prep runs through slow_prep.py, so it is still running when the signal lands."""
+    cmd = [sys.executable, str(SLOW_PREP), *cmd[2:]]
     with open(log, "w") as stderr:
         proc = subprocess.Popen(cmd, env=prep_env(), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     try:
