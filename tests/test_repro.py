@@ -33,15 +33,17 @@ def test_the_deterministic_key_runs_every_step_in_deterministic_mode_and_changes
 
     def watch(step):
         def watched(*args):
-            seen.append((torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic))
+            seen.append((torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+                         torch.utils.deterministic.fill_uninitialized_memory))
             return step(*args)
         return watched
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     assert train_gpt2.main(base_args(shards, tmp_path / "plain")) == 0
     assert train_gpt2.main(base_args(shards, tmp_path / "det", deterministic="true"), wrap_step=watch) == 0
-    assert seen == [(True, True)] * 6
+    assert seen == [(True, True, False)] * 6  # no NaN fill of new tensors: the trainer reads none unwritten
     assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic  # put back
+    assert torch.utils.deterministic.fill_uninitialized_memory
     assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
     assert train_losses(tmp_path / "det") == train_losses(tmp_path / "plain")  # CPU kernels were already
     # run.json says which cuBLAS workspace each run had

@@ -58,31 +58,38 @@ def deterministic_kernels(enabled: bool):
     with a deterministic kernel uses it and one without raises instead of varying silently;
     cuDNN stops timing algorithms; and Inductor stops timing kernel candidates on the device,
     which could pick differently-rounding kernels in two processes (torch switches that on with
-    the rest where it can; set here too for releases that keep it apart). The process-wide
-    switches and the variable are put back on leaving (tests run the trainer in-process; a cuBLAS
-    handle made meanwhile keeps its workspace).
+    the rest where it can; set here too for releases that keep it apart). New tensors are not
+    filled with NaN first (torch's fill_uninitialized_memory): that only makes a program that
+    reads memory it never wrote repeatable, and the trainer reads none, while the fill writes
+    every new buffer once more. The process-wide switches and the variable are put back on
+    leaving (tests run the trainer in-process; a cuBLAS handle made meanwhile keeps its workspace).
     """
     if not enabled:
         yield
         return
     import torch._inductor.config as inductor_config
+    import torch.utils.deterministic as torch_deterministic
 
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
-             getattr(inductor_config, "deterministic", None), os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    algorithms = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    cudnn = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    inductor = getattr(inductor_config, "deterministic", None)
+    fill = torch_deterministic.fill_uninitialized_memory
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    if saved[4] is not None:
+    if inductor is not None:
         inductor_config.deterministic = True
+    torch_deterministic.fill_uninitialized_memory = False
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
-        if saved[4] is not None:
-            inductor_config.deterministic = saved[4]
-        if saved[5] is None:
+        torch.use_deterministic_algorithms(algorithms[0], warn_only=algorithms[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+        if inductor is not None:
+            inductor_config.deterministic = inductor
+        torch_deterministic.fill_uninitialized_memory = fill
+        if workspace is None:
             os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
