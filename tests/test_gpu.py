@@ -294,6 +294,7 @@ def test_a_cuda_checkpoint_exports_and_loads_in_transformers_with_the_same_logit
     torch.testing.assert_close(ours_logits[..., :GPT2_VOCAB_SIZE], hf_logits, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.slow  # it starts bash (bench_gpu.sh's listing), though for well under a second
 def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     """The trainer arguments of every GPU launch: bench_gpu.sh's variants (every micro-batch size a
     `fit` may try), compare_recipes.py --gpu, repro_check.py's runs and this file's CUDA setting.
