@@ -186,10 +186,11 @@ def killed_in_background_save(argv: list[str]) -> int:
 
     def wrap_step(step):
         def counted(run, model, batches, stop_requested):
-            result = step(run, model, batches, stop_requested)
+            # at the start of the step after kill_step: that step's record is in the log by now (it is
+            # written after the step returns, so setting this at its end let the kill come first)
             if run.step > kill_step:
                 trained_on.set()
-            return result
+            return step(run, model, batches, stop_requested)
 
         return counted
 
