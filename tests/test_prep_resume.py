@@ -43,13 +43,21 @@ def recorded_shards(out) -> list[str]:
         return []  # not written yet (it is replaced atomically: never half a file)
 
 
+def as_a_terminal_starts_it() -> None:
+    """In the child, before exec: SIGINT's default action, as in a job a terminal runs in the
+    foreground. An ignored SIGINT is inherited (a suite started as a shell's background job
+    has one), and Python leaves it ignored: Ctrl-C would then never reach the prep."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt(cmd, out, sig, log, min_shards=10):
     """Start cmd (a prep_cmd) and send it sig once `min_shards` are recorded: SIGINT to its process
     group (as a terminal's Ctrl-C does), SIGKILL to the main process alone. Its exit code, stderr
     and workers. The prep runs through slow_prep.py, so it is still running when the signal lands."""
     cmd = [sys.executable, str(SLOW_PREP), *cmd[2:]]
     with open(log, "w") as stderr:
-        proc = subprocess.Popen(cmd, env=prep_env(), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=prep_env(), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+                                preexec_fn=as_a_terminal_starts_it)
     try:
         deadline = time.monotonic() + 60
         while len(recorded_shards(out)) < min_shards:
@@ -68,8 +76,17 @@ def stats(out, names) -> dict[str, tuple[int, int]]:
     return {n: ((out / n).stat().st_ino, (out / n).stat().st_mtime_ns) for n in names}
 
 
+@pytest.fixture
+def ignored_ctrl_c():
+    """This process with SIGINT ignored, as a shell starts a background job (`make test &` in a
+    script): what children inherit, until they set it otherwise."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)])
-def test_an_interrupted_prep_continues_and_ends_with_the_uninterrupted_bytes(tmp_path, sig, code):
+def test_an_interrupted_prep_continues_and_ends_with_the_uninterrupted_bytes(tmp_path, sig, code, ignored_ctrl_c):
     inputs, docs = big_inputs(tmp_path / "in")
     reference, out = tmp_path / "reference", tmp_path / "out"
     run_prep(inputs, reference, *ARGS, "--num_proc", "1")
