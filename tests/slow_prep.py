@@ -4,7 +4,7 @@
 
 Unchanged, the prep writes the ~47 shards left after the tests' interruption point in about
 0.4 s, less when its workers have tokenized ahead: a test process descheduled that long on a
-loaded machine sent its signal to a prep that had already finished. The pause makes that window
+loaded machine would signal a prep that has already finished. The pause makes that window
 seconds long; the shards, progress records and bytes are those of prep/fineweb.py.
 """
 

@@ -130,7 +130,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight,
 def test_worker_killed_under_max_restarts_recovers_and_matches(data, straight, tmp_path):
     out = tmp_path / "killed"
     args = base_args(data, out, **ARGS)
-    proc = start_torchrun(args, "--max-restarts=1")
+    proc = start_torchrun(args, "--max-restarts=1", step_pause=SIGNAL_PAUSE)  # the kill lands mid-run
     wait_for_step(out, 7, proc)  # past the step-6 checkpoint
     workers = children(proc.pid)
     assert len(workers) == 2, workers
