@@ -36,13 +36,13 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import pickle
+import queue
 import signal
 import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -145,8 +145,7 @@ def read_piece(kind: str, path: str, start: int, end: int, text_field: str) -> t
 
 def start_worker(parent: int) -> None:
     """Workers leave Ctrl-C to the main process, which stops them (no traceback from each), and
-    exit when the main process is gone: killed with SIGKILL, it cannot stop them, and each
-    worker holds the write end of its own task queue, so it would wait for a task forever."""
+    exit when the main process is gone: killed with SIGKILL, it cannot stop them."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=exit_with, args=(parent,), daemon=True).start()
 
@@ -162,42 +161,129 @@ def worker_died() -> ReproError:
                       "run the same command again to continue after the last finished shard")
 
 
-def worker_result(future):
-    try:
-        return future.result()
-    except BrokenProcessPool:
-        raise worker_died() from None
+def raise_error(error: Exception):
+    raise error
+
+
+def serve(tasks, results, parent: int) -> None:
+    """A worker: (fn, args) tasks in, (True, fn(*args)) or (False, the exception) out, in order,
+    until its task pipe ends. A thread reads the tasks as they come, so the parent never waits to
+    hand one over while this worker waits for the parent to take a result."""
+    start_worker(parent)
+    pending: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read_tasks() -> None:
+        while True:
+            try:
+                task = tasks.recv()
+            except (EOFError, OSError):  # the parent closed the pipe, or is gone
+                pending.put(None)
+                return
+            except Exception as e:  # noqa: BLE001 - a task that cannot be unpickled here: its error is its result
+                task = (raise_error, (e,))
+            pending.put(task)
+
+    threading.Thread(target=read_tasks, daemon=True).start()
+    while (task := pending.get()) is not None:
+        fn, args = task
+        try:
+            message = (True, fn(*args))
+        except Exception as e:  # noqa: BLE001 - raised again in the parent, by get()
+            message = (False, e)
+        try:
+            try:
+                results.send(message)
+            except (pickle.PicklingError, TypeError, AttributeError) as e:  # pickled whole before a byte is sent
+                what = f"{type(message[1]).__name__}: {message[1]}" if not message[0] else "its result"
+                results.send((False, ReproError(f"a tokenizer worker could not send back {what} ({e})")))
+        except OSError:  # the parent is gone (killed): leave quietly, as exit_with does
+            os._exit(1)
+
+
+class Workers:
+    """num_proc worker processes, each with a pipe of its own for tasks and one for results.
+
+    A worker that dies, whatever it was doing, even half-way through sending a result, closes
+    its ends of its pipes, and only it holds them: the parent then reads an end of file, or
+    writes into a broken pipe, and raises worker_died(). (With one result queue shared by all
+    workers, as ProcessPoolExecutor has, the parent waits forever for the rest of a message
+    whose sender was killed, and the other workers for the lock it held.)
+    """
+
+    def __init__(self, num_proc: int):
+        # spawn works everywhere (macOS, CUDA-initialised parents); the workers import this module
+        context = mp.get_context("spawn")
+        self.tasks, self.results, self.processes = [], [], []
+        for _ in range(num_proc):
+            task_reader, task_writer = context.Pipe(duplex=False)
+            result_reader, result_writer = context.Pipe(duplex=False)
+            process = context.Process(target=serve, args=(task_reader, result_writer, os.getpid()), daemon=True)
+            process.start()
+            task_reader.close()  # the worker's ends, now held by the worker alone
+            result_writer.close()
+            self.tasks.append(task_writer)
+            self.results.append(result_reader)
+            self.processes.append(process)
+
+    def submit(self, worker: int, fn: Callable, args: tuple) -> None:
+        try:
+            self.tasks[worker].send((fn, args))
+        except OSError:  # BrokenPipeError: the worker is gone
+            raise worker_died() from None
+
+    def result(self, worker: int):
+        """The result of the oldest task handed to `worker` not yet collected, or the error it raised."""
+        try:
+            ok, value = self.results[worker].recv()
+        except (EOFError, OSError):  # gone, perhaps half-way through its message
+            raise worker_died() from None
+        except Exception as e:  # noqa: BLE001 - whole, but not unpicklable here (an exception class's own arguments)
+            raise ReproError(f"a tokenizer worker's result could not be read back ({type(e).__name__}: {e})") from None
+        if not ok:
+            raise value
+        return value
+
+    def close(self, finished: bool) -> None:
+        """Stop every worker: after the last task once it has finished (they read the end of their
+        task pipes), at once otherwise (an error, Ctrl-C)."""
+        for connection in self.tasks:
+            connection.close()
+        for process in self.processes:
+            if finished:
+                process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+            process.join()
+        for connection in self.results:
+            connection.close()
 
 
 def in_order(jobs: Iterator[tuple[object, Callable, tuple]], num_proc: int) -> Iterator[tuple[object, Callable]]:
     """(key, get) for each (key, fn, args) job, in job order; get() returns fn(*args) or raises.
 
-    With num_proc > 1, fn runs in that many worker processes, at most 2 * num_proc jobs ahead
-    of the caller (memory stays flat). A worker that dies ends prep with an error: a
-    ProcessPoolExecutor notices it, where multiprocessing.Pool would wait forever. With
-    num_proc 1, fn runs here when get() is called.
+    With num_proc > 1, fn runs in that many worker processes (job k on worker k % num_proc, its
+    result read back from that worker in turn), at most 2 * num_proc jobs ahead of the caller
+    (memory stays flat). A worker that dies ends prep with an error, wherever it was (see
+    Workers). With num_proc 1, fn runs here when get() is called.
     """
     if num_proc <= 1:
         for key, fn, args in jobs:
             yield key, functools.partial(fn, *args)
         return
-    # spawn works everywhere (macOS, CUDA-initialised parents); workers import this module
-    pool = ProcessPoolExecutor(num_proc, mp_context=mp.get_context("spawn"), initializer=start_worker,
-                               initargs=(os.getpid(),))
+    workers, window, finished = Workers(num_proc), deque(), False
     try:
-        window = deque()
-        for key, fn, args in jobs:
-            window.append((key, pool.submit(fn, *args)))
+        for k, (key, fn, args) in enumerate(jobs):
+            workers.submit(k % num_proc, fn, args)
+            window.append((key, k % num_proc))
             if len(window) >= 2 * num_proc:
-                key, future = window.popleft()
-                yield key, functools.partial(worker_result, future)
+                key, worker = window.popleft()
+                yield key, functools.partial(workers.result, worker)
         while window:
-            key, future = window.popleft()
-            yield key, functools.partial(worker_result, future)
-    except BrokenProcessPool:  # noticed by submit() before any result() saw it
-        raise worker_died() from None
+            key, worker = window.popleft()
+            yield key, functools.partial(workers.result, worker)
+        finished = True
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        workers.close(finished)
 
 
 # --- sources: where documents come from and how a position in them is written down -------------

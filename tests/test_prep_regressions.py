@@ -8,12 +8,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import REPO
 from data.shards import find_shards
 from data.tokenizer import EOT_TOKEN
 from test_prep import (
@@ -211,3 +213,15 @@ def test_a_first_document_longer_than_val_size_is_the_val_shard(tmp_path):
              "--val_size", "100")
     assert np.array_equal(np.load(find_shards(tmp_path / "out", "val")[0]), tokens_of(docs[:1]))
     assert np.array_equal(all_tokens(tmp_path / "out"), tokens_of(docs))
+
+
+def test_a_worker_killed_while_sending_its_result_ends_prep_with_an_error_not_a_hang():
+    """A worker killed half-way through a message (tests/dying_worker.py): one shared result queue
+    would wait for the rest of it, and on the lock the dead worker held, for ever."""
+    try:
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "dying_worker.py")], capture_output=True, text=True,
+                              timeout=30, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        pytest.fail("prep's worker pool hangs on a result a killed worker left half-sent")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "a tokenizer worker process died" in proc.stdout
