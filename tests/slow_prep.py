@@ -23,12 +23,15 @@ from prep import fineweb  # noqa: E402
 PAUSE_S = float(os.environ.get("PREP_PAUSE", "0.05"))
 
 
-def write_then_pause(path, record) -> None:
-    write_progress(path, record)
-    time.sleep(PAUSE_S)
+def pausing(write):
+    """`write`, then PAUSE_S of sleep."""
+    def write_then_pause(path, record) -> None:
+        write(path, record)
+        time.sleep(PAUSE_S)
+
+    return write_then_pause
 
 
 if __name__ == "__main__":  # spawned workers import this file too: they must not patch or run anything
-    write_progress = fineweb.write_json_atomic
-    fineweb.write_json_atomic = write_then_pause
+    fineweb.write_json_atomic = pausing(fineweb.write_json_atomic)
     sys.exit(run_cli(fineweb.main))
