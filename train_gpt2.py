@@ -47,9 +47,9 @@ from training.parallel import local_state_bytes, make_strategy
 from training.preemption import PreemptionFlag
 from training.provenance import provenance
 from training.run import Run, build_run, roll_back
-from training.run_folder import claim_run_folder
+from training.run_folder import claim_run_folder, release_all
 from training.run_logger import TENSORBOARD_MISSING, RunLogger, format_train_line
-from training.storage import filesystem, is_url
+from training.storage import filesystem, is_url, require_shared
 from training.runtime import Runtime, resolve_runtime, deterministic_kernels
 from training.spikes import RollbackRequested
 
@@ -76,13 +76,14 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
     env = setup_distributed(runtime.device, STARTUP_TIMEOUT)
     preemption = PreemptionFlag().install()
     logger = RunLogger(enabled=env.master_process)
-    lock = None
+    locks = []
     try:
         strategy = make_strategy(cfg.strategy, env, runtime)  # ddp, or FSDP's sharding (training/parallel.py)
-        # one launch at a time per out_dir: rank 0 holds its lock until the end
-        lock = run_on_all_ranks(env, lambda: claim_run_folder(
-            cfg.out_dir, checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir), logger.warn, logger.console)
-            if env.master_process else None)
+        checkpoints = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
+        require_shared(checkpoints, env.world_size)  # every rank's part must land where rank 0 sees it
+        # one launch at a time per out_dir (and checkpoint folder): rank 0 holds the locks until the end
+        locks = run_on_all_ranks(env, lambda: claim_run_folder(cfg.out_dir, checkpoints, logger.warn)
+                                 if env.master_process else [])
         run = build_run(cfg, env, runtime, strategy, logger)  # data, model, optimizer, the checkpoint it resumes
         if run is not None:  # None: that checkpoint already reached max_steps
             record = provenance(cfg, env, runtime, argv, run.data_fingerprint, run.run_id)
@@ -93,8 +94,7 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
     finally:
         preemption.restore()
         logger.close()
-        if lock is not None:
-            lock.release()
+        release_all(locks)
         teardown_distributed()
 
 
@@ -122,8 +122,6 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
           preemption: PreemptionFlag, record: dict, wrap_step=None) -> None:
     """The loop: at the top of each iteration the model has had run.step updates."""
     evaluation = PeriodicEvaluation(cfg, env, runtime, logger, get_tokenizer())
-    lockstep = Lockstep(cfg, env, runtime, pending_failure=lambda: logger.failure)
-    take_step = wrap_step(lockstep.step) if wrap_step else lockstep.step  # run.step -> run.step + 1
     flops_per_token = run.model.estimate_flops_per_token(cfg.seq_len)
     logger.console(
         f"model {cfg.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
@@ -138,46 +136,51 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
     diagnostics = Diagnostics(cfg, env, runtime, cfg.out_dir, logger)  # each off unless configured
     diagnostics.watch(model)  # the ranks' compute time ends at their last forward
     checkpointer = Checkpointer(cfg, env, logger, record)  # file or sharded, at most one save in flight
+    lockstep = Lockstep(cfg, env, runtime, pending_failure=lambda: logger.failure, save_failed=checkpointer.failed)
+    take_step = wrap_step(lockstep.step) if wrap_step else lockstep.step  # run.step -> run.step + 1
     batches = prefetch(cfg, run, runtime)
     stopping = False  # set only from all-reduced votes, so every rank stops at the same step
+    first_step = True
     try:
         while True:
-            last_step = run.step == cfg.max_steps
-            stopping = stopping or evaluation.run_due(run, last_step, lambda: any_rank(preemption.requested, env))
-            if stopping:
-                signal_name = preemption.signal_name or "a stop signal (on another rank)"
-                if run.step == run.start_step:  # no update since the launch: nothing new to save
-                    logger.console(f"{signal_name} received before the first step; nothing new to save")
-                    return
-                checkpointer.save(run, blocking=True)  # written in full before the process exits
-                logger.console(f"{signal_name} received: saved step {run.step}; {resume_hint(cfg)}")
-                return
-            if run.step > run.start_step and ((last_step and cfg.final_checkpoint) or (
-                    cfg.checkpoint_interval and run.step % cfg.checkpoint_interval == 0)):
-                checkpointer.save(run, blocking=last_step)  # the last one is waited for anyway
-            if last_step:
-                checkpointer.wait()  # a background save still in flight
-                run_on_all_ranks(env, logger.check)  # the last records were written
-                return
-
-            diagnostics.step_started(run.step)
             try:
-                result = take_step(run, model, batches, preemption.requested)
-            except torch.OutOfMemoryError:
-                diagnostics.out_of_memory(run.step)  # memory_snapshot: what filled the memory
-                raise
+                last_step = run.step == cfg.max_steps
+                stopping = stopping or evaluation.run_due(run, last_step, lambda: any_rank(preemption.requested, env))
+                if stopping:
+                    signal_name = preemption.signal_name or "a stop signal (on another rank)"
+                    if run.step == run.start_step:  # no update since the launch (or the rollback): nothing new
+                        logger.console(f"{signal_name} received before the first step; nothing new to save")
+                        return
+                    checkpointer.save_before_exit(run)  # written in full before the process exits
+                    logger.console(f"{signal_name} received: saved step {run.step}; {resume_hint(cfg)}")
+                    return
+                if checkpointer.due(run, last_step):
+                    checkpointer.save(run, blocking=last_step)  # the last one is waited for anyway
+                if last_step:
+                    checkpointer.wait()  # a background save still in flight
+                    run_on_all_ranks(env, logger.check)  # the last records were written
+                    return
+
+                diagnostics.step_started(run.step)
+                checkpointer.poll()  # a background save that finished is committed, or its failure voted on
+                try:
+                    result = take_step(run, model, batches, preemption.requested)
+                except torch.OutOfMemoryError:
+                    diagnostics.out_of_memory(run.step)  # memory_snapshot: what filled the memory
+                    raise
+                diagnostics.step_finished(run.step - 1, result.data_wait)  # every rank: an all-gather at intervals
+                stopping = result.stop
+                log_step(cfg, env, runtime, run, logger, result, flops_per_token, first_step)
+                if result.save_failed:  # some rank saw a background save fail: this step's state is saved now
+                    checkpointer.retry(run)
+                if first_step:  # the first step is done: hangs surface in minutes from now
+                    set_collective_timeout(env, datetime.timedelta(minutes=cfg.hang_timeout_minutes))
+                    first_step = False
             except RollbackRequested as request:  # every rank alike: spikes in a row, or a NaN (if asked)
-                checkpointer.wait()  # a save in flight counts: it may be the newest good state
+                checkpointer.wait(fail=False)  # a save in flight counts: it may be the newest good state
                 batches.close()
                 roll_back(cfg, env, run, logger, request)
                 batches = prefetch(cfg, run, runtime)  # from the checkpoint's step, past the batches since
-                continue
-            diagnostics.step_finished(run.step - 1, result.data_wait)  # every rank: an all-gather at intervals
-            checkpointer.poll()  # rank 0 commits a background save that has finished
-            stopping = result.stop
-            log_step(cfg, env, runtime, run, logger, result, flops_per_token)
-            if run.step == run.start_step + 1:  # the first step is done: hangs surface in minutes from now
-                set_collective_timeout(env, datetime.timedelta(minutes=cfg.hang_timeout_minutes))
     finally:
         batches.close()
         diagnostics.close()  # a profile window or memory recording still open is written
@@ -190,8 +193,8 @@ def prefetch(cfg: TrainConfig, run: Run, runtime: Runtime) -> Prefetcher:
 
 
 def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger, result: StepResult,
-             flops_per_token: int) -> None:
-    """The train record of the step just taken (and, after the first, the startup record)."""
+             flops_per_token: int, first_step: bool) -> None:
+    """The train record of the step just taken (and, after the launch's first, the startup record)."""
     tokens_per_sec = cfg.total_batch_size / result.seconds  # all ranks together
     record = {"kind": "train", "step": run.step - 1, "loss": result.loss, "lr": result.lr,
               "grad_norm": result.grad_norm, "tokens": run.tokens_seen, "tokens_per_sec": tokens_per_sec,
@@ -208,8 +211,8 @@ def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger:
         logger.log({"kind": "skip", "step": record["step"], "tokens": run.tokens_seen, "loss": result.loss,
                     "grad_norm": result.grad_norm, "reason": result.spike})
         logger.warn(f"step {record['step']}: loss spike, the update was not applied ({result.spike})")
-    if run.step == run.start_step + 1:
-        logger.log({"kind": "startup", "step": run.start_step, "compile": runtime.compile,
+    if first_step:
+        logger.log({"kind": "startup", "step": run.step - 1, "compile": runtime.compile,
                     "seconds_to_first_step": time.time() - process_start_time(),
                     "state_gib_per_rank": local_state_bytes(run.model, run.optimizer) / 2**30})
     if record["step"] % cfg.log_interval == 0 or run.step == cfg.max_steps:

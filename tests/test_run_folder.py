@@ -22,7 +22,7 @@ import train_gpt2
 from conftest import REPO, base_args, make_shards, run_trainer, train_losses
 from errors import ConfigError, run_cli
 from training import checkpoint as ckpt
-from training.run_folder import LOCK_NAME, RunFolderLock, check_one_history
+from training.run_folder import LOCK_NAME, FolderLock, check_one_history
 from training.run_logger import read_log
 
 RUN = dict(max_steps=3, checkpoint_interval=3, eval_interval=0, val_tokens=64)
@@ -96,20 +96,20 @@ def test_temporaries_of_a_killed_save_are_removed_before_the_first_save(data, tm
 
 def test_the_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
     warnings = []
-    lock = RunFolderLock(tmp_path / "out", warnings.append)
+    lock = FolderLock(tmp_path / "out", "out_dir", warnings.append)
     with pytest.raises(ConfigError, match=f"out_dir: {tmp_path / 'out'} is in use by another launch \\(pid {os.getpid()} "):
-        RunFolderLock(tmp_path / "out", warnings.append)
+        FolderLock(tmp_path / "out", "out_dir", warnings.append)
     lock.release()
     assert not (tmp_path / "out").exists()  # it created the folder and left nothing in it
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from training.run_folder import RunFolderLock; "
-                               f"lock = RunFolderLock({str(tmp_path / 'out')!r}, print); print('locked', flush=True); "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from training.run_folder import FolderLock; "
+                               f"lock = FolderLock({str(tmp_path / 'out')!r}, 'out_dir', print); print('locked', flush=True); "
                                "time.sleep(600)"], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(ConfigError, match=f"pid {holder.pid} on"):
-        RunFolderLock(tmp_path / "out", warnings.append)
+        FolderLock(tmp_path / "out", "out_dir", warnings.append)
     holder.kill()  # a crashed run: the kernel drops its lock
     holder.wait()
-    RunFolderLock(tmp_path / "out", warnings.append).release()
+    FolderLock(tmp_path / "out", "out_dir", warnings.append).release()
     assert (tmp_path / "out" / LOCK_NAME).exists() and warnings == []
 
 

@@ -1,4 +1,4 @@
-"""Writing a run's checkpoints: the format the config picks, at most one save in flight.
+"""Writing a run's checkpoints: when they are due, the format the config picks, at most one save in flight.
 
 - file: rank 0 writes `step_X.pt` (the run's state gathered onto its CPU under FSDP) before
   training goes on.
@@ -7,11 +7,15 @@
   the files are written in the background.
 
 A checkpoint counts as written (for the lineage, for retention, for "newest readable") only
-once it is complete: rank 0 then writes its commit file and prunes older checkpoints. Rank 0
-commits a finished background save as soon as it notices (`poll`, a look at a Future after
-each step, no collective); every rank waits for the save in flight before the next save, and
-before the process ends (`wait`, collective), which is also where a failed write stops every
-rank with one line.
+once it is complete: rank 0 then writes its commit file, prunes older checkpoints and logs a
+`checkpoint` record. Weights that are not finite are never saved: a checkpoint is a good state.
+
+A background save that fails (disk full, an object store's 5xx) is reported when it is seen
+(`poll`, after each step, no collective), and every rank learns of it through the next step's
+vote (training/lockstep.py): the loop then saves that step's state synchronously (`retry`),
+so no more than one step is trained past a loss that is already known, and a run whose
+storage stays broken stops with that error. Every rank waits for the save in flight before the
+next save, and before the process ends (`wait`, collective).
 """
 
 from __future__ import annotations
@@ -21,14 +25,18 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from errors import CheckpointWriteError, ReproError, first_line
+import torch
+
+from errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
 from training import sharded_checkpoint as sharded
 from training.checkpoint import (FORMAT_VERSION, checkpoint_path, checkpoints_folder, prune_checkpoints,
                                  save_checkpoint)
 from training.config import TrainConfig
-from training.distributed import DistEnv, run_on_all_ranks
+from training.distributed import DistEnv, any_rank, run_on_all_ranks
 from training.run import Run
+from training.run_folder import adopt_checkpoint_folder
 from training.run_logger import RunLogger
+from training.spikes import RollbackRequested
 from training.storage import Location
 
 
@@ -39,12 +47,12 @@ class PendingSave:
     metadata: dict  # the commit file's entries
     future: object | None  # concurrent.futures.Future of an asynchronous save; None once written
     started: float
-    committed: bool = False
-    error: Exception | None = None  # rank 0's poll saw the save fail; raised at the next wait
+    committed: bool = False  # rank 0: its commit file is written; other ranks: their part is
+    error: Exception | None = None  # this rank saw the save fail (reported already)
 
 
 class Checkpointer:
-    """Every rank holds one; `save` and `wait` are collectives, `poll` is not."""
+    """Every rank holds one; `save`, `retry` and `wait` are collectives, `poll` is not."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, logger: RunLogger, provenance: dict):
         self.cfg, self.env, self.logger, self.provenance = cfg, env, logger, provenance
@@ -52,6 +60,8 @@ class Checkpointer:
         self.sharded = cfg.resolved_checkpoint_format() == "sharded"
         self.asynchronous = self.sharded and cfg.checkpoint_async
         self.pending: PendingSave | None = None
+        self.saved_step: int | None = None  # the step of the last save started by this launch
+        self.adopted = False  # the folder was cleaned (and owned) before this launch's first save
         self.process_group = None
         if self.asynchronous and env.distributed:
             # the background write's collectives must not interleave with the training's
@@ -60,14 +70,33 @@ class Checkpointer:
             self.process_group = dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(minutes=cfg.hang_timeout_minutes))
 
+    def due(self, run: Run, last_step: bool) -> bool:
+        """Whether step run.step is saved: every checkpoint_interval steps and (final_checkpoint) at the
+        end; never the step this launch (or a rollback) loaded, nor one saved already."""
+        if run.step in (run.start_step, self.saved_step):
+            return False
+        interval = self.cfg.checkpoint_interval
+        return (last_step and self.cfg.final_checkpoint) or bool(interval and run.step % interval == 0)
+
     def save(self, run: Run, blocking: bool = False) -> None:
         """Checkpoint `step_{run.step}`. Collective: every rank calls it at the same step.
 
         blocking: written and committed on return, also where saves are asynchronous. For the
         saves the process exits after (the last step, a preemption): a background write that is
         waited for at once costs its copy to host memory on top of the same write.
+        Weights that are not finite are not saved: RollbackRequested with rollback_on_nonfinite,
+        else NonFiniteLossError (every rank alike).
         """
-        self.wait()  # at most one save in flight (and the previous one's failure stops every rank now)
+        self.check_finite(run)
+        # at most one save in flight; one that failed was reported, and this one, in its place, is written
+        # synchronously: storage that keeps failing stops the run here, instead of failing in the background
+        blocking = self.wait(fail=False) or blocking
+        if not self.adopted:
+            run_on_all_ranks(self.env, lambda: adopt_checkpoint_folder(self.folder, self.cfg.out_dir,
+                                                                       self.logger.console)
+                             if self.env.master_process else None)
+            self.adopted = True
+        self.saved_step = run.step
         metadata = {**run.progress_state(), **checkpoint_metadata(run, self.cfg, self.provenance)}
         if not self.sharded:
             self._save_file(run, metadata)
@@ -86,33 +115,82 @@ class Checkpointer:
         else:
             self.wait()
 
+    def save_before_exit(self, run: Run) -> None:
+        """This step's state, written and committed on return (a stop signal: the process exits next),
+        unless it is saved already (a retry's save at this very step), then that save is waited for."""
+        if self.saved_step == run.step:
+            self.wait()
+        else:
+            self.save(run, blocking=True)
+
+    def check_finite(self, run: Run) -> None:
+        """Refuse to save weights with a NaN/inf (an update of step run.step - 1 that blew up: the loss
+        guard checks a step's loss before its update, never the weights after it). Collective."""
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in run.model.parameters()]  # FSDP: the shard
+        finite = bool(torch.stack([torch.isfinite(p).all() for p in local]).all())
+        if not any_rank(not finite, self.env):
+            return
+        step = run.step - 1
+        reason = f"the weights after the update of step {step} are not finite"
+        if self.cfg.rollback_on_nonfinite:
+            raise RollbackRequested(step, reason)
+        raise NonFiniteLossError(f"step {step}: {reason}; they were not saved, and the newest checkpoint in "
+                                 f"{self.folder} is the last good state")
+
     def poll(self) -> None:
-        """After a step: rank 0 commits a background save that has finished. Not a collective."""
+        """After a step: a background save that has finished is committed (rank 0), or, if it failed,
+        reported at once (`failed` then votes for a retry at the next step). Not a collective."""
         pending = self.pending
-        if (not self.env.master_process or pending is None or pending.committed or pending.error is not None
-                or pending.future is None or not pending.future.done()):
+        if (pending is None or pending.committed or pending.error is not None or pending.future is None
+                or not pending.future.done()):
             return
         try:
             pending.future.result()
-            self._commit(pending)
-        except Exception as e:  # noqa: BLE001 - kept for wait(), which stops every rank with it
-            pending.error = e
+            if self.env.master_process:
+                self._commit(pending)
+            pending.committed = True
+        except Exception as e:  # noqa: BLE001 - every rank hears of it at the next step's vote
+            self._failed(pending, e)
 
-    def wait(self) -> None:
-        """Every rank waits for the save in flight to be written, and rank 0 commits it. Collective."""
+    def failed(self) -> bool:
+        """This rank saw the save in flight fail: its vote, at the next step, for `retry`."""
+        return self.pending is not None and self.pending.error is not None
+
+    def retry(self, run: Run) -> None:
+        """Every rank, once the step's vote said a background save failed: save this step's state now,
+        synchronously. If that fails too, the run stops with its error (the earlier checkpoints are
+        intact). Collective."""
+        failed = self.pending.path if self.pending is not None else "a background save"
+        self.save(run, blocking=True)
+        self.logger.console(f"saved step {run.step} in place of {failed}, whose background save failed")
+
+    def wait(self, fail: bool = True) -> bool:
+        """Every rank waits for the save in flight to be written, and rank 0 commits it. Collective.
+
+        fail: a failed save stops every rank with its error. Otherwise (a newer save, or a
+        rollback, is about to replace it) it is reported as a warning, is not a checkpoint, and
+        every rank returns True.
+        """
         pending, self.pending = self.pending, None
         if pending is None:
-            return
+            return False
 
         def finish() -> None:
-            if pending.error is not None:
+            if pending.error is None and not pending.committed:
+                try:
+                    if pending.future is not None:
+                        pending.future.result()  # this rank's part (on rank 0: every part, and DCP's index)
+                    if self.env.master_process:
+                        self._commit(pending)
+                except Exception as e:  # noqa: BLE001 - shared below, or reported
+                    if fail:
+                        raise
+                    self._failed(pending, e)
+            if pending.error is not None and fail:
                 raise pending.error
-            if pending.future is not None:
-                pending.future.result()  # this rank's part (on rank 0: every part, and DCP's index)
-            if self.env.master_process and not pending.committed:
-                self._commit(pending)
 
         run_on_all_ranks(self.env, finish, describe=lambda e: self._write_error(pending.path, e))
+        return any_rank(pending.error is not None, self.env)
 
     def close(self, timeout_s: float = 300.0) -> None:
         """Not a collective: after a failure, a save still in flight gets timeout_s to finish, and
@@ -128,14 +206,22 @@ class Checkpointer:
             self.logger.warn(f"the checkpoint save in flight did not finish ({first_line(e)}); "
                              f"{pending.path} is incomplete and will not be used")
 
+    def _failed(self, pending: PendingSave, e: Exception) -> None:
+        pending.error = e
+        self.logger.warn(f"{first_line(self._write_error(pending.path, e))}; {pending.path} is not a checkpoint: "
+                         f"saving the next step's state in its place")
+
     def _commit(self, pending: PendingSave, check_log: bool = True) -> None:
         """rank 0: the checkpoint is complete from here on; then older ones are pruned."""
         if check_log:
             self.logger.check()  # a log that could not be written stops the run before a checkpoint counts
+        sharded.check_parts(pending.path, self.env.world_size)
         sharded.commit(pending.path, pending.metadata)
         pending.committed = True
         prune_checkpoints(self.folder, self.cfg.keep_last, written_step=pending.step, warn=self.logger.warn)
-        self.logger.console(f"saved checkpoint {pending.path} ({time.perf_counter() - pending.started:.2f} s)")
+        seconds = time.perf_counter() - pending.started
+        self.logger.log({"kind": "checkpoint", "step": pending.step, "path": str(pending.path), "seconds": seconds})
+        self.logger.console(f"saved checkpoint {pending.path} ({seconds:.2f} s)")
 
     def _save_file(self, run: Run, metadata: dict) -> None:
         state = run.state_dict()  # gathered onto rank 0 under FSDP
@@ -145,8 +231,11 @@ class Checkpointer:
                 return
             self.logger.check()  # a log that could not be written stops the run before anything else
             path = checkpoint_path(self.folder, run.step)
+            started = time.perf_counter()
             save_checkpoint({**state, **metadata}, path)
             prune_checkpoints(self.folder, self.cfg.keep_last, written_step=run.step, warn=self.logger.warn)
+            self.logger.log({"kind": "checkpoint", "step": run.step, "path": str(path),
+                             "seconds": time.perf_counter() - started})
             self.logger.console(f"saved checkpoint {path}")
 
         run_on_all_ranks(self.env, write)

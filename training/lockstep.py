@@ -14,7 +14,8 @@ alike, before the update is applied:
 - float16 gradients that overflowed: the scaler skips this update (and lowers its scale);
 - with spike_skip, a loss spike (training/spikes.py): the update is not applied, and after
   rollback_after of them in a row, RollbackRequested;
-- a stop signal on any rank: every rank stops after this step.
+- a stop signal on any rank: every rank stops after this step;
+- a background checkpoint save that failed on any rank: every rank saves this step's state.
 (FSDP adds its own reduce-scatters and the global gradient-norm all-reduce; no host sync.)
 """
 
@@ -45,6 +46,7 @@ class StepResult:
     stop: bool  # some rank was asked to stop (SIGTERM/SIGUSR1): all ranks see the same value
     seconds: float
     skipped: bool = False  # float16 only: the gradients overflowed, the scaler skipped the update
+    save_failed: bool = False  # some rank saw a background checkpoint save fail: the loop saves again now
     spike: str | None = None  # why the update was not applied: a loss spike (spike_skip)
     data_wait: float = 0.0  # seconds this rank waited for its micro-batches (host clock)
 
@@ -78,9 +80,12 @@ class Lockstep:
     """Takes one step on every rank: the math, wrapped in the ranks' agreement (see above)."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime,
-                 pending_failure: Callable[[], ReproError | None] = lambda: None):
-        """pending_failure: a failure this rank saw since the last step (rank 0's log writes)."""
-        self.cfg, self.env, self.runtime, self.pending_failure = cfg, env, runtime, pending_failure
+                 pending_failure: Callable[[], ReproError | None] = lambda: None,
+                 save_failed: Callable[[], bool] = lambda: False):
+        """pending_failure: a failure this rank saw since the last step (rank 0's log writes);
+        save_failed: this rank saw a background checkpoint save fail (its vote for a save now)."""
+        self.cfg, self.env, self.runtime = cfg, env, runtime
+        self.pending_failure, self.save_failed = pending_failure, save_failed
 
     def step(self, run: Run, model: torch.nn.Module, batches, stop_requested: bool) -> StepResult:
         """Apply update run.step to run.model through `model` (its compiled / DDP wrapper).
@@ -100,17 +105,18 @@ class Lockstep:
                                        (cfg.micro_batch_size, cfg.seq_len), env)
         loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, cfg.grad_clip or math.inf)
 
-        # the step's one collective: the summed loss, the stop votes, the failure votes
+        # the step's one collective: the summed loss, the stop votes, the failure votes, the failed-save votes
         failure = self.pending_failure() or micro_batches.failure
         stats = all_reduce_sum(torch.stack([loss, loss.new_full((), float(stop_requested)),
-                                            loss.new_full((), float(failure is not None))]), env)
+                                            loss.new_full((), float(failure is not None)),
+                                            loss.new_full((), float(self.save_failed()))]), env)
         global_loss = stats[0] / env.world_size
-        decided = torch.stack([global_loss, stats[1], stats[2], grad_norm])
+        decided = torch.stack([global_loss, stats[1], stats[2], stats[3], grad_norm])
         spikes = run.spikes if run.spikes is not None and run.spikes.full else None
         if spikes is not None:  # the spike verdict rides on the same sync
             decided = torch.cat([decided, spikes.judge(global_loss, grad_norm)])
         # the step's one host synchronisation: decide before the update is applied
-        loss_value, stop_votes, failures, norm_value, *judged = decided.tolist()
+        loss_value, stop_votes, failures, save_failures, norm_value, *judged = decided.tolist()
         if failures:
             raise_first_error(failure, env)  # every rank raises the same error
         overflow = run.scaler.is_enabled() and not math.isfinite(norm_value)
@@ -121,7 +127,9 @@ class Lockstep:
             raise NonFiniteLossError(
                 f"step {step}: {reason}; the update was not applied and the newest checkpoint in "
                 f"{cfg.out_dir} is the last good state")
-        spike = spike_reason(judged, loss_value, norm_value, cfg.spike_threshold) if judged and judged[0] else None
+        # an overflow is float16's scaler at work (it skips the update and lowers its scale), not a spike
+        spiked = judged and judged[0] and not overflow
+        spike = spike_reason(judged, loss_value, norm_value, cfg.spike_threshold) if spiked else None
 
         apply_update(run, skip=overflow or spike is not None)
         if spike is not None:
@@ -135,4 +143,4 @@ class Lockstep:
         run.tokens_seen += cfg.total_batch_size
         return StepResult(loss=loss_value, grad_norm=norm_value, lr=lr, stop=bool(stop_votes),
                           seconds=time.perf_counter() - t0, skipped=overflow, spike=spike,
-                          data_wait=micro_batches.wait)
+                          save_failed=bool(save_failures), data_wait=micro_batches.wait)

@@ -25,7 +25,7 @@ from training.config import TrainConfig
 from training.distributed import DistEnv, broadcast_object, run_on_all_ranks
 from training.optimizers import build_optimizer, check_same_optimizer
 from training.parallel import Strategy
-from training.run_folder import check_one_history
+from training.run_folder import check_one_history, refuse_lost_history
 from training.run_logger import LOG_NAME, RunLogger
 from training.runtime import Runtime
 from training.spikes import RollbackRequested, SpikeWindow
@@ -67,7 +67,8 @@ class Run:
     data_offset: int = 0  # batches passed over by rollbacks: step s trains on the data of step s + data_offset
     # --- this launch
     start_step: int = 0  # where this launch began: 0, or the step of the checkpoint it resumed
-    resumed_from: Location | None = None
+    resumed_from: Location | None = None  # the checkpoint it resumed (a rollback candidate, wherever it lies)
+    resumed_step: int = 0  # and its step
 
     def state_dict(self) -> dict:
         """Tensors and plain Python values only (loads with torch.load(weights_only=True)).
@@ -172,7 +173,7 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
         return None
     check_same_optimizer(cfg, state["config"], resume_path)  # another optimizer's state does not fit
     run.load_state_dict(state)
-    run.resumed_from = resume_path
+    run.resumed_from, run.resumed_step = resume_path, run.step
     warn_on_changed_settings(cfg, state["config"], logger)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
     if trained_on is not None and trained_on != fingerprint:
@@ -198,7 +199,13 @@ def roll_back(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger, reque
                             f"stopping; the newest checkpoint in {folder} is the last good state")
 
     def newest() -> Location | None:
-        found = find_resume_checkpoint(folder, "auto", warn=logger.warn) if env.master_process else None
+        """The newest checkpoint in the folder, or the one this launch resumed from, if newer (it may
+        lie elsewhere: a run continued with --resume PATH into a new out_dir)."""
+        if not env.master_process:
+            return None
+        found = find_resume_checkpoint(folder, "auto", warn=logger.warn)
+        if run.resumed_from is not None and (found is None or found[1]["step"] < run.resumed_step):
+            return run.resumed_from
         return None if found is None else found[0]
 
     path = broadcast_object(run_on_all_ranks(env, newest), env)
@@ -231,6 +238,8 @@ def choose_resume_checkpoint(cfg: TrainConfig, env: DistEnv, logger: RunLogger) 
         found = find_resume_checkpoint(folder, cfg.resume, warn=logger.warn)
         check_one_history(cfg.out_dir, folder, None if found is None else found[:2])
         if found is None:
+            if cfg.resume == "auto":
+                refuse_lost_history(cfg.out_dir, folder, logger.warn)
             return None
         path, _, how = found
         logger.console(f"resuming from {path} ({how})")

@@ -8,8 +8,12 @@ before anything is written:
   `flock` on `out_dir/.lock` for the whole launch. The kernel drops the lock when the process
   ends, however it ends, so a crashed or killed run never leaves it stuck (on NFS, when the
   client's lease expires). Filesystems without locks get a warning, and go on unprotected.
+- two runs sharing one checkpoint folder (a checkpoint_dir outside out_dir, named by two
+  experiments): that folder is locked too, and belongs to one out_dir (`claim_run_folder`).
 - continuing a run in a folder that holds another run (a checkpoint copied in from elsewhere,
   `--resume PATH` into a folder with a third run's log): see `check_one_history`.
+- starting over in a folder whose run saved checkpoints that this launch cannot find (a changed
+  checkpoint_dir, a damaged only checkpoint): see `refuse_lost_history`.
 """
 
 from __future__ import annotations
@@ -21,55 +25,110 @@ import socket
 from datetime import datetime, timezone
 from pathlib import Path
 
-from errors import CheckpointError, ConfigError
+from errors import CheckpointError, ConfigError, first_line
+from training import storage
 from training.checkpoint import CheckpointTooNewError, list_checkpoints, load_checkpoint, remove_stale_temp_files
-from training.run_logger import LOG_NAME
+from training.run_logger import LOG_NAME, read_log
 from training.storage import Location, name_of, parent_of
 
 LOCK_NAME = ".lock"
+OWNER_NAME = "owner.json"  # in a checkpoint_dir outside out_dir: the run folder it belongs to
 RUN_RECORD = "run.json"  # written by the trainer at every launch (training/provenance.py)
 
 
-def claim_run_folder(out_dir: str | Path, checkpoints: Location, warn, console) -> RunFolderLock:
-    """Lock out_dir for this launch (rank 0), then clean what a killed save left in its checkpoint
-    folder: safe now that no one else writes there."""
-    lock = RunFolderLock(out_dir, warn)
+def claim_run_folder(out_dir: str | Path, checkpoints: Location, warn) -> list[FolderLock]:
+    """Lock out_dir for this launch (rank 0), and the checkpoint folder too when it lives elsewhere.
+
+    A checkpoint_dir outside out_dir (a shared YAML's `checkpoint_dir: /shared/ckpt`, an s3 URL)
+    could be named by two runs by mistake: each would prune the other's checkpoints and resume
+    the other's state. So such a folder is locked as well (a local one; object stores have no
+    locks), and it must belong to this out_dir: its owner file (written by the first save, see
+    `adopt_checkpoint_folder`) names the run folder it belongs to. Nothing is written or deleted
+    here but the lock files: a launch that is refused later leaves the folders as they were.
+    """
+    locks = [FolderLock(out_dir, "out_dir", warn)]
     try:
-        removed = remove_stale_temp_files(checkpoints)
+        if not inside(checkpoints, out_dir):
+            check_owner(checkpoints, out_dir)
+            if isinstance(checkpoints, Path):
+                locks.append(FolderLock(checkpoints, "checkpoint_dir", warn))
     except BaseException:
-        lock.release()
+        release_all(locks)
         raise
+    return locks
+
+
+def release_all(locks: list[FolderLock]) -> None:
+    for lock in reversed(locks):
+        lock.release()
+
+
+def inside(location: Location, folder: str | Path) -> bool:
+    """Whether a checkpoint folder lies inside the run folder (the default out_dir/checkpoints)."""
+    return isinstance(location, Path) and location.resolve().is_relative_to(Path(folder).resolve())
+
+
+def check_owner(checkpoints: Location, out_dir: str | Path) -> None:
+    """Refuse a checkpoint folder that belongs to another run folder (its owner file says which)."""
+    try:
+        owner = json.loads(storage.read_bytes(storage.join(checkpoints, OWNER_NAME))).get("out_dir")
+    except FileNotFoundError:
+        return  # a new folder (or one written by older code): the first save adopts it
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(f"checkpoint_dir: unreadable {storage.join(checkpoints, OWNER_NAME)} ({first_line(e)}); "
+                          f"it names the run folder the checkpoints belong to") from None
+    ours = str(Path(out_dir).resolve())
+    if owner != ours:
+        raise ConfigError(f"checkpoint_dir: {checkpoints} holds the checkpoints of the run in {owner}, not of "
+                          f"out_dir {ours}; one checkpoint folder holds one run: give this run its own "
+                          f"checkpoint_dir (or, if that run folder was moved here, delete {OWNER_NAME} there)")
+
+
+def adopt_checkpoint_folder(checkpoints: Location, out_dir: str | Path, console) -> None:
+    """rank 0, before the launch's first save: the folder is this run's from now on.
+
+    What saves that a killed process never finished left (temp files, sharded folders without
+    their commit file) is removed: safe now, since the folder is locked (or owned) by this launch
+    and every check that could refuse the launch has passed. A checkpoint_dir outside out_dir gets
+    its owner file, naming the run folder.
+    """
+    removed = remove_stale_temp_files(checkpoints)
     if removed:
         console(f"removed what {len(removed)} interrupted checkpoint save(s) left: "
                 f"{', '.join(name_of(p) for p in removed)}")
-    return lock
+    if not inside(checkpoints, out_dir) and not storage.exists(storage.join(checkpoints, OWNER_NAME)):
+        storage.make_dirs(checkpoints)
+        storage.write_bytes(storage.join(checkpoints, OWNER_NAME),
+                            (json.dumps({"out_dir": str(Path(out_dir).resolve())}) + "\n").encode())
 
 
-class RunFolderLock:
-    """rank 0's exclusive lock on out_dir for the duration of a launch."""
+class FolderLock:
+    """rank 0's exclusive lock on a folder (out_dir, or a checkpoint_dir elsewhere) for a launch."""
 
-    def __init__(self, out_dir: str | Path, warn):
+    def __init__(self, folder: str | Path, key: str, warn):
         import fcntl  # POSIX only, like the rest of the multi-process trainer
 
-        self.out_dir = Path(out_dir)
-        self.created_folder = not self.out_dir.exists()
+        self.folder = Path(folder)
+        self.created_folder = not self.folder.exists()
         try:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.out_dir / LOCK_NAME, "a+")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.folder / LOCK_NAME, "a+")
         except OSError as e:
-            raise ConfigError(f"out_dir: cannot create {self.out_dir} ({e.strerror or e})") from None
+            raise ConfigError(f"{key}: cannot create {self.folder} ({e.strerror or e})") from None
         try:
             fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                warn(f"cannot lock {self.out_dir / LOCK_NAME} on this filesystem ({e.strerror or e}): a second launch "
-                     f"into the same out_dir at the same time would not be noticed")
+                warn(f"cannot lock {self.folder / LOCK_NAME} on this filesystem ({e.strerror or e}): a second launch "
+                     f"into the same {key} at the same time would not be noticed")
             else:
                 self._file.seek(0)
                 holder = self._file.read().strip() or "another process"
                 self._file.close()
-                raise ConfigError(f"out_dir: {self.out_dir} is in use by another launch ({holder}); wait for it to "
-                                  f"end, or give this run another out_dir") from None
+                self._file = None
+                self._remove_if_created()
+                raise ConfigError(f"{key}: {self.folder} is in use by another launch ({holder}); wait for it to "
+                                  f"end, or give this run another {key}") from None
         self._file.seek(0)
         self._file.truncate()
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -77,15 +136,18 @@ class RunFolderLock:
         self._file.flush()
 
     def release(self) -> None:
-        """Unlock (closing the file drops the flock); an out_dir this launch created and left empty goes too."""
+        """Unlock (closing the file drops the flock); a folder this launch created and left empty goes too."""
         if self._file is None:
             return
         self._file.close()
         self._file = None
-        if self.created_folder and [p.name for p in self.out_dir.iterdir()] == [LOCK_NAME]:
-            (self.out_dir / LOCK_NAME).unlink(missing_ok=True)
+        self._remove_if_created()
+
+    def _remove_if_created(self) -> None:
+        if self.created_folder and [p.name for p in self.folder.iterdir()] in ([LOCK_NAME], []):
+            (self.folder / LOCK_NAME).unlink(missing_ok=True)
             try:
-                self.out_dir.rmdir()
+                self.folder.rmdir()
             except OSError:
                 pass
 
@@ -144,3 +206,31 @@ def describe(owners: dict[str, str]) -> str:
 
 def short(run_id: str | None) -> str:
     return run_id[:8] if run_id else "(unnamed)"
+
+
+def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> None:
+    """Before a fresh start into out_dir (resume auto found no checkpoint to continue): refuse one
+    that would replace the log of a run that saved checkpoints this launch cannot see.
+
+    That happens when checkpoint_dir was changed or mistyped on a relaunch, or when the run's
+    only checkpoint is damaged (set aside as `.unreadable`): starting over would truncate
+    log.jsonl and rewrite run.json under a new run id. The log's `checkpoint` records say what
+    was saved, and where. A launch that saved none (it crashed before its first checkpoint) has
+    nothing to continue: it starts over, with a warning.
+    """
+    log = Path(out_dir) / LOG_NAME
+    if not log.exists():
+        return
+    records = read_log(log)
+    saved = [r for r in records if r.get("kind") == "checkpoint"]
+    aside = sorted(name for name in storage.list_names(checkpoints) if name.endswith(".unreadable"))
+    if saved or aside:
+        found = [f"its log records checkpoint {saved[-1].get('path')}"] if saved else []
+        found += [f"{checkpoints} holds {', '.join(aside)} (set aside as unreadable)"] if aside else []
+        raise ConfigError(f"resume: {out_dir} holds a run that saved checkpoints ({'; '.join(found)}), but there is "
+                          f"none to resume in {checkpoints}; starting over would replace its log: point "
+                          f"--checkpoint_dir or --resume at its checkpoints, or give this run another out_dir")
+    steps = [r["step"] for r in records if r.get("kind") == "train"]
+    if steps:
+        warn(f"{out_dir} holds the log of a launch that saved no checkpoint (steps {min(steps)}-{max(steps)}): "
+             f"starting that run over, and its log with it")

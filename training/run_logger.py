@@ -38,10 +38,12 @@ def read_log(path: str | Path) -> list[dict]:
 
 
 def truncate_log(path: str | Path, step: int) -> None:
-    """Keep only the records before `step`, rewriting the file atomically."""
+    """Keep only the records before `step`, and the checkpoint record of `step` itself (the run goes
+    on from that checkpoint: it still exists), rewriting the file atomically."""
     path = Path(path)
     if path.exists():
-        kept = [r for r in read_log(path) if r.get("step", -1) < step]
+        kept = [r for r in read_log(path)
+                if r.get("step", -1) < step or (r.get("kind") == "checkpoint" and r.get("step") == step)]
         write_text_file(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 

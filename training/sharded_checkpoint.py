@@ -142,10 +142,34 @@ def start_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, locatio
     return None
 
 
+def check_parts(location: Location, world_size: int) -> None:
+    """rank 0, before the commit: it sees every part DCP's index lists, in full. A checkpoint_dir that
+    the ranks do not share (a node-local path, a per-process filesystem) would otherwise be called
+    saved with only rank 0's part in it. An OSError names what is missing."""
+    problem = _part_problem(location, _reader(location).read_metadata())
+    if problem is not None:
+        shared = " (is checkpoint_dir on storage that every rank shares?)" if world_size > 1 else ""
+        raise OSError(f"{problem} after the save{shared}")
+
+
 def commit(location: Location, metadata: dict) -> None:
     """Mark a written checkpoint complete: its commit file, written whole (rank 0, after the save finished)."""
     storage.write_bytes(storage.join(location, COMMIT_NAME),
                         (json.dumps(metadata, indent=1, sort_keys=True) + "\n").encode())
+
+
+def _part_problem(location: Location, index) -> str | None:
+    """What is wrong with the parts that DCP's index refers to (missing, shorter than listed); None if nothing."""
+    needed: dict[str, int] = {}
+    for info in (index.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, length in sorted(needed.items()):
+        size = storage.size_of(storage.join(location, name))
+        if size is None:
+            return f"checkpoint part {name} is missing"
+        if size < length:
+            return f"checkpoint part {name} is truncated ({size} of {length} bytes)"
+    return None
 
 
 def uncommit(location: Location) -> None:
@@ -175,15 +199,9 @@ def read_metadata(location: Location) -> dict:
         index = _reader(location).read_metadata()
     except Exception as e:  # a missing or damaged .metadata
         raise CheckpointError(f"{location}: unreadable checkpoint index {DCP_METADATA} ({first_line(e)})") from None
-    needed: dict[str, int] = {}
-    for info in (index.storage_data or {}).values():
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
-    for name, length in sorted(needed.items()):
-        size = storage.size_of(storage.join(location, name))
-        if size is None:
-            raise CheckpointError(f"{location}: checkpoint part {name} is missing")
-        if size < length:
-            raise CheckpointError(f"{location}: checkpoint part {name} is truncated ({size} of {length} bytes)")
+    problem = _part_problem(location, index)
+    if problem is not None:
+        raise CheckpointError(f"{location}: {problem}")
     entries = sorted({key.split(".", 1)[0] for key in index.state_dict_metadata})
     return {**metadata, "sharded": True, "tensor_entries": entries, "location": location}
 

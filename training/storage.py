@@ -144,3 +144,14 @@ def rename(location: Location, new_name: str) -> Location:
     _, target_path = filesystem(target)
     fs.mv(path, target_path, recursive=True)
     return target
+
+
+def require_shared(location: Location, world_size: int, key: str = "checkpoint_dir") -> None:
+    """Refuse a filesystem that lives in one process's memory (memory://) for a run of several ranks:
+    each rank would write its part where no other process can read it, and nothing would last."""
+    if world_size > 1 and is_url(location):
+        fs, _ = filesystem(location, key)
+        protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+        if "memory" in protocols:
+            raise ConfigError(f"{key}: {location} is a filesystem inside each process, which the {world_size} "
+                              f"ranks do not share: use a shared path or an object store URL")
