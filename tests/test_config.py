@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 import subprocess
 import sys
+import typing
 
 import pytest
 import yaml
 
 from conftest import REPO
-from training.config import ConfigError, TrainConfig, load_yaml, parse_args
+import train_gpt2
+from errors import run_cli
+from training.config import MAX_HANG_TIMEOUT_MINUTES, ConfigError, TrainConfig, load_yaml, parse_args
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -138,3 +142,37 @@ def test_help_and_the_readme_table_cover_every_key():
     documented = {key for row in table.splitlines() if row.startswith("| `")
                   for key in re.findall(r"`(\w+)`", row.split(" | ")[0])}
     assert documented == set(fields)
+
+
+# every float key, found from the field types (not from the list config.py keeps), so a new one is covered
+FLOAT_KEYS = [key for key, hint in typing.get_type_hints(TrainConfig).items()
+              if hint is float or float in typing.get_args(hint)]
+
+
+def test_the_float_keys_are_found():
+    assert {"max_lr", "hang_timeout_minutes", "peak_flops", "straggler_factor"} <= set(FLOAT_KEYS)
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_no_float_key_takes_a_non_finite_value(key, value, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        parse_args([f"--{key}", value])
+    assert str(caught.value) == f"{key}: must be a finite number, got {float(value)}"
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{key}: {value.replace('inf', '.inf').replace('nan', '.nan')}\n")  # YAML's spellings
+    with pytest.raises(ConfigError, match=f"^{key}: must be a finite number"):
+        parse_args(["--config", str(path)])
+
+
+def test_a_hang_timeout_that_would_overflow_is_one_line_at_start_up(capfd):
+    """It used to pass, then crash every rank after the first step: timedelta(minutes=1e300) overflows."""
+    assert run_cli(train_gpt2.main, ["--hang_timeout_minutes", "1e300"]) == 2
+    assert capfd.readouterr().err == (f"error: hang_timeout_minutes: must be positive and at most "
+                                      f"{MAX_HANG_TIMEOUT_MINUTES} (a year), got 1e+300\n")
+    assert run_cli(train_gpt2.main, ["--hang_timeout_minutes", "inf"]) == 2
+    assert capfd.readouterr().err == "error: hang_timeout_minutes: must be a finite number, got inf\n"
+    with pytest.raises(ConfigError, match="hang_timeout_minutes: must be positive and at most"):
+        parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES + 1)])
+    longest = parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES)]).hang_timeout_minutes
+    assert datetime.timedelta(minutes=longest) == datetime.timedelta(days=365)  # what the trainer builds from it

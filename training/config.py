@@ -9,6 +9,7 @@ configuration is validated in `__post_init__` before any work starts; a problem 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -24,6 +25,12 @@ from training.optimizers import OPTIMIZERS
 from training.parallel import STRATEGIES
 from training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_start
 from training.storage import is_url
+
+# The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
+# where the timeout is set after the first step, on every rank: datetime.timedelta past ~2.7 million years, gloo's
+# timeout (a 64-bit count) before that.
+MAX_HANG_TIMEOUT_MINUTES = 365 * 24 * 60
+
 
 def option(default, help: str):
     """A config field with its help text beside it (printed by --help)."""
@@ -165,6 +172,10 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(f"{key}: {message}")
 
+        # no float key gives inf or nan a meaning (where a key can be off, 0 is that value), and the checks
+        # below would let inf through (inf > 0) into the code that uses it (a timedelta overflows)
+        for key in _FLOAT_KEYS:
+            require(math.isfinite(getattr(self, key)), key, f"must be a finite number, got {getattr(self, key)}")
         if self.model == "custom":
             for key in ("n_layer", "n_head", "n_embd"):
                 require(getattr(self, key) is not None, key, "must be set when model is custom")
@@ -237,8 +248,8 @@ class TrainConfig:
                 f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
         require(self.wandb_mode in ("online", "offline", "disabled"), "wandb_mode",
                 f"unknown mode {self.wandb_mode!r}; choose online, offline or disabled")
-        require(self.hang_timeout_minutes > 0, "hang_timeout_minutes",
-                f"must be positive, got {self.hang_timeout_minutes}")
+        require(0 < self.hang_timeout_minutes <= MAX_HANG_TIMEOUT_MINUTES, "hang_timeout_minutes",
+                f"must be positive and at most {MAX_HANG_TIMEOUT_MINUTES} (a year), got {self.hang_timeout_minutes}")
         require(self.checkpoint_format in ("auto", "file", "sharded"), "checkpoint_format",
                 f"unknown format {self.checkpoint_format!r}; choose auto, file or sharded")
         require(not is_url(self.out_dir), "out_dir",
@@ -285,6 +296,9 @@ def _base_types(key: str) -> tuple[type, ...]:
     if origin in (typing.Union, types.UnionType):
         return tuple(typing.get_origin(a) or a for a in typing.get_args(hint))
     return (origin or hint,)
+
+
+_FLOAT_KEYS = tuple(key for key in _FIELDS if float in _base_types(key))
 
 
 def coerce(key: str, value):
