@@ -21,7 +21,7 @@ from data.loader import grad_accum_steps
 from data.tokenizer import GPT2_VOCAB_SIZE
 from errors import ConfigError, first_line
 from model import PRESETS, GPTConfig
-from training.optimizers import OPTIMIZERS
+from training.optimizers import OPTIMIZERS, muon_unavailable
 from training.parallel import STRATEGIES
 from training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_start
 from training.storage import is_url
@@ -76,9 +76,9 @@ class TrainConfig:
                                        "cooldown that matches a tuned cosine in Hagele et al. 2024)")
     cooldown_shape: str = option("linear", "wsd: linear, or 1-sqrt (lr = min_lr + (max_lr - min_lr) * "
                                            "(1 - sqrt(progress)): a little better in Hagele et al. 2024)")
-    optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon on the "
-                                     "blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay on "
-                                     "embeddings, lm_head, LayerNorms and biases; ddp only). A checkpoint resumes "
+    optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon, PyTorch 2.9+, "
+                                     "on the blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay "
+                                     "on embeddings, lm_head, LayerNorms and biases; ddp only). A checkpoint resumes "
                                      "only with the optimizer it was written with")
     muon_lr: float = option(0.02, "muon: peak learning rate of the Muon matrices, scaled by the schedule like "
                                   "max_lr (0.02: Keller Jordan's Muon default; the orthogonalised update has "
@@ -225,6 +225,8 @@ class TrainConfig:
         require(0 <= self.muon_momentum < 1, "muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
         require(self.muon_weight_decay >= 0, "muon_weight_decay", f"must be >= 0, got {self.muon_weight_decay}")
         if self.optimizer == "muon":
+            missing = muon_unavailable()
+            require(missing is None, "optimizer", missing)
             require(self.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
                                                "muon_lr by lr / max_lr)")
             require(self.strategy == "ddp", "optimizer",
