@@ -234,3 +234,35 @@ def test_a_run_resumed_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tmp_path)
     gc.collect()
     with open("/proc/self/maps") as maps:
         assert [line for line in maps if str(path) in line] == []
+
+
+def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd):
+    """URLs hold sharded checkpoints only; a file:// URL to a .pt file said "unreadable checkpoint.json (Not a
+    directory)". Every reader goes through load_checkpoint, so each says what is wrong in the same line."""
+    import sample
+    from errors import run_cli
+    from model import GPT, GPTConfig
+    from training.weights import load_initial_weights
+
+    path = ckpt.checkpoint_path(tmp_path / "checkpoints", 1)
+    ckpt.save_checkpoint(state(1), path)
+    url = f"file://{path}"
+    line = f"{url} is a URL to a file; URLs hold sharded checkpoints (step_XXXXXXXX folders) only: give the file's " \
+           f"local path"
+    readers = {"load": lambda: ckpt.load_checkpoint(url),
+               "sample.py, export_hf.py, eval_lm.py": lambda: ckpt.resolve_checkpoint(url),
+               "--resume": lambda: ckpt.find_resume_checkpoint(tmp_path / "checkpoints", url),
+               "init_from": lambda: load_initial_weights(GPT(GPTConfig(**state(1)["model_args"])), url)}
+    for reader, read in readers.items():
+        with pytest.raises(ckpt.CheckpointError) as caught:
+            read()
+        assert str(caught.value) == line, reader
+    assert run_cli(sample.main, ["--ckpt", url, "--device", "cpu"]) == 2
+    assert capfd.readouterr().err == f"error: {line}\n"
+    # a file of another name is known as one by asking its storage
+    other = tmp_path / "weights.bin"
+    other.write_bytes(path.read_bytes())
+    with pytest.raises(ckpt.CheckpointError) as caught:
+        ckpt.resolve_checkpoint(f"file://{other}")
+    assert str(caught.value) == line.replace(url, f"file://{other}")
+    assert path.exists() and other.exists()  # nothing was set aside or changed
