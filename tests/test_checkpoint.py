@@ -266,3 +266,26 @@ def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd
         ckpt.resolve_checkpoint(f"file://{other}")
     assert str(caught.value) == line.replace(url, f"file://{other}")
     assert path.exists() and other.exists()  # nothing was set aside or changed
+
+
+@pytest.mark.parametrize("checkpoint_dir", ["ckpts", "file://ckpts"])
+def test_a_run_with_a_relative_checkpoint_dir_is_found_from_another_folder(checkpoint_dir, tmp_path, monkeypatch):
+    """sample.py, export_hf.py and eval_lm.py --ckpt RUN_FOLDER read config.yaml's checkpoint_dir; a relative one
+    was resolved against the tool's working directory, not the trainer's."""
+    from training.config import config_yaml, parse_args
+
+    launched, elsewhere = tmp_path / "launched", tmp_path / "elsewhere"
+    launched.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(launched)
+    cfg = parse_args(["--out_dir", "run", "--checkpoint_dir", checkpoint_dir])
+    (launched / "run").mkdir()
+    (launched / "run" / "config.yaml").write_text(config_yaml(cfg))  # as the trainer writes them
+    # a sharded checkpoint (what a URL holds) of a tiny module, written where the trainer would write it
+    folder = ckpt.checkpoint_path(ckpt.checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir), 2, sharded_format=True)
+    module = torch.nn.Linear(2, 2)
+    ckpt.sharded.start_save(module, torch.optim.SGD(module.parameters()), folder, asynchronous=False)
+    ckpt.sharded.commit(folder, {"step": 2, "format_version": ckpt.FORMAT_VERSION})
+    monkeypatch.chdir(elsewhere)
+    path, found = ckpt.resolve_checkpoint(launched / "run")
+    assert found["step"] == 2 and str(path).endswith(f"{launched}/ckpts/step_00000002")

@@ -15,7 +15,8 @@ import yaml
 from conftest import REPO
 import train_gpt2
 from errors import run_cli
-from training.config import MAX_HANG_TIMEOUT_MINUTES, ConfigError, TrainConfig, load_yaml, parse_args
+from training.config import (MAX_HANG_TIMEOUT_MINUTES, ConfigError, TrainConfig, config_yaml, load_yaml,
+                             parse_args)
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -176,3 +177,20 @@ def test_a_hang_timeout_that_would_overflow_is_one_line_at_start_up(capfd):
         parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES + 1)])
     longest = parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES)]).hang_timeout_minutes
     assert datetime.timedelta(minutes=longest) == datetime.timedelta(days=365)  # what the trainer builds from it
+
+
+@pytest.mark.parametrize("given,stored", [
+    ("ckpts", "{cwd}/ckpts"), ("./a/../ckpts/", "{cwd}/ckpts"), ("file://ckpts", "file://{cwd}/ckpts"),
+    ("file://./ckpts", "file://{cwd}/ckpts"), ("", ""), ("/abs/ckpts", "/abs/ckpts"),
+    ("file:///abs/ckpts", "file:///abs/ckpts"), ("s3://bucket/run", "s3://bucket/run"),
+])
+def test_a_relative_checkpoint_dir_is_stored_absolute(given, stored, tmp_path, monkeypatch):
+    """Resolved against the folder the trainer starts in, so config.yaml names the place for tools run elsewhere."""
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_args(["--checkpoint_dir", given])
+    assert cfg.checkpoint_dir == stored.format(cwd=tmp_path)
+    written = tmp_path / "config.yaml"
+    written.write_text(config_yaml(cfg))  # what the trainer writes into the run folder
+    assert yaml.safe_load(written.read_text())["checkpoint_dir"] == cfg.checkpoint_dir
+    monkeypatch.chdir(tmp_path.parent)
+    assert parse_args(["--config", str(written)]) == cfg  # read back from elsewhere: the same place

@@ -24,7 +24,7 @@ from model import PRESETS, GPTConfig
 from training.optimizers import OPTIMIZERS, muon_unavailable
 from training.parallel import STRATEGIES
 from training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_start
-from training.storage import is_url
+from training.storage import absolute, is_url
 
 # The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
 # where the timeout is set after the first step, on every rank: datetime.timedelta past ~2.7 million years, gloo's
@@ -108,8 +108,9 @@ class TrainConfig:
     final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)")
     keep_last: int = option(3, "keep the newest N checkpoints")
     resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
-    checkpoint_dir: str = option("", "where checkpoints go ('': out_dir/checkpoints): a local or shared path, or an "
-                                     "fsspec URL (s3://bucket/run, gs://..., needing s3fs, gcsfs, ...)")
+    checkpoint_dir: str = option("", "where checkpoints go ('': out_dir/checkpoints): a local or shared path (a "
+                                     "relative one is stored absolute), or an fsspec URL (s3://bucket/run, gs://..., "
+                                     "needing s3fs, gcsfs, ...)")
     checkpoint_format: str = option("auto", "file (one step_X.pt written by rank 0), sharded (a step_X/ folder "
                                             "every rank writes its part of, torch.distributed.checkpoint), or auto "
                                             "(sharded under fsdp and for URLs, else file); both resume anywhere")
@@ -164,6 +165,9 @@ class TrainConfig:
     wandb_tags: list[str] = option([], "W&B tags, comma-separated on the command line")
 
     def __post_init__(self):
+        # stored absolute, so config.yaml, the checkpoints' config and run.json name the place itself: a tool run
+        # from another folder (sample.py --ckpt RUN_FOLDER reads config.yaml's checkpoint_dir) finds it too
+        self.checkpoint_dir = absolute(self.checkpoint_dir)
         self.validate()
 
     # --- validation -------------------------------------------------------------------------
