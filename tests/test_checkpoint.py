@@ -289,3 +289,15 @@ def test_a_run_with_a_relative_checkpoint_dir_is_found_from_another_folder(check
     monkeypatch.chdir(elsewhere)
     path, found = ckpt.resolve_checkpoint(launched / "run")
     assert found["step"] == 2 and str(path).endswith(f"{launched}/ckpts/step_00000002")
+
+
+def test_a_pt_file_in_a_url_checkpoint_folder_is_no_checkpoint_and_stays_as_it_is(tmp_path, capsys):
+    """URLs hold sharded checkpoints only: a .pt file copied there was listed, failed to load, and auto-resume
+    renamed it `.unreadable`."""
+    path = ckpt.checkpoint_path(tmp_path / "checkpoints", 1)
+    ckpt.save_checkpoint(state(1), path)
+    url = f"file://{tmp_path / 'checkpoints'}"
+    assert ckpt.list_checkpoints(url) == []
+    assert ckpt.find_resume_checkpoint(url, "auto") is None  # a fresh start, as in an empty folder
+    assert [p.name for p in path.parent.iterdir()] == ["step_00000001.pt"] and capsys.readouterr().err == ""
+    assert ckpt.list_checkpoints(tmp_path / "checkpoints") == [(1, path)]  # the same folder as a path: a checkpoint

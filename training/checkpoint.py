@@ -61,11 +61,13 @@ def step_of(path: Location) -> int | None:
 
 def list_checkpoints(folder: Location) -> list[tuple[int, Location]]:
     """(step, path) of every finished checkpoint in the folder, oldest first: `.pt` files and
-    sharded folders whose save completed."""
+    sharded folders whose save completed. At a URL only the folders: a `.pt` file there is no
+    checkpoint this code reads (one copied there would be set aside as unreadable by auto-resume)."""
     found = []
+    files = not storage.is_url(folder)
     for name in storage.list_names(folder):
         path = storage.join(folder, name)
-        if _FILE.match(name) or (_FOLDER.match(name) and sharded.is_complete(path)):
+        if (files and _FILE.match(name)) or (_FOLDER.match(name) and sharded.is_complete(path)):
             found.append((step_of(path), path))
     return sorted(found, key=lambda found: (found[0], storage.name_of(found[1])))
 
