@@ -194,3 +194,71 @@ def test_a_relative_checkpoint_dir_is_stored_absolute(given, stored, tmp_path, m
     assert yaml.safe_load(written.read_text())["checkpoint_dir"] == cfg.checkpoint_dir
     monkeypatch.chdir(tmp_path.parent)
     assert parse_args(["--config", str(written)]) == cfg  # read back from elsewhere: the same place
+
+
+def test_every_key_is_classified_by_what_it_does_to_a_resumed_run():
+    """A new key must say whether it changes the training math (the resume warning tells users which did)."""
+    from training.config import OTHER_KEYS, TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS
+
+    sets = [TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS, OTHER_KEYS]
+    keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set().union(*sets) == keys, "unclassified: {}, unknown: {}".format(
+        sorted(keys - set().union(*sets)), sorted(set().union(*sets) - keys))
+    assert sum(map(len, sets)) == len(keys)  # each key in exactly one set
+
+
+class Warnings:
+    """A RunLogger's warn, collected."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def resume_warnings(saved: dict, **now) -> list[str]:
+    from training.run import warn_on_changed_settings
+
+    logger = Warnings()
+    warn_on_changed_settings(TrainConfig(**now), TrainConfig(**saved).to_dict(), logger)
+    return logger.lines
+
+
+def test_a_resume_that_changes_no_math_key_says_so():
+    storage_and_logging = dict(out_dir="/runs/b", checkpoint_dir="/ckpts/b", checkpoint_format="sharded",
+                               checkpoint_async=False, final_checkpoint=False, strategy="fsdp", log_interval=10,
+                               eval_interval=100, hellaswag_interval=0, sample_interval=0, wandb=True,
+                               tensorboard=True, hang_timeout_minutes=30.0, rank_stats_interval=0, loss_chunk_size=0,
+                               micro_batch_size=16, compile=True, checkpoint_interval=100)
+    (line,) = resume_warnings(dict(out_dir="/runs/a", checkpoint_dir="/ckpts/a"), **storage_and_logging)
+    assert line.startswith("resuming with settings that differ from the checkpoint's: out_dir '/runs/a' -> '/runs/b', ")
+    for key, value in storage_and_logging.items():
+        assert f" {key} " in line and f"-> {value!r}" in line, key
+    assert line.endswith("(this run uses the new values; none of them changes the training math)")
+    assert "differ from an uninterrupted run" not in line
+
+
+def test_a_resume_that_changes_math_keys_names_them():
+    (line,) = resume_warnings({}, max_lr=3e-4, log_interval=10)
+    assert line == ("resuming with settings that differ from the checkpoint's: max_lr 0.0006 -> 0.0003, log_interval "
+                    "1 -> 10 (this run uses the new values; max_lr changes the training math: the steps after the "
+                    "resume differ from an uninterrupted run)")
+    (line,) = resume_warnings({}, seed=7, beta2=0.5)
+    assert line.endswith("(this run uses the new values; beta2, seed change the training math: the steps after the "
+                         "resume differ from an uninterrupted run)")
+    assert resume_warnings({}, resume="never") == []  # resume is how a run picks its checkpoint: never named
+
+
+@pytest.mark.parametrize("saved,now,math", [
+    ({}, dict(micro_batch_size=16), False),  # without dropout: the same rows in a step, summed in another order
+    (dict(dropout=0.1), dict(dropout=0.1, micro_batch_size=16), True),  # with it: other masks on the rows
+    ({}, dict(compile=True), False),
+    (dict(dropout=0.1), dict(dropout=0.1, compile=True), True),
+    ({}, dict(checkpoint_interval=100), False),  # without rollbacks the cadence changes no step
+    (dict(rollback_on_nonfinite=True), dict(rollback_on_nonfinite=True, checkpoint_interval=100), True),
+])
+def test_keys_that_change_the_math_only_with_dropout_or_rollbacks(saved, now, math):
+    (line,) = resume_warnings(saved, **now)
+    assert ("the steps after the resume differ from an uninterrupted run" in line) is math
+    assert ("none of them changes the training math" in line) is not math

@@ -281,8 +281,54 @@ class TrainConfig:
             return self.checkpoint_format
         return "sharded" if self.strategy != "ddp" or is_url(self.checkpoint_dir) else "file"
 
+    def changes_training_math(self, key: str) -> bool:
+        """Whether another value of key makes this run's steps differ (what a resume with it changed warns of)."""
+        if key in WITH_DROPOUT_KEYS:
+            return self.dropout > 0
+        if key in WITH_ROLLBACKS_KEYS:
+            return bool(self.rollback_after or self.rollback_on_nonfinite)
+        return key in TRAJECTORY_KEYS
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# --- what a changed key does to a run's steps (the resume warning, training/run.py) -------------------
+# Every key is in exactly one of these sets (tests/test_config.py checks it, so a new key must be placed).
+
+# Keys whose value is in the training math: resumed with another value, a run's steps differ from those of
+# an uninterrupted one.
+TRAJECTORY_KEYS = frozenset({
+    "data_dir",  # other shards are other batches (the data-fingerprint warning says whether they differ)
+    "model", "n_layer", "n_head", "n_embd", "vocab_size", "block_size",  # the model (another shape is refused)
+    "dropout", "seed",  # dropout masks (and the epoch shuffles: seed)
+    "total_batch_size", "seq_len", "shuffle", "doc_aligned",  # which tokens a step trains on
+    "max_steps", "warmup_steps", "max_lr", "min_lr", "lr_schedule", "cooldown_frac", "cooldown_shape",  # the lr
+    "optimizer", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "muon_lr", "muon_momentum",
+    "muon_weight_decay",
+    "device", "dtype",  # the precision of the math (dtype auto picks it by device)
+    "spike_skip", "spike_window", "spike_threshold", "rollback_after", "rollback_on_nonfinite",
+    "max_rollbacks",  # which updates apply, and whether a run goes on past a rollback
+})
+# Keys that change only the rounding (other kernels, other orders of sums) unless dropout is on: then which
+# dropout mask falls on which row (micro-batches hold other rows; compiled kernels draw their masks apart
+# from eager ones; deterministic mode may pick another attention kernel, which draws its own).
+WITH_DROPOUT_KEYS = frozenset({"micro_batch_size", "compile", "deterministic"})
+# Keys that change nothing unless rollbacks are on: a rollback goes back to the newest checkpoint, so the
+# checkpoint cadence decides which batches it passes over.
+WITH_ROLLBACKS_KEYS = frozenset({"checkpoint_interval"})
+# Keys that cannot change the training math: where the files go, logging, evaluation (which draws from its
+# own generator; the training reseeds dropout every step), diagnostics, checkpoint storage, how the model is
+# spread over the ranks (ddp and fsdp: the same math, rounded differently), the chunked loss (the same math,
+# rounded differently), and init_from (a resumed run's weights are its checkpoint's).
+OTHER_KEYS = frozenset({
+    "out_dir", "init_from", "resume", "log_interval", "peak_flops", "strategy", "loss_chunk_size",
+    "eval_interval", "val_tokens", "hellaswag_interval", "hellaswag_path", "hellaswag_limit",
+    "sample_interval", "sample_prompt", "sample_count", "sample_tokens",
+    "final_checkpoint", "keep_last", "checkpoint_dir", "checkpoint_format", "checkpoint_async",
+    "hang_timeout_minutes", "rank_stats_interval", "straggler_factor", "profile_from", "profile_steps",
+    "memory_snapshot", "tensorboard", "wandb", "wandb_project", "wandb_run_name", "wandb_mode", "wandb_tags",
+})
 
 
 # --- parsing --------------------------------------------------------------------------------------
