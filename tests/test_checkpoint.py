@@ -234,3 +234,70 @@ def test_a_run_resumed_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tmp_path)
     gc.collect()
     with open("/proc/self/maps") as maps:
         assert [line for line in maps if str(path) in line] == []
+
+
+def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd):
+    """URLs hold sharded checkpoints only; a file:// URL to a .pt file said "unreadable checkpoint.json (Not a
+    directory)". Every reader goes through load_checkpoint, so each says what is wrong in the same line."""
+    import sample
+    from errors import run_cli
+    from model import GPT, GPTConfig
+    from training.weights import load_initial_weights
+
+    path = ckpt.checkpoint_path(tmp_path / "checkpoints", 1)
+    ckpt.save_checkpoint(state(1), path)
+    url = f"file://{path}"
+    line = f"{url} is a URL to a file; URLs hold sharded checkpoints (step_XXXXXXXX folders) only: give the file's " \
+           f"local path"
+    readers = {"load": lambda: ckpt.load_checkpoint(url),
+               "sample.py, export_hf.py, eval_lm.py": lambda: ckpt.resolve_checkpoint(url),
+               "--resume": lambda: ckpt.find_resume_checkpoint(tmp_path / "checkpoints", url),
+               "init_from": lambda: load_initial_weights(GPT(GPTConfig(**state(1)["model_args"])), url)}
+    for reader, read in readers.items():
+        with pytest.raises(ckpt.CheckpointError) as caught:
+            read()
+        assert str(caught.value) == line, reader
+    assert run_cli(sample.main, ["--ckpt", url, "--device", "cpu"]) == 2
+    assert capfd.readouterr().err == f"error: {line}\n"
+    # a file of another name is known as one by asking its storage
+    other = tmp_path / "weights.bin"
+    other.write_bytes(path.read_bytes())
+    with pytest.raises(ckpt.CheckpointError) as caught:
+        ckpt.resolve_checkpoint(f"file://{other}")
+    assert str(caught.value) == line.replace(url, f"file://{other}")
+    assert path.exists() and other.exists()  # nothing was set aside or changed
+
+
+@pytest.mark.parametrize("checkpoint_dir", ["ckpts", "file://ckpts"])
+def test_a_run_with_a_relative_checkpoint_dir_is_found_from_another_folder(checkpoint_dir, tmp_path, monkeypatch):
+    """sample.py, export_hf.py and eval_lm.py --ckpt RUN_FOLDER read config.yaml's checkpoint_dir; a relative one
+    was resolved against the tool's working directory, not the trainer's."""
+    from training.config import config_yaml, parse_args
+
+    launched, elsewhere = tmp_path / "launched", tmp_path / "elsewhere"
+    launched.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(launched)
+    cfg = parse_args(["--out_dir", "run", "--checkpoint_dir", checkpoint_dir])
+    (launched / "run").mkdir()
+    (launched / "run" / "config.yaml").write_text(config_yaml(cfg))  # as the trainer writes them
+    # a sharded checkpoint (what a URL holds) of a tiny module, written where the trainer would write it
+    folder = ckpt.checkpoint_path(ckpt.checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir), 2, sharded_format=True)
+    module = torch.nn.Linear(2, 2)
+    ckpt.sharded.start_save(module, torch.optim.SGD(module.parameters()), folder, asynchronous=False)
+    ckpt.sharded.commit(folder, {"step": 2, "format_version": ckpt.FORMAT_VERSION})
+    monkeypatch.chdir(elsewhere)
+    path, found = ckpt.resolve_checkpoint(launched / "run")
+    assert found["step"] == 2 and str(path).endswith(f"{launched}/ckpts/step_00000002")
+
+
+def test_a_pt_file_in_a_url_checkpoint_folder_is_no_checkpoint_and_stays_as_it_is(tmp_path, capsys):
+    """URLs hold sharded checkpoints only: a .pt file copied there was listed, failed to load, and auto-resume
+    renamed it `.unreadable`."""
+    path = ckpt.checkpoint_path(tmp_path / "checkpoints", 1)
+    ckpt.save_checkpoint(state(1), path)
+    url = f"file://{tmp_path / 'checkpoints'}"
+    assert ckpt.list_checkpoints(url) == []
+    assert ckpt.find_resume_checkpoint(url, "auto") is None  # a fresh start, as in an empty folder
+    assert [p.name for p in path.parent.iterdir()] == ["step_00000001.pt"] and capsys.readouterr().err == ""
+    assert ckpt.list_checkpoints(tmp_path / "checkpoints") == [(1, path)]  # the same folder as a path: a checkpoint

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import re
 import subprocess
 import sys
+import typing
 
 import pytest
 import yaml
 
 from conftest import REPO
-from training.config import ConfigError, TrainConfig, load_yaml, parse_args
+import train_gpt2
+from errors import run_cli
+from training.config import (MAX_HANG_TIMEOUT_MINUTES, ConfigError, TrainConfig, config_yaml, load_yaml,
+                             parse_args)
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -138,3 +143,122 @@ def test_help_and_the_readme_table_cover_every_key():
     documented = {key for row in table.splitlines() if row.startswith("| `")
                   for key in re.findall(r"`(\w+)`", row.split(" | ")[0])}
     assert documented == set(fields)
+
+
+# every float key, found from the field types (not from the list config.py keeps), so a new one is covered
+FLOAT_KEYS = [key for key, hint in typing.get_type_hints(TrainConfig).items()
+              if hint is float or float in typing.get_args(hint)]
+
+
+def test_the_float_keys_are_found():
+    assert {"max_lr", "hang_timeout_minutes", "peak_flops", "straggler_factor"} <= set(FLOAT_KEYS)
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_no_float_key_takes_a_non_finite_value(key, value, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        parse_args([f"--{key}", value])
+    assert str(caught.value) == f"{key}: must be a finite number, got {float(value)}"
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{key}: {value.replace('inf', '.inf').replace('nan', '.nan')}\n")  # YAML's spellings
+    with pytest.raises(ConfigError, match=f"^{key}: must be a finite number"):
+        parse_args(["--config", str(path)])
+
+
+def test_a_hang_timeout_that_would_overflow_is_one_line_at_start_up(capfd):
+    """It used to pass, then crash every rank after the first step: timedelta(minutes=1e300) overflows."""
+    assert run_cli(train_gpt2.main, ["--hang_timeout_minutes", "1e300"]) == 2
+    assert capfd.readouterr().err == (f"error: hang_timeout_minutes: must be positive and at most "
+                                      f"{MAX_HANG_TIMEOUT_MINUTES} (a year), got 1e+300\n")
+    assert run_cli(train_gpt2.main, ["--hang_timeout_minutes", "inf"]) == 2
+    assert capfd.readouterr().err == "error: hang_timeout_minutes: must be a finite number, got inf\n"
+    with pytest.raises(ConfigError, match="hang_timeout_minutes: must be positive and at most"):
+        parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES + 1)])
+    longest = parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES)]).hang_timeout_minutes
+    assert datetime.timedelta(minutes=longest) == datetime.timedelta(days=365)  # what the trainer builds from it
+
+
+@pytest.mark.parametrize("given,stored", [
+    ("ckpts", "{cwd}/ckpts"), ("./a/../ckpts/", "{cwd}/ckpts"), ("file://ckpts", "file://{cwd}/ckpts"),
+    ("file://./ckpts", "file://{cwd}/ckpts"), ("", ""), ("/abs/ckpts", "/abs/ckpts"),
+    ("file:///abs/ckpts", "file:///abs/ckpts"), ("s3://bucket/run", "s3://bucket/run"),
+])
+def test_a_relative_checkpoint_dir_is_stored_absolute(given, stored, tmp_path, monkeypatch):
+    """Resolved against the folder the trainer starts in, so config.yaml names the place for tools run elsewhere."""
+    monkeypatch.chdir(tmp_path)
+    cfg = parse_args(["--checkpoint_dir", given])
+    assert cfg.checkpoint_dir == stored.format(cwd=tmp_path)
+    written = tmp_path / "config.yaml"
+    written.write_text(config_yaml(cfg))  # what the trainer writes into the run folder
+    assert yaml.safe_load(written.read_text())["checkpoint_dir"] == cfg.checkpoint_dir
+    monkeypatch.chdir(tmp_path.parent)
+    assert parse_args(["--config", str(written)]) == cfg  # read back from elsewhere: the same place
+
+
+def test_every_key_is_classified_by_what_it_does_to_a_resumed_run():
+    """A new key must say whether it changes the training math (the resume warning tells users which did)."""
+    from training.config import OTHER_KEYS, TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS
+
+    sets = [TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS, OTHER_KEYS]
+    keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set().union(*sets) == keys, "unclassified: {}, unknown: {}".format(
+        sorted(keys - set().union(*sets)), sorted(set().union(*sets) - keys))
+    assert sum(map(len, sets)) == len(keys)  # each key in exactly one set
+
+
+class Warnings:
+    """A RunLogger's warn, collected."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def warn(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def resume_warnings(saved: dict, **now) -> list[str]:
+    from training.run import warn_on_changed_settings
+
+    logger = Warnings()
+    warn_on_changed_settings(TrainConfig(**now), TrainConfig(**saved).to_dict(), logger)
+    return logger.lines
+
+
+def test_a_resume_that_changes_no_math_key_says_so():
+    storage_and_logging = dict(out_dir="/runs/b", checkpoint_dir="/ckpts/b", checkpoint_format="sharded",
+                               checkpoint_async=False, final_checkpoint=False, strategy="fsdp", log_interval=10,
+                               eval_interval=100, hellaswag_interval=0, sample_interval=0, wandb=True,
+                               tensorboard=True, hang_timeout_minutes=30.0, rank_stats_interval=0, loss_chunk_size=0,
+                               micro_batch_size=16, compile=True, checkpoint_interval=100)
+    (line,) = resume_warnings(dict(out_dir="/runs/a", checkpoint_dir="/ckpts/a"), **storage_and_logging)
+    assert line.startswith("resuming with settings that differ from the checkpoint's: out_dir '/runs/a' -> '/runs/b', ")
+    for key, value in storage_and_logging.items():
+        assert f" {key} " in line and f"-> {value!r}" in line, key
+    assert line.endswith("(this run uses the new values; none of them changes the training math)")
+    assert "differ from an uninterrupted run" not in line
+
+
+def test_a_resume_that_changes_math_keys_names_them():
+    (line,) = resume_warnings({}, max_lr=3e-4, log_interval=10)
+    assert line == ("resuming with settings that differ from the checkpoint's: max_lr 0.0006 -> 0.0003, log_interval "
+                    "1 -> 10 (this run uses the new values; max_lr changes the training math: the steps after the "
+                    "resume differ from an uninterrupted run)")
+    (line,) = resume_warnings({}, seed=7, beta2=0.5)
+    assert line.endswith("(this run uses the new values; beta2, seed change the training math: the steps after the "
+                         "resume differ from an uninterrupted run)")
+    assert resume_warnings({}, resume="never") == []  # resume is how a run picks its checkpoint: never named
+
+
+@pytest.mark.parametrize("saved,now,math", [
+    ({}, dict(micro_batch_size=16), False),  # without dropout: the same rows in a step, summed in another order
+    (dict(dropout=0.1), dict(dropout=0.1, micro_batch_size=16), True),  # with it: other masks on the rows
+    ({}, dict(compile=True), False),
+    (dict(dropout=0.1), dict(dropout=0.1, compile=True), True),
+    ({}, dict(checkpoint_interval=100), False),  # without rollbacks the cadence changes no step
+    (dict(rollback_on_nonfinite=True), dict(rollback_on_nonfinite=True, checkpoint_interval=100), True),
+])
+def test_keys_that_change_the_math_only_with_dropout_or_rollbacks(saved, now, math):
+    (line,) = resume_warnings(saved, **now)
+    assert ("the steps after the resume differ from an uninterrupted run" in line) is math
+    assert ("none of them changes the training math" in line) is not math

@@ -97,6 +97,23 @@ def test_recipe_settings_are_checked_and_named(overrides, message):
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
 
 
+def test_muon_on_a_torch_without_it_is_one_line_naming_the_version_it_needs(monkeypatch, capfd):
+    """requirements.txt allows torch 2.4; torch.optim.Muon came in 2.9. Refused before any work starts."""
+    import train_gpt2
+    from errors import run_cli
+
+    monkeypatch.delattr(torch.optim, "Muon")
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(optimizer="muon")
+    assert str(caught.value) == (f"optimizer: muon needs torch.optim.Muon, which PyTorch 2.9 added; this is torch "
+                                 f"{torch.__version__}: upgrade torch (pip install 'torch>=2.9'), or use optimizer "
+                                 f"adamw")
+    assert run_cli(train_gpt2.main, ["--optimizer", "muon", "--out_dir", "never-made"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("error: optimizer: muon needs torch.optim.Muon") and err.count("\n") == 1
+    assert TrainConfig(optimizer="adamw").optimizer == "adamw"  # the rest runs on such a torch
+
+
 def test_the_defaults_are_the_faithful_recipe():
     cfg = TrainConfig()
     assert (cfg.optimizer, cfg.lr_schedule) == ("adamw", "cosine")

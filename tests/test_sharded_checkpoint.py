@@ -349,6 +349,15 @@ def test_init_from_a_sharded_folder_starts_a_new_run_from_its_weights(data, gpt2
     assert run.step == 0 and not run.optimizer.state  # a new run: step 0, a fresh optimizer
 
 
+def test_init_from_a_url_of_a_sharded_folder_starts_from_its_weights(data, gpt2_vocab_checkpoint, tmp_path):
+    """init_from reads checkpoints where load_checkpoint does: a URL too (it holds sharded ones only)."""
+    folder, model_state = gpt2_vocab_checkpoint
+    _, _, _, run = build_tiny_run(data, tmp_path / "new", vocab_size=GPT2_VOCAB, init_from=f"file://{folder}")
+    state = run.model.state_dict()
+    assert state.keys() == model_state.keys()
+    assert all(torch.equal(state[k], model_state[k]) for k in state)
+
+
 @pytest.mark.slow
 def test_consolidate_writes_the_folders_state_and_the_trainer_resumes_from_the_file(data, straight, tmp_path, capfd):
     import consolidate_checkpoint

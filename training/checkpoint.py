@@ -61,11 +61,13 @@ def step_of(path: Location) -> int | None:
 
 def list_checkpoints(folder: Location) -> list[tuple[int, Location]]:
     """(step, path) of every finished checkpoint in the folder, oldest first: `.pt` files and
-    sharded folders whose save completed."""
+    sharded folders whose save completed. At a URL only the folders: a `.pt` file there is no
+    checkpoint this code reads (one copied there would be set aside as unreadable by auto-resume)."""
     found = []
+    files = not storage.is_url(folder)
     for name in storage.list_names(folder):
         path = storage.join(folder, name)
-        if _FILE.match(name) or (_FOLDER.match(name) and sharded.is_complete(path)):
+        if (files and _FILE.match(name)) or (_FOLDER.match(name) and sharded.is_complete(path)):
             found.append((step_of(path), path))
     return sorted(found, key=lambda found: (found[0], storage.name_of(found[1])))
 
@@ -155,7 +157,7 @@ def load_checkpoint(path: Location) -> dict:
     """
     path = storage.as_location(path) if isinstance(path, str) else path
     if storage.is_url(path) or sharded.is_sharded_checkpoint(path):
-        state = sharded.read_metadata(path)
+        state = _read_folder_metadata(path)
         if "step" not in state:
             raise CheckpointError(f"{path}: not a gpt2-repro checkpoint (no step entry)")
     else:
@@ -173,6 +175,29 @@ def load_checkpoint(path: Location) -> dict:
             f"{path}: checkpoint format_version {version!r} is newer than this code reads ({FORMAT_VERSION}); "
             f"it was written by a newer gpt2-repro: update the code to use it (nothing was changed)")
     return state
+
+
+def _read_folder_metadata(path: Location) -> dict:
+    """A sharded checkpoint's metadata (every URL is read as one). A URL to a file is said to be one: file
+    checkpoints are written locally only, and reading a commit file "inside" a file says "Not a directory"."""
+    url_to_a_file = CheckpointError(f"{path} is a URL to a file; URLs hold sharded checkpoints (step_XXXXXXXX "
+                                    f"folders) only: give the file's local path")
+    if storage.is_url(path) and storage.name_of(path).endswith(".pt"):  # known before any I/O
+        raise url_to_a_file
+    try:
+        return sharded.read_metadata(path)
+    except CheckpointError:
+        if storage.is_url(path) and _names_a_file(path):
+            raise url_to_a_file from None
+        raise
+
+
+def _names_a_file(url: str) -> bool:
+    """Whether a URL names a file (not a folder); False when that cannot be told."""
+    try:
+        return storage.exists(url) and not storage.is_dir(url)
+    except OSError:
+        return False
 
 
 def load_model_weights(model: GPT, path: Location, state: dict) -> None:

@@ -9,6 +9,7 @@ configuration is validated in `__post_init__` before any work starts; a problem 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -20,10 +21,16 @@ from data.loader import grad_accum_steps
 from data.tokenizer import GPT2_VOCAB_SIZE
 from errors import ConfigError, first_line
 from model import PRESETS, GPTConfig
-from training.optimizers import OPTIMIZERS
+from training.optimizers import OPTIMIZERS, muon_unavailable
 from training.parallel import STRATEGIES
 from training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_start
-from training.storage import is_url
+from training.storage import absolute, is_url
+
+# The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
+# where the timeout is set after the first step, on every rank: datetime.timedelta past ~2.7 million years, gloo's
+# timeout (a 64-bit count) before that.
+MAX_HANG_TIMEOUT_MINUTES = 365 * 24 * 60
+
 
 def option(default, help: str):
     """A config field with its help text beside it (printed by --help)."""
@@ -69,9 +76,9 @@ class TrainConfig:
                                        "cooldown that matches a tuned cosine in Hagele et al. 2024)")
     cooldown_shape: str = option("linear", "wsd: linear, or 1-sqrt (lr = min_lr + (max_lr - min_lr) * "
                                            "(1 - sqrt(progress)): a little better in Hagele et al. 2024)")
-    optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon on the "
-                                     "blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay on "
-                                     "embeddings, lm_head, LayerNorms and biases; ddp only). A checkpoint resumes "
+    optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon, PyTorch 2.9+, "
+                                     "on the blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay "
+                                     "on embeddings, lm_head, LayerNorms and biases; ddp only). A checkpoint resumes "
                                      "only with the optimizer it was written with")
     muon_lr: float = option(0.02, "muon: peak learning rate of the Muon matrices, scaled by the schedule like "
                                   "max_lr (0.02: Keller Jordan's Muon default; the orthogonalised update has "
@@ -101,8 +108,9 @@ class TrainConfig:
     final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)")
     keep_last: int = option(3, "keep the newest N checkpoints")
     resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
-    checkpoint_dir: str = option("", "where checkpoints go ('': out_dir/checkpoints): a local or shared path, or an "
-                                     "fsspec URL (s3://bucket/run, gs://..., needing s3fs, gcsfs, ...)")
+    checkpoint_dir: str = option("", "where checkpoints go ('': out_dir/checkpoints): a local or shared path (a "
+                                     "relative one is stored absolute), or an fsspec URL (s3://bucket/run, gs://..., "
+                                     "needing s3fs, gcsfs, ...)")
     checkpoint_format: str = option("auto", "file (one step_X.pt written by rank 0), sharded (a step_X/ folder "
                                             "every rank writes its part of, torch.distributed.checkpoint), or auto "
                                             "(sharded under fsdp and for URLs, else file); both resume anywhere")
@@ -157,6 +165,9 @@ class TrainConfig:
     wandb_tags: list[str] = option([], "W&B tags, comma-separated on the command line")
 
     def __post_init__(self):
+        # stored absolute, so config.yaml, the checkpoints' config and run.json name the place itself: a tool run
+        # from another folder (sample.py --ckpt RUN_FOLDER reads config.yaml's checkpoint_dir) finds it too
+        self.checkpoint_dir = absolute(self.checkpoint_dir)
         self.validate()
 
     # --- validation -------------------------------------------------------------------------
@@ -165,6 +176,10 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(f"{key}: {message}")
 
+        # no float key gives inf or nan a meaning (where a key can be off, 0 is that value), and the checks
+        # below would let inf through (inf > 0) into the code that uses it (a timedelta overflows)
+        for key in _FLOAT_KEYS:
+            require(math.isfinite(getattr(self, key)), key, f"must be a finite number, got {getattr(self, key)}")
         if self.model == "custom":
             for key in ("n_layer", "n_head", "n_embd"):
                 require(getattr(self, key) is not None, key, "must be set when model is custom")
@@ -214,6 +229,8 @@ class TrainConfig:
         require(0 <= self.muon_momentum < 1, "muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
         require(self.muon_weight_decay >= 0, "muon_weight_decay", f"must be >= 0, got {self.muon_weight_decay}")
         if self.optimizer == "muon":
+            missing = muon_unavailable()
+            require(missing is None, "optimizer", missing)
             require(self.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
                                                "muon_lr by lr / max_lr)")
             require(self.strategy == "ddp", "optimizer",
@@ -237,8 +254,8 @@ class TrainConfig:
                 f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
         require(self.wandb_mode in ("online", "offline", "disabled"), "wandb_mode",
                 f"unknown mode {self.wandb_mode!r}; choose online, offline or disabled")
-        require(self.hang_timeout_minutes > 0, "hang_timeout_minutes",
-                f"must be positive, got {self.hang_timeout_minutes}")
+        require(0 < self.hang_timeout_minutes <= MAX_HANG_TIMEOUT_MINUTES, "hang_timeout_minutes",
+                f"must be positive and at most {MAX_HANG_TIMEOUT_MINUTES} (a year), got {self.hang_timeout_minutes}")
         require(self.checkpoint_format in ("auto", "file", "sharded"), "checkpoint_format",
                 f"unknown format {self.checkpoint_format!r}; choose auto, file or sharded")
         require(not is_url(self.out_dir), "out_dir",
@@ -264,8 +281,54 @@ class TrainConfig:
             return self.checkpoint_format
         return "sharded" if self.strategy != "ddp" or is_url(self.checkpoint_dir) else "file"
 
+    def changes_training_math(self, key: str) -> bool:
+        """Whether another value of key makes this run's steps differ (what a resume with it changed warns of)."""
+        if key in WITH_DROPOUT_KEYS:
+            return self.dropout > 0
+        if key in WITH_ROLLBACKS_KEYS:
+            return bool(self.rollback_after or self.rollback_on_nonfinite)
+        return key in TRAJECTORY_KEYS
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# --- what a changed key does to a run's steps (the resume warning, training/run.py) -------------------
+# Every key is in exactly one of these sets (tests/test_config.py checks it, so a new key must be placed).
+
+# Keys whose value is in the training math: resumed with another value, a run's steps differ from those of
+# an uninterrupted one.
+TRAJECTORY_KEYS = frozenset({
+    "data_dir",  # other shards are other batches (the data-fingerprint warning says whether they differ)
+    "model", "n_layer", "n_head", "n_embd", "vocab_size", "block_size",  # the model (another shape is refused)
+    "dropout", "seed",  # dropout masks (and the epoch shuffles: seed)
+    "total_batch_size", "seq_len", "shuffle", "doc_aligned",  # which tokens a step trains on
+    "max_steps", "warmup_steps", "max_lr", "min_lr", "lr_schedule", "cooldown_frac", "cooldown_shape",  # the lr
+    "optimizer", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "muon_lr", "muon_momentum",
+    "muon_weight_decay",
+    "device", "dtype",  # the precision of the math (dtype auto picks it by device)
+    "spike_skip", "spike_window", "spike_threshold", "rollback_after", "rollback_on_nonfinite",
+    "max_rollbacks",  # which updates apply, and whether a run goes on past a rollback
+})
+# Keys that change only the rounding (other kernels, other orders of sums) unless dropout is on: then which
+# dropout mask falls on which row (micro-batches hold other rows; compiled kernels draw their masks apart
+# from eager ones; deterministic mode may pick another attention kernel, which draws its own).
+WITH_DROPOUT_KEYS = frozenset({"micro_batch_size", "compile", "deterministic"})
+# Keys that change nothing unless rollbacks are on: a rollback goes back to the newest checkpoint, so the
+# checkpoint cadence decides which batches it passes over.
+WITH_ROLLBACKS_KEYS = frozenset({"checkpoint_interval"})
+# Keys that cannot change the training math: where the files go, logging, evaluation (which draws from its
+# own generator; the training reseeds dropout every step), diagnostics, checkpoint storage, how the model is
+# spread over the ranks (ddp and fsdp: the same math, rounded differently), the chunked loss (the same math,
+# rounded differently), and init_from (a resumed run's weights are its checkpoint's).
+OTHER_KEYS = frozenset({
+    "out_dir", "init_from", "resume", "log_interval", "peak_flops", "strategy", "loss_chunk_size",
+    "eval_interval", "val_tokens", "hellaswag_interval", "hellaswag_path", "hellaswag_limit",
+    "sample_interval", "sample_prompt", "sample_count", "sample_tokens",
+    "final_checkpoint", "keep_last", "checkpoint_dir", "checkpoint_format", "checkpoint_async",
+    "hang_timeout_minutes", "rank_stats_interval", "straggler_factor", "profile_from", "profile_steps",
+    "memory_snapshot", "tensorboard", "wandb", "wandb_project", "wandb_run_name", "wandb_mode", "wandb_tags",
+})
 
 
 # --- parsing --------------------------------------------------------------------------------------
@@ -285,6 +348,9 @@ def _base_types(key: str) -> tuple[type, ...]:
     if origin in (typing.Union, types.UnionType):
         return tuple(typing.get_origin(a) or a for a in typing.get_args(hint))
     return (origin or hint,)
+
+
+_FLOAT_KEYS = tuple(key for key in _FIELDS if float in _base_types(key))
 
 
 def coerce(key: str, value):

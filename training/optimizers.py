@@ -27,6 +27,7 @@ from errors import CheckpointError
 from model import GPT
 
 OPTIMIZERS = ("adamw", "muon")
+MUON_TORCH = "2.9"  # the first PyTorch release with torch.optim.Muon (requirements.txt allows older ones)
 BLOCK_MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -48,6 +49,15 @@ def build_optimizer(model: GPT, cfg, device_type: str) -> torch.optim.Optimizer:
     inner_muon = torch.optim.Muon([{"params": muon}], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
                                   weight_decay=cfg.muon_weight_decay, nesterov=True)
     return MuonWithAdamW(inner_adamw, inner_muon, peak_lr=cfg.max_lr)
+
+
+def muon_unavailable() -> str | None:
+    """Why optimizer muon cannot run with this PyTorch (None when it can): the config refuses it before any
+    work starts, instead of an AttributeError when the optimizer is built."""
+    if hasattr(torch.optim, "Muon"):
+        return None
+    return (f"muon needs torch.optim.Muon, which PyTorch {MUON_TORCH} added; this is torch {torch.__version__}: "
+            f"upgrade torch (pip install 'torch>={MUON_TORCH}'), or use optimizer adamw")
 
 
 def split_parameters(model: GPT) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -281,10 +281,19 @@ def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict
 
 
 def warn_on_changed_settings(cfg: TrainConfig, saved: dict, logger: RunLogger) -> None:
-    """One line naming every key that differs from the checkpoint's config (not `resume`)."""
+    """One line naming every key that differs from the checkpoint's config (not `resume`), and those of them
+    that change the training math (TrainConfig.changes_training_math): a changed log_interval, out_dir or
+    strategy is worth a line, but not the claim that the run now trains differently."""
     now = cfg.to_dict()
-    changed = [f"{key} {saved[key]!r} -> {now[key]!r}" for key in now
-               if key != "resume" and key in saved and saved[key] != now[key]]
-    if changed:
-        logger.warn(f"resuming with settings that differ from the checkpoint's: {', '.join(changed)} "
-                    f"(this run uses the new values; the steps after the resume differ from an uninterrupted run)")
+    keys = [key for key in now if key != "resume" and key in saved and saved[key] != now[key]]
+    if not keys:
+        return
+    changed = ", ".join(f"{key} {saved[key]!r} -> {now[key]!r}" for key in keys)
+    math = [key for key in keys if cfg.changes_training_math(key)]
+    if math:
+        effect = (f"{', '.join(math)} {'changes' if len(math) == 1 else 'change'} the training math: the steps "
+                  f"after the resume differ from an uninterrupted run")
+    else:
+        effect = "none of them changes the training math"
+    logger.warn(f"resuming with settings that differ from the checkpoint's: {changed} "
+                f"(this run uses the new values; {effect})")

@@ -10,6 +10,7 @@ object stores have no rename, so a checkpoint there is complete once its commit 
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -23,6 +24,20 @@ Location = Path | str  # a local path, or a URL string (never turned into a Path
 
 def is_url(location: str | Path) -> bool:
     return isinstance(location, str) and bool(_URL.match(location))
+
+
+def absolute(location: str) -> str:
+    """location with a relative local path made absolute against the working directory: a plain path, or the
+    path of a file:// (local://) URL, which fsspec also reads against the working directory (after expanding
+    `~`). '' and every other URL stay as they are."""
+    if not location:
+        return location
+    if not is_url(location):
+        return location if os.path.isabs(location) else os.path.abspath(location)
+    scheme, path = location.split("://", 1)
+    if scheme.lower() not in ("file", "local") or path.startswith("/"):
+        return location
+    return f"{scheme}://{os.path.abspath(os.path.expanduser(path))}"
 
 
 def as_location(location: str | Path) -> Location:
