@@ -323,6 +323,31 @@ def test_two_ranks_share_their_timings_and_name_the_straggler(tmp_path):
     assert proc.stdout.count("profile: steps 1-2 traced") == 1  # rank 0's line only
 
 
+def gather_rows(argv: list[str]) -> int:
+    """A rank body for launch(): RankStats' all-gather of each rank's own row, printed as JSON."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=1))
+    rank = dist.get_rank()
+    env = DistEnv(rank=rank, local_rank=rank, world_size=dist.get_world_size(), device=torch.device("cpu"),
+                  distributed=True)
+    try:
+        stats = RankStats(TrainConfig(device="cpu", rank_stats_interval=1), env, CPU, RunLogger(enabled=False))
+        print(json.dumps(stats._gather([10.0 * rank + 1, 10.0 * rank + 2, 10.0 * rank + 3])), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def test_the_ranks_all_gather_is_in_rank_order_and_warns_nothing(tmp_path):
+    """torch 2.13 deprecates all_gather_into_tensor with a FutureWarning on every rank, at every run."""
+    proc = launch([], 2, target="test_diagnostics:gather_rows", timeout=120)
+    assert proc.exitcodes == [0, 0], proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[[")]
+    assert rows == [[[1.0, 2.0, 3.0], [11.0, 12.0, 13.0]]] * 2
+    assert "FutureWarning" not in proc.stderr, proc.stderr
+
+
 # --- in the trainer, 2 ranks ----------------------------------------------------------------------------
 
 

@@ -35,6 +35,9 @@ from training.run_logger import RunLogger
 from training.runtime import Runtime
 
 STRAGGLER_INTERVALS = 3  # intervals in a row, for the same rank, before it is named
+# Every rank's tensor gathered into one output tensor: torch 2.13 names it all_gather_single and deprecates
+# all_gather_into_tensor (a FutureWarning on every rank); older torch has only the old name, same semantics.
+ALL_GATHER_INTO_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 # --- 1. the profiler window ---------------------------------------------------------------------
@@ -370,7 +373,7 @@ class RankStats:
         mine = torch.tensor(local, dtype=torch.float64, device=self.env.device)
         # flat: gloo takes only a 1-D output (world_size x the input), NCCL either shape
         everyone = torch.empty(self.env.world_size * len(local), dtype=torch.float64, device=self.env.device)
-        dist.all_gather_into_tensor(everyone, mine)
+        ALL_GATHER_INTO_TENSOR(everyone, mine)
         return everyone.view(self.env.world_size, len(local)).tolist()  # the interval's one host sync
 
     def _judge(self, step: int, rows: list[list[float]], steps: int) -> dict:
