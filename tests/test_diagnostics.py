@@ -90,6 +90,33 @@ def test_profile_window_off_or_resumed_past_profiles_nothing(tmp_path, logger):
     assert not (tmp_path / "run" / "profile").exists()
 
 
+def test_a_window_that_can_never_start_is_one_warning_at_start_up(tmp_path, logger, capsys):
+    def run_steps(window, steps) -> list[str]:
+        for step in steps:
+            window.step_started(step)
+            window.step_finished(step)
+        window.close()
+        return warnings(capsys.readouterr().err)
+
+    late = ProfileWindow(config(profile_from=50, max_steps=4), CPU_ENV, CPU, tmp_path / "run", logger)
+    assert warnings(capsys.readouterr().err) == [  # at construction, before the first step
+        "warning: profile: profile_from 50 is not before max_steps 4: the window never starts, no trace is written"]
+    assert run_steps(late, range(4)) == [] and late.path is None
+    passed = ProfileWindow(config(profile_from=2, profile_steps=3, max_steps=10), CPU_ENV, CPU, tmp_path / "run", logger)
+    assert run_steps(passed, range(3, 10)) == [  # resumed inside the window: it only starts at profile_from
+        "warning: profile: profile_from 2 is before step 3, where this run starts (resumed): the window never "
+        "starts, no trace is written"]
+    assert passed.path is None and not (tmp_path / "run" / "profile").exists()
+
+    quiet = RunLogger(enabled=False)  # the other ranks: the same checks, no line
+    ProfileWindow(config(profile_from=50, max_steps=4), CPU_ENV, CPU, tmp_path / "run", quiet)
+    assert run_steps(ProfileWindow(config(profile_from=2, max_steps=10), CPU_ENV, CPU, tmp_path / "run", quiet),
+                     range(5, 6)) == []
+    for keys, first in ((dict(profile_from=0, max_steps=4), 5), (dict(profile_from=2, max_steps=10), 2),
+                        (dict(profile_from=3, profile_steps=5, max_steps=4), 0)):  # off, resumed at it, cut short
+        assert run_steps(ProfileWindow(config(**keys), CPU_ENV, CPU, tmp_path / "run", logger), range(first, 4)) == []
+
+
 def test_a_window_left_open_is_written_by_close_and_a_failed_write_is_a_warning(tmp_path, logger, capsys):
     window = ProfileWindow(config(profile_from=1, profile_steps=5), CPU_ENV, CPU, tmp_path / "run", logger)
     for step in range(3):

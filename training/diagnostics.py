@@ -53,7 +53,10 @@ class ProfileWindow:
     (they make traces large and slow the steps). Off when profile_from is 0. Not a collective.
 
     A window only starts at step == profile_from: a run resumed past it (or inside it) profiles
-    nothing. A failure to start the profiler or to write the trace is a warning, never a crash.
+    nothing, nor does one whose max_steps comes first; rank 0 says so in one warning at start-up
+    (at construction, or at the run's first step_started for a resume), since the missing trace
+    would otherwise go unnoticed. A failure to start the profiler or to write the trace is a
+    warning, never a crash.
     """
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime, out_dir: str | Path, logger: RunLogger):
@@ -67,6 +70,11 @@ class ProfileWindow:
         self._region = None  # the open `step N` record_function
         self._last_started: int | None = None
         self._done = False  # one window per process, also after a rollback to before it
+        self._first_step_seen = not self.enabled  # the resume check is made once, at the run's first step
+        if self.enabled and self.first >= cfg.max_steps:
+            self._first_step_seen = True
+            logger.warn(f"profile: profile_from {self.first} is not before max_steps {cfg.max_steps}: "
+                        f"the window never starts, no trace is written")
 
     @property
     def active(self) -> bool:
@@ -81,6 +89,11 @@ class ProfileWindow:
         """
         if not self.enabled:
             return
+        if not self._first_step_seen:
+            self._first_step_seen = True
+            if step > self.first:
+                self.logger.warn(f"profile: profile_from {self.first} is before step {step}, where this run starts "
+                                 f"(resumed): the window never starts, no trace is written")
         self._close_region()
         if self._profiler is None and not self._done and step == self.first:
             self._start()
