@@ -22,6 +22,9 @@ from atomic_file import atomic_write
 from errors import ConfigError, WriteError, print_warning
 
 LOG_NAME = "log.jsonl"
+# Records of something that happened (not of a step's state): a rollback's rewind keeps them, so a second
+# rollback to the same checkpoint leaves the first one's record (see RunLogger.rewind)
+EVENT_KINDS = ("rollback",)
 TENSORBOARD_MISSING = "tensorboard: needs the tensorboard package (pip install tensorboard), or set --tensorboard false"
 
 
@@ -37,12 +40,18 @@ def read_log(path: str | Path) -> list[dict]:
     return records
 
 
-def truncate_log(path: str | Path, step: int) -> None:
-    """Keep only the records before `step`, rewriting the file atomically."""
+def truncate_log(path: str | Path, step: int, keep_kinds: tuple[str, ...] = ()) -> int:
+    """Keep only the records before `step`, and those of keep_kinds, rewriting the file atomically.
+
+    Returns how many records were dropped.
+    """
     path = Path(path)
-    if path.exists():
-        kept = [r for r in read_log(path) if r.get("step", -1) < step]
-        write_text_file(path, "".join(json.dumps(r) + "\n" for r in kept))
+    if not path.exists():
+        return 0
+    records = read_log(path)
+    kept = [r for r in records if r.get("step", -1) < step or r.get("kind") in keep_kinds]
+    write_text_file(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return len(records) - len(kept)
 
 
 def write_text_file(path: Path, text: str) -> None:
@@ -171,11 +180,16 @@ class RunLogger:
             raise self.failure
 
     def rewind(self, step: int) -> None:
-        """Drop the log's records of step >= `step` (a rollback will redo those steps), as a resume does."""
+        """A rollback to the checkpoint of `step`: drop the log's records of step >= `step`, which will be redone.
+
+        Unlike a resume's truncation, the records of EVENT_KINDS stay: an earlier rollback to the same
+        checkpoint happened in this run's course and will not be redone (the data it passed over stays
+        passed over), so log.jsonl keeps one rollback record per rollback, as the checkpoints count them.
+        """
         if not self.enabled or self._jsonl is None:
             return
         self._jsonl.close()
-        truncate_log(self.path, step)
+        truncate_log(self.path, step, keep_kinds=EVENT_KINDS)
         try:
             self._jsonl = open(self.path, "a", buffering=1)
         except OSError as e:
