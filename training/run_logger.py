@@ -122,8 +122,13 @@ class RunLogger:
             id=run_id, resume="allow", mode=mode, dir=str(out_dir),
         )
 
-    def start_tensorboard(self, log_dir: str | Path) -> None:
-        """Write every record's numbers as TensorBoard scalars into log_dir (rank 0)."""
+    def start_tensorboard(self, log_dir: str | Path, start_step: int) -> None:
+        """Write every record's numbers as TensorBoard scalars into log_dir (rank 0).
+
+        start_step is the step the run starts from, as given to open_run_folder: the events of
+        step >= start_step that earlier launches wrote are purged (hidden by TensorBoard when it
+        reads the folder), as the log dropped their records, so each step shows the redone value once.
+        """
         if not self.enabled:
             return
         try:
@@ -131,7 +136,7 @@ class RunLogger:
         except ImportError:
             raise ConfigError(TENSORBOARD_MISSING) from None
         try:
-            self.tensorboard = SummaryWriter(log_dir=str(log_dir))
+            self.tensorboard = SummaryWriter(log_dir=str(log_dir), purge_step=start_step)
         except OSError as e:
             raise WriteError(f"{log_dir}: could not create the TensorBoard folder ({e.strerror or e})") from None
 
@@ -194,6 +199,26 @@ class RunLogger:
             self._jsonl = open(self.path, "a", buffering=1)
         except OSError as e:
             raise WriteError(f"{self.path}: could not open ({e.strerror or e})") from None
+        if self.tensorboard is not None:
+            self._purge_tensorboard(step)
+
+    def _purge_tensorboard(self, step: int) -> None:
+        """Hide the TensorBoard events of step >= `step` written so far, as a restart's purge_step does.
+
+        The same event that SummaryWriter(purge_step=step) writes first in a new file (a SessionLog
+        START at `step`), written here into the open file: TensorBoard purges at it the events
+        read before it. A new file would do the same, but the files are read in the order of their
+        names, and two opened within one second can sort out of their order (...9 before ...10).
+        TensorBoard keeps one value per tag and step, so the rollback records kept in the log show
+        as the newest of a step's.
+        """
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        try:
+            self.tensorboard.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+        except OSError as e:
+            self.failure = WriteError(f"{self.tensorboard.log_dir}: could not write TensorBoard events "
+                                      f"({e.strerror or e}); the checkpoints written before are intact")
 
     def console(self, text: str) -> None:
         if self.enabled:
