@@ -115,7 +115,7 @@ def open_run_folder(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger,
                                            f"use --wandb_mode offline or --wandb false"))
         run.wandb_run_id = logger.wandb_run_id  # on rank 0, which writes the checkpoints
     if cfg.tensorboard:
-        run_on_all_ranks(env, lambda: logger.start_tensorboard(Path(cfg.out_dir) / "tensorboard"))
+        run_on_all_ranks(env, lambda: logger.start_tensorboard(Path(cfg.out_dir) / "tensorboard", run.start_step))
 
 
 def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger,

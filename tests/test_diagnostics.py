@@ -90,6 +90,33 @@ def test_profile_window_off_or_resumed_past_profiles_nothing(tmp_path, logger):
     assert not (tmp_path / "run" / "profile").exists()
 
 
+def test_a_window_that_can_never_start_is_one_warning_at_start_up(tmp_path, logger, capsys):
+    def run_steps(window, steps) -> list[str]:
+        for step in steps:
+            window.step_started(step)
+            window.step_finished(step)
+        window.close()
+        return warnings(capsys.readouterr().err)
+
+    late = ProfileWindow(config(profile_from=50, max_steps=4), CPU_ENV, CPU, tmp_path / "run", logger)
+    assert warnings(capsys.readouterr().err) == [  # at construction, before the first step
+        "warning: profile: profile_from 50 is not before max_steps 4: the window never starts, no trace is written"]
+    assert run_steps(late, range(4)) == [] and late.path is None
+    passed = ProfileWindow(config(profile_from=2, profile_steps=3, max_steps=10), CPU_ENV, CPU, tmp_path / "run", logger)
+    assert run_steps(passed, range(3, 10)) == [  # resumed inside the window: it only starts at profile_from
+        "warning: profile: profile_from 2 is before step 3, where this run starts (resumed): the window never "
+        "starts, no trace is written"]
+    assert passed.path is None and not (tmp_path / "run" / "profile").exists()
+
+    quiet = RunLogger(enabled=False)  # the other ranks: the same checks, no line
+    ProfileWindow(config(profile_from=50, max_steps=4), CPU_ENV, CPU, tmp_path / "run", quiet)
+    assert run_steps(ProfileWindow(config(profile_from=2, max_steps=10), CPU_ENV, CPU, tmp_path / "run", quiet),
+                     range(5, 6)) == []
+    for keys, first in ((dict(profile_from=0, max_steps=4), 5), (dict(profile_from=2, max_steps=10), 2),
+                        (dict(profile_from=3, profile_steps=5, max_steps=4), 0)):  # off, resumed at it, cut short
+        assert run_steps(ProfileWindow(config(**keys), CPU_ENV, CPU, tmp_path / "run", logger), range(first, 4)) == []
+
+
 def test_a_window_left_open_is_written_by_close_and_a_failed_write_is_a_warning(tmp_path, logger, capsys):
     window = ProfileWindow(config(profile_from=1, profile_steps=5), CPU_ENV, CPU, tmp_path / "run", logger)
     for step in range(3):
@@ -321,6 +348,31 @@ def test_two_ranks_share_their_timings_and_name_the_straggler(tmp_path):
     for trace in traces:
         assert json.loads(trace.read_text())["traceEvents"]
     assert proc.stdout.count("profile: steps 1-2 traced") == 1  # rank 0's line only
+
+
+def gather_rows(argv: list[str]) -> int:
+    """A rank body for launch(): RankStats' all-gather of each rank's own row, printed as JSON."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=1))
+    rank = dist.get_rank()
+    env = DistEnv(rank=rank, local_rank=rank, world_size=dist.get_world_size(), device=torch.device("cpu"),
+                  distributed=True)
+    try:
+        stats = RankStats(TrainConfig(device="cpu", rank_stats_interval=1), env, CPU, RunLogger(enabled=False))
+        print(json.dumps(stats._gather([10.0 * rank + 1, 10.0 * rank + 2, 10.0 * rank + 3])), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def test_the_ranks_all_gather_is_in_rank_order_and_warns_nothing(tmp_path):
+    """torch 2.13 deprecates all_gather_into_tensor with a FutureWarning on every rank, at every run."""
+    proc = launch([], 2, target="test_diagnostics:gather_rows", timeout=120)
+    assert proc.exitcodes == [0, 0], proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[[")]
+    assert rows == [[[1.0, 2.0, 3.0], [11.0, 12.0, 13.0]]] * 2
+    assert "FutureWarning" not in proc.stderr, proc.stderr
 
 
 # --- in the trainer, 2 ranks ----------------------------------------------------------------------------

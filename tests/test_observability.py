@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,7 @@ import torch
 
 from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
 from training.metrics import model_flops_utilization, peak_flops_for
-from training.run_logger import read_log
-
+from training.run_logger import RunLogger, read_log
 
 
 def hellaswag_fixture(path: Path, n: int = 11) -> Path:
@@ -65,6 +66,138 @@ def wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+# --- W&B in this process, offline: what the logger sends and what W&B stores --------------------------------
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """W&B offline and silent, its folders in tmp_path: never the network, nothing left in $HOME."""
+    for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    return tmp_path / "run"
+
+
+def start_logger(out: Path, start_step: int, run_id: str | None = None) -> RunLogger:
+    logger = RunLogger(enabled=True)
+    logger.open_run_folder(out, start_step, {})
+    logger.start_wandb("test", "rewinds", "offline", {}, [], run_id, out)
+    return logger
+
+
+def train_steps(logger: RunLogger, steps, offset: float) -> None:
+    for step in steps:
+        logger.log({"kind": "train", "step": step, "loss": offset + step, "lr": 0.5})
+
+
+def wandb_rows(out: Path) -> list[dict]:
+    """The history rows of every offline W&B run file in out, in the order they were logged (file by file)."""
+    return [row for run_dir in sorted((out / "wandb").glob("offline-run-*")) for row in wandb_history(run_dir)]
+
+
+def kept_rows(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """The numbers of the rows a user keeps by the rule the logger follows: a `rewind/to_step` row
+    supersedes every row logged before it at or past that trainer/step, except rollback rows."""
+    kept: list[dict] = []
+    for row in rows:
+        if "rewind/to_step" in row:
+            kept = [r for r in kept if r["trainer/step"] < row["rewind/to_step"] or "rollback/from_step" in r]
+        else:
+            kept.append(row)
+    found: dict[str, list[tuple[int, float]]] = {}
+    for row in kept:
+        for key, value in row.items():
+            if key != "trainer/step" and key.count("/") == 1 and isinstance(value, (int, float)):  # not a sample's
+                found.setdefault(key, []).append((row["trainer/step"], value))
+    return found
+
+
+def numbers_of_the_log(path: Path) -> dict[str, list[tuple[int, float]]]:
+    found: dict[str, list[tuple[int, float]]] = {}
+    for r in read_log(path):
+        for key, value in r.items():
+            if key not in ("kind", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                found.setdefault(f"{r['kind']}/{key}", []).append((r["step"], value))
+    return found
+
+
+def test_after_a_rollback_wandb_holds_every_record_and_marks_the_rewound_steps(wandb_offline):
+    """A rollback from step 8 to the checkpoint of step 6, twice. W&B cannot drop rows it holds (an
+    offline run cannot rewind): every record arrives against W&B's own step with its trainer/step, and
+    a rewind row marks where the rows of the steps redone stop counting."""
+    logger = start_logger(wandb_offline, 0)
+    train_steps(logger, range(9), 0.0)
+    logger.log({"kind": "skip", "step": 7, "loss": 70.0})
+    logger.log({"kind": "sample", "step": 8, "text": "ROMEO: hello"})
+    logger.log({"kind": "sample", "step": 8, "text": "JULIET: hi"})
+    for attempt in (1, 2):
+        logger.rewind(6)
+        logger.log({"kind": "rollback", "step": 6, "from_step": 8, "tokens": 3072 * attempt})
+        train_steps(logger, range(6, 9), 100.0 * attempt)
+    logger.close()
+    rows = wandb_rows(wandb_offline)
+    assert [row["_step"] for row in rows] == list(range(len(rows)))  # W&B's own step: nothing was dropped
+    losses = [(row["trainer/step"], row["train/loss"]) for row in rows if "train/loss" in row]
+    assert losses == [(s, s) for s in range(9)] + [(s, 100 + s) for s in range(6, 9)] + [(s, 200 + s) for s in range(6, 9)]
+    assert [row["trainer/step"] for row in rows if "sample/text/path" in row] == [8, 8]  # both samples, a row each
+    assert [(row["trainer/step"], row["rewind/to_step"], row["rewind/dropped_records"])
+            for row in rows if "rewind/to_step" in row] == [(6, 6, 6), (6, 6, 3)]
+    assert [row["rollback/tokens"] for row in rows if "rollback/tokens" in row] == [3072, 6144]
+    assert kept_rows(rows) == numbers_of_the_log(wandb_offline / "log.jsonl")  # the rule gives back the log
+    (run_dir,) = (wandb_offline / "wandb").glob("offline-run-*")
+    axes = {r.metric.glob_name: r.metric.step_metric for r in wandb_records(run_dir)
+            if r.WhichOneof("record_type") == "metric" and r.metric.glob_name}
+    assert axes == {f"{kind}/*": "trainer/step" for kind in ("train", "skip", "sample", "rewind", "rollback")}
+
+
+def test_a_resumed_wandb_run_starts_with_a_rewind_row_when_the_log_dropped_records(wandb_offline):
+    first = start_logger(wandb_offline, 0)
+    train_steps(first, range(8), 0.0)
+    run_id = first.wandb_run_id
+    first.close()  # stopped after step 7; the newest checkpoint is step 5's
+    resumed = start_logger(wandb_offline, 5, run_id)
+    train_steps(resumed, range(5, 8), 100.0)
+    resumed.close()
+    run_dirs = sorted((wandb_offline / "wandb").glob("offline-run-*"))
+    assert len(run_dirs) == 2 and all(run_id in d.name for d in run_dirs)  # offline: a file per launch
+    rows = wandb_history(run_dirs[1])
+    assert [(row["trainer/step"], row.get("rewind/to_step"), row.get("train/loss")) for row in rows] == [
+        (5, 5, None), (5, None, 105), (6, None, 106), (7, None, 107)]
+    assert kept_rows(wandb_rows(wandb_offline)) == numbers_of_the_log(wandb_offline / "log.jsonl")
+
+    again = start_logger(wandb_offline, 8, run_id)  # resumed where the log ends: nothing to mark
+    again.close()
+    assert wandb_history(sorted((wandb_offline / "wandb").glob("offline-run-*"))[2]) == []
+
+
+@pytest.mark.slow
+def test_a_rank_ending_without_atexit_leaves_nothing_of_wandb_in_the_temp_dir(tmp_path):
+    """`import wandb` makes two folders in the temp dir that only an atexit hook removes; a process
+    that ends without it (as ranks forked by tests/launch.py do, or a killed one) keeps them."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = tmp_path / "run"
+    script = ("import os\n"
+              "from training.run_logger import RunLogger\n"
+              f"logger = RunLogger(enabled=True)\n"
+              f"logger.open_run_folder({str(out)!r}, 0, {{}})\n"
+              f"logger.start_wandb('test', '', 'offline', {{}}, [], None, {str(out)!r})\n"
+              "logger.log({'kind': 'sample', 'step': 0, 'text': 'ROMEO: hello'})\n"
+              "logger.close()\n"
+              "os._exit(0)\n")
+    env = dict(os.environ, TMPDIR=str(temp), PYTHONPATH=str(REPO), WANDB_SILENT="true", WANDB_MODE="offline",
+               **{name: str(tmp_path / name.lower()) for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")})
+    env.pop("WANDB_API_KEY", None)
+    subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, check=True, timeout=120)
+    deadline = time.monotonic() + 30  # W&B's service removes its socket's folder once it sees the process gone
+    while list(temp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(temp.iterdir()) == []
+    assert sorted(p.name[11:] for p in (out / "wandb").glob("tmp*")) == ["wandb-artifacts", "wandb-media"]  # with the run
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One 2-rank and one single-process run with HellaSwag, samples and W&B offline."""
@@ -105,9 +238,9 @@ def test_wandb_offline_history_holds_the_logged_metrics_and_no_api_key(runs):
     root, _, _ = runs
     (run_dir,) = (root / "ddp" / "wandb").glob("offline-run-*")
     history = wandb_history(run_dir)
-    logged = {row["_step"]: row["train/loss"] for row in history if "train/loss" in row}
+    logged = {row["trainer/step"]: row["train/loss"] for row in history if "train/loss" in row}
     assert logged == train_losses(root / "ddp")
-    val = {row["_step"]: row["val/loss"] for row in history if "val/loss" in row}
+    val = {row["trainer/step"]: row["val/loss"] for row in history if "val/loss" in row}
     assert sorted(val) == [0, 3, 6]
     assert any("hellaswag/acc_norm" in row for row in history)
     assert any("train/tokens_per_sec" in row and "train/grad_norm" in row for row in history)
@@ -127,7 +260,7 @@ def test_resume_continues_the_same_wandb_run(runs, tmp_path):
     assert torch.load(out / "checkpoints" / "step_00000006.pt", weights_only=True)["wandb_run_id"] == first_id
     run_dirs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 2 and all(d.name.endswith(first_id) for d in run_dirs)
-    resumed_steps = [row["_step"] for row in wandb_history(run_dirs[1]) if "train/loss" in row]
+    resumed_steps = [row["trainer/step"] for row in wandb_history(run_dirs[1]) if "train/loss" in row]
     assert resumed_steps == [3, 4, 5]  # the resumed part logs the steps after the checkpoint, once
 
 

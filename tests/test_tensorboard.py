@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
+import struct
 import sys
 
 import pytest
 
 from errors import ConfigError
-from training.run_logger import RunLogger
+from training.run_logger import RunLogger, read_log
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar series of the event files in log_dir: tag -> [(step, value)]."""
+    """Every scalar series of the event files in log_dir that TensorBoard shows: tag -> [(step, value)].
+
+    Read as TensorBoard's EventAccumulator reads them, purges included (a tag whose every value was
+    purged is still listed, with none: left out here).
+    """
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(log_dir))
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    series = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return {tag: values for tag, values in series.items() if values}
+
+
+def scalars_of_the_log(path) -> dict[str, list[tuple[int, float]]]:
+    """What TensorBoard should show: every number of log.jsonl's records as `kind/field` against the step
+    (as the float32 that a scalar event holds)."""
+    found: dict[str, list[tuple[int, float]]] = {}
+    for r in read_log(path):
+        for key, value in r.items():
+            if key not in ("kind", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                value = struct.unpack("f", struct.pack("f", value))[0]
+                found.setdefault(f"{r['kind']}/{key}", []).append((r["step"], value))
+    return found
+
+
+def train_steps(logger: RunLogger, steps, offset: float) -> None:
+    for step in steps:
+        logger.log({"kind": "train", "step": step, "loss": offset + step, "lr": 1e-3})
 
 
 def test_records_become_scalars_and_text_and_nothing_else(tmp_path):
@@ -24,7 +47,7 @@ def test_records_become_scalars_and_text_and_nothing_else(tmp_path):
 
     logger = RunLogger(enabled=True)
     logger.open_run_folder(tmp_path, 0, {})
-    logger.start_tensorboard(tmp_path / "tensorboard")
+    logger.start_tensorboard(tmp_path / "tensorboard", 0)
     for step, loss in enumerate([6.5, 6.25, 6.0]):
         logger.log({"kind": "train", "step": step, "loss": loss, "lr": 1e-3, "tokens": 512 * (step + 1)})
     logger.log({"kind": "skip", "step": 2, "loss": 6.0, "grad_norm": None, "reason": "a spike", "flag": True})
@@ -44,9 +67,49 @@ def test_records_become_scalars_and_text_and_nothing_else(tmp_path):
 def test_a_missing_tensorboard_package_is_one_line_naming_the_key(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
     with pytest.raises(ConfigError, match=r"^tensorboard: needs the tensorboard package"):
-        RunLogger(enabled=True).start_tensorboard(tmp_path / "tb")
-    RunLogger(enabled=False).start_tensorboard(tmp_path / "tb")  # other ranks: nothing to do
+        RunLogger(enabled=True).start_tensorboard(tmp_path / "tb", 0)
+    RunLogger(enabled=False).start_tensorboard(tmp_path / "tb", 0)  # other ranks: nothing to do
     assert not (tmp_path / "tb").exists()
+
+
+def test_a_resumed_run_shows_each_step_once_with_the_value_kept_in_the_log(tmp_path):
+    """A resume from the checkpoint of step 5 redoes steps 5-7: TensorBoard drops the first values, as
+    log.jsonl does, and also drops records of those steps that the resumed run does not make again."""
+    first = RunLogger(enabled=True)
+    first.open_run_folder(tmp_path, 0, {})
+    first.start_tensorboard(tmp_path / "tensorboard", 0)
+    train_steps(first, range(8), 0.0)
+    first.log({"kind": "val", "step": 6, "loss": 3.5})
+    first.log({"kind": "sample", "step": 6, "text": "ROMEO: hello"})
+    first.close()  # the run stopped after step 7; its newest checkpoint is step 5's
+    resumed = RunLogger(enabled=True)
+    resumed.open_run_folder(tmp_path, 5, {})
+    resumed.start_tensorboard(tmp_path / "tensorboard", 5)
+    train_steps(resumed, range(5, 8), 100.0)
+    resumed.close()
+    found = scalars(tmp_path / "tensorboard")
+    assert found["train/loss"] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 105.0), (6, 106.0), (7, 107.0)]
+    assert found == scalars_of_the_log(tmp_path / "log.jsonl") and "val/loss" not in found
+
+
+def test_a_rollback_shows_each_step_once_with_the_value_kept_in_the_log(tmp_path):
+    """A rollback from step 8 to the checkpoint of step 6, twice: each rewind drops what the log drops
+    (the steps to redo, and a skip that the redo does not make again), in the event file already open."""
+    logger = RunLogger(enabled=True)
+    logger.open_run_folder(tmp_path, 0, {})
+    logger.start_tensorboard(tmp_path / "tensorboard", 0)
+    train_steps(logger, range(9), 0.0)
+    logger.log({"kind": "skip", "step": 7, "loss": 70.0})
+    for attempt in (1, 2):
+        logger.rewind(6)
+        logger.log({"kind": "rollback", "step": 6, "from_step": 8, "tokens": 3072 * attempt})
+        train_steps(logger, range(6, 9), 100.0 * attempt)
+    logger.close()
+    found = scalars(tmp_path / "tensorboard")
+    assert found["train/loss"] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, 206.0), (7, 207.0), (8, 208.0)]
+    assert "skip/loss" not in found
+    assert found["rollback/tokens"] == [(6, 6144.0)]  # one value per step: the newest of the log's two records
+    assert len(list((tmp_path / "tensorboard").iterdir())) == 1
 
 
 @pytest.mark.slow

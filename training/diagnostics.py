@@ -35,6 +35,9 @@ from training.run_logger import RunLogger
 from training.runtime import Runtime
 
 STRAGGLER_INTERVALS = 3  # intervals in a row, for the same rank, before it is named
+# Every rank's tensor gathered into one output tensor: torch 2.13 names it all_gather_single and deprecates
+# all_gather_into_tensor (a FutureWarning on every rank); older torch has only the old name, same semantics.
+ALL_GATHER_INTO_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 # --- 1. the profiler window ---------------------------------------------------------------------
@@ -50,7 +53,10 @@ class ProfileWindow:
     (they make traces large and slow the steps). Off when profile_from is 0. Not a collective.
 
     A window only starts at step == profile_from: a run resumed past it (or inside it) profiles
-    nothing. A failure to start the profiler or to write the trace is a warning, never a crash.
+    nothing, nor does one whose max_steps comes first; rank 0 says so in one warning at start-up
+    (at construction, or at the run's first step_started for a resume), since the missing trace
+    would otherwise go unnoticed. A failure to start the profiler or to write the trace is a
+    warning, never a crash.
     """
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime, out_dir: str | Path, logger: RunLogger):
@@ -64,6 +70,11 @@ class ProfileWindow:
         self._region = None  # the open `step N` record_function
         self._last_started: int | None = None
         self._done = False  # one window per process, also after a rollback to before it
+        self._first_step_seen = not self.enabled  # the resume check is made once, at the run's first step
+        if self.enabled and self.first >= cfg.max_steps:
+            self._first_step_seen = True
+            logger.warn(f"profile: profile_from {self.first} is not before max_steps {cfg.max_steps}: "
+                        f"the window never starts, no trace is written")
 
     @property
     def active(self) -> bool:
@@ -78,6 +89,11 @@ class ProfileWindow:
         """
         if not self.enabled:
             return
+        if not self._first_step_seen:
+            self._first_step_seen = True
+            if step > self.first:
+                self.logger.warn(f"profile: profile_from {self.first} is before step {step}, where this run starts "
+                                 f"(resumed): the window never starts, no trace is written")
         self._close_region()
         if self._profiler is None and not self._done and step == self.first:
             self._start()
@@ -370,7 +386,7 @@ class RankStats:
         mine = torch.tensor(local, dtype=torch.float64, device=self.env.device)
         # flat: gloo takes only a 1-D output (world_size x the input), NCCL either shape
         everyone = torch.empty(self.env.world_size * len(local), dtype=torch.float64, device=self.env.device)
-        dist.all_gather_into_tensor(everyone, mine)
+        ALL_GATHER_INTO_TENSOR(everyone, mine)
         return everyone.view(self.env.world_size, len(local)).tolist()  # the interval's one host sync
 
     def _judge(self, step: int, rows: list[list[float]], steps: int) -> dict:

@@ -8,21 +8,34 @@ the trainer shares it with every rank at the step's all-reduce, so all stop with
 log.jsonl has one JSON object per event (`kind` = train, val, hellaswag, sample, ...). When a
 run resumes from the checkpoint of step s, the records of step >= s are dropped first: they
 describe work after that checkpoint which will now be redone, so the log ends up with
-exactly one record of each kind per step. W&B and TensorBoard get the same records' numbers,
-as `kind/field` against the step (and the samples' text).
+exactly one record of each kind per step. A rollback to that checkpoint drops them the same
+way, but keeps the records of earlier rollbacks (`rewind`).
+
+TensorBoard gets the same records' numbers as `kind/field` scalars against the step (and the
+samples' text), and hides the values of the dropped records, so each step shows the value kept
+in the log. W&B gets every record as one row, at W&B's own step (which only goes forward) with
+the training step as `trainer/step`, the x-axis of the charts; W&B cannot drop the rows of the
+redone steps, so a `rewind/to_step` row marks where they stop counting (see _wandb_log).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+import tempfile
 from pathlib import Path
 
 from atomic_file import atomic_write
 from errors import ConfigError, WriteError, print_warning
 
 LOG_NAME = "log.jsonl"
+# Records of something that happened (not of a step's state): a rollback's rewind keeps them, so a second
+# rollback to the same checkpoint leaves the first one's record, and the launch keeps its one startup record
+# (see RunLogger.rewind)
+EVENT_KINDS = ("rollback", "startup")
 TENSORBOARD_MISSING = "tensorboard: needs the tensorboard package (pip install tensorboard), or set --tensorboard false"
+WANDB_STEP = "trainer/step"  # the x-axis of every W&B chart of the trainer's records (W&B's own step counts rows)
 
 
 def read_log(path: str | Path) -> list[dict]:
@@ -37,14 +50,20 @@ def read_log(path: str | Path) -> list[dict]:
     return records
 
 
-def truncate_log(path: str | Path, step: int) -> None:
-    """Keep only the records before `step`, and the checkpoint record of `step` itself (the run goes
-    on from that checkpoint: it still exists), rewriting the file atomically."""
+def truncate_log(path: str | Path, step: int, keep_kinds: tuple[str, ...] = ()) -> int:
+    """Keep only the records before `step`, those of keep_kinds, and the checkpoint record of `step`
+    itself (the run goes on from that checkpoint: it still exists), rewriting the file atomically.
+
+    Returns how many records were dropped.
+    """
     path = Path(path)
-    if path.exists():
-        kept = [r for r in read_log(path)
-                if r.get("step", -1) < step or (r.get("kind") == "checkpoint" and r.get("step") == step)]
-        write_text_file(path, "".join(json.dumps(r) + "\n" for r in kept))
+    if not path.exists():
+        return 0
+    records = read_log(path)
+    kept = [r for r in records if r.get("step", -1) < step or r.get("kind") in keep_kinds
+            or (r.get("kind") == "checkpoint" and r.get("step") == step)]
+    write_text_file(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return len(records) - len(kept)
 
 
 def write_text_file(path: Path, text: str) -> None:
@@ -54,6 +73,25 @@ def write_text_file(path: Path, text: str) -> None:
             f.write(text)
     except OSError as e:
         raise WriteError(f"{path}: could not write ({e.strerror or e})") from None
+
+
+def _import_wandb(folder: Path):
+    """wandb, imported (the first time) with the temp dir pointed at `folder`, the run's wandb folder.
+
+    Importing wandb makes two folders in the temp dir (tmp*wandb-media, tmp*wandb-artifacts) that
+    only an atexit hook removes: a rank that ends without running it (killed after a hang, or forked
+    by a launcher whose children end with os._exit) would leave them in the system temp dir for
+    good. Made in the run's own folder, what such a rank leaves stays with the run. No other thread
+    of the trainer runs yet when rank 0 starts W&B, so none sees the swap.
+    """
+    if "wandb" not in sys.modules:
+        folder.mkdir(parents=True, exist_ok=True)
+        saved, tempfile.tempdir = tempfile.tempdir, str(folder)
+        try:
+            import wandb  # noqa: F401 - imported lazily: training never needs wandb when wandb=false
+        finally:
+            tempfile.tempdir = saved
+    return sys.modules["wandb"]
 
 
 def _is_number(value) -> bool:
@@ -79,6 +117,8 @@ class RunLogger:
         self.failure: WriteError | None = None  # the first record that could not be written
         self.path: Path | None = None  # log.jsonl, once the run folder is open
         self._jsonl = None
+        self._opened_at = (0, 0)  # the step the run starts from, and how many records of later steps the log lost
+        self._wandb_kinds: set[str] = set()  # the kinds whose W&B charts are set to WANDB_STEP
 
     def open_run_folder(self, out_dir: str | Path, resume_step: int, files: dict[str, str]) -> None:
         """Create out_dir, write `files` (name -> text, e.g. config.yaml), open log.jsonl.
@@ -96,7 +136,7 @@ class RunLogger:
         for name, text in files.items():
             write_text_file(out_dir / name, text)
         self.path = out_dir / LOG_NAME
-        truncate_log(self.path, resume_step)
+        self._opened_at = (resume_step, truncate_log(self.path, resume_step))
         try:
             self._jsonl = open(self.path, "a", buffering=1)  # line-buffered: one record per line
         except OSError as e:
@@ -105,18 +145,30 @@ class RunLogger:
     # --- W&B ----------------------------------------------------------------------------------
     def start_wandb(self, project: str, run_name: str, mode: str, config: dict, tags: list[str],
                     run_id: str | None, out_dir: str | Path) -> None:
-        """Start (or resume, given run_id) the W&B run. The API key comes from the environment only."""
+        """Start (or resume, given run_id) the W&B run. The API key comes from the environment only.
+
+        A resumed run whose log lost records (open_run_folder) starts with a rewind row: see _wandb_log.
+        """
         if not self.enabled:
             return
-        import wandb  # imported lazily: training never needs wandb when wandb=false
-
+        wandb = _import_wandb(Path(out_dir) / "wandb")
         self.wandb_run = wandb.init(
             project=project, name=run_name or None, config=config, tags=tags or None,
             id=run_id, resume="allow", mode=mode, dir=str(out_dir),
         )
+        self.wandb_run.define_metric(WANDB_STEP)
+        self._wandb_kinds = set()
+        start_step, dropped = self._opened_at
+        if dropped:
+            self._wandb_rewind(start_step, dropped)
 
-    def start_tensorboard(self, log_dir: str | Path) -> None:
-        """Write every record's numbers as TensorBoard scalars into log_dir (rank 0)."""
+    def start_tensorboard(self, log_dir: str | Path, start_step: int) -> None:
+        """Write every record's numbers as TensorBoard scalars into log_dir (rank 0).
+
+        start_step is the step the run starts from, as given to open_run_folder: the events of
+        step >= start_step that earlier launches wrote are purged (hidden by TensorBoard when it
+        reads the folder), as the log dropped their records, so each step shows the redone value once.
+        """
         if not self.enabled:
             return
         try:
@@ -124,7 +176,7 @@ class RunLogger:
         except ImportError:
             raise ConfigError(TENSORBOARD_MISSING) from None
         try:
-            self.tensorboard = SummaryWriter(log_dir=str(log_dir))
+            self.tensorboard = SummaryWriter(log_dir=str(log_dir), purge_step=start_step)
         except OSError as e:
             raise WriteError(f"{log_dir}: could not create the TensorBoard folder ({e.strerror or e})") from None
 
@@ -163,9 +215,29 @@ class RunLogger:
                 import wandb
 
                 metrics = {"sample/text": wandb.Html("<pre>" + record["text"] + "</pre>")}
-            # W&B's own step is the training step: after a resume it drops the re-logged steps it
-            # already holds (identical, since resuming is exact), so its history has one row per step
-            self.wandb_run.log(metrics, step=step)
+            self._wandb_log(kind, step, metrics)
+
+    def _wandb_log(self, kind: str, step: int, metrics: dict) -> None:
+        """One W&B row: the metrics (`kind/...`) and WANDB_STEP = step, at W&B's own next step.
+
+        W&B's step only goes forward: a row logged at a step below its newest is dropped (with a
+        "Tried to log to step ..." line), so the steps that a resume or a rollback redoes, and the
+        rollback record itself, never arrived while the training step was W&B's step. W&B can
+        forget rows only by rewinding a run on its server (wandb.init resume_from: a preview
+        feature, and not something an offline run can do). So every record becomes a row at W&B's
+        own step, each kind's charts are drawn against WANDB_STEP, and a rewind is a row of its own
+        (`rewind/to_step` = s): the rows logged before it at WANDB_STEP >= s, other than rollback
+        rows, are of abandoned steps, and the rows after it redo them. A chart shows both values
+        of a redone step; W&B's own step (chronological) tells them apart.
+        """
+        if kind not in self._wandb_kinds:
+            self.wandb_run.define_metric(f"{kind}/*", step_metric=WANDB_STEP)  # not "*": eval_lm.py has its own
+            self._wandb_kinds.add(kind)
+        self.wandb_run.log({WANDB_STEP: step, **metrics})
+
+    def _wandb_rewind(self, step: int, dropped: int) -> None:
+        """The row that marks the W&B rows of step >= `step` logged so far (bar rollbacks) as abandoned."""
+        self._wandb_log("rewind", step, {"rewind/to_step": step, "rewind/dropped_records": dropped})
 
     def check(self) -> None:
         """Raise the failure of an earlier record, if any."""
@@ -173,15 +245,44 @@ class RunLogger:
             raise self.failure
 
     def rewind(self, step: int) -> None:
-        """Drop the log's records of step >= `step` (a rollback will redo those steps), as a resume does."""
+        """A rollback to the checkpoint of `step`: drop the log's records of step >= `step`, which will be redone.
+
+        Unlike a resume's truncation, the records of EVENT_KINDS stay: an earlier rollback to the same
+        checkpoint happened in this run's course and will not be redone (the data it passed over stays
+        passed over), so log.jsonl keeps one rollback record per rollback, as the checkpoints count them.
+        """
         if not self.enabled or self._jsonl is None:
             return
         self._jsonl.close()
-        truncate_log(self.path, step)
+        dropped = truncate_log(self.path, step, keep_kinds=EVENT_KINDS)
         try:
             self._jsonl = open(self.path, "a", buffering=1)
         except OSError as e:
             raise WriteError(f"{self.path}: could not open ({e.strerror or e})") from None
+        if self.tensorboard is not None:
+            self._purge_tensorboard(step)
+        if self.wandb_run is not None and dropped:
+            self._wandb_rewind(step, dropped)
+
+    def _purge_tensorboard(self, step: int) -> None:
+        """Hide the TensorBoard events of step >= `step` written so far, as a restart's purge_step does.
+
+        The event that SummaryWriter(purge_step=step) writes at the top of a new file, a SessionLog
+        START at `step`, written into the open file: TensorBoard's EventAccumulator drops at it
+        every event of step >= `step` read before it. (A new file would do the same only if read
+        after this one, but the files are read in the order of their names, and two opened within
+        the same second can sort the wrong way: ...10 before ...9.) TensorBoard's fast loader
+        ignores the event, but drops a chart's values at and past a step logged again, as the
+        redone steps are. Either way a chart holds one value per step: of the rollback records
+        the log keeps at one step, the newest.
+        """
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        try:
+            self.tensorboard.file_writer.add_event(Event(step=step, session_log=SessionLog(status=SessionLog.START)))
+        except OSError as e:
+            self.failure = WriteError(f"{self.tensorboard.log_dir}: could not write TensorBoard events "
+                                      f"({e.strerror or e}); the checkpoints written before are intact")
 
     def console(self, text: str) -> None:
         if self.enabled:
