@@ -34,6 +34,9 @@ LOG_NAME = "log.jsonl"
 # rollback to the same checkpoint leaves the first one's record, and the launch keeps its one startup record
 # (see RunLogger.rewind)
 EVENT_KINDS = ("rollback", "startup")
+# Records for log.jsonl alone: which checkpoints were saved, and where (what a relaunch checks, see
+# training/run_folder.py), is bookkeeping, not a curve
+LOG_ONLY_KINDS = ("checkpoint",)
 TENSORBOARD_MISSING = "tensorboard: needs the tensorboard package (pip install tensorboard), or set --tensorboard false"
 WANDB_STEP = "trainer/step"  # the x-axis of every W&B chart of the trainer's records (W&B's own step counts rows)
 
@@ -199,6 +202,8 @@ class RunLogger:
                                       f"the checkpoints written before are intact")
             return
         kind, step = record["kind"], record["step"]
+        if kind in LOG_ONLY_KINDS:
+            return
         numbers = {f"{kind}/{k}": v for k, v in record.items() if k not in ("kind", "step") and _is_number(v)}
         if self.tensorboard is not None:
             try:
