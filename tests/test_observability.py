@@ -16,7 +16,7 @@ import torch
 
 from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
 from training.metrics import model_flops_utilization, peak_flops_for
-from training.run_logger import RunLogger, read_log
+from training.run_logger import LOG_ONLY_KINDS, RunLogger, read_log
 
 
 def hellaswag_fixture(path: Path, n: int = 11) -> Path:
@@ -117,6 +117,8 @@ def kept_rows(rows: list[dict]) -> dict[str, list[tuple[int, float]]]:
 def numbers_of_the_log(path: Path) -> dict[str, list[tuple[int, float]]]:
     found: dict[str, list[tuple[int, float]]] = {}
     for r in read_log(path):
+        if r["kind"] in LOG_ONLY_KINDS:  # log.jsonl's own bookkeeping
+            continue
         for key, value in r.items():
             if key not in ("kind", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
                 found.setdefault(f"{r['kind']}/{key}", []).append((r["step"], value))

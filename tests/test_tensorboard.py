@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from errors import ConfigError
-from training.run_logger import RunLogger, read_log
+from training.run_logger import LOG_ONLY_KINDS, RunLogger, read_log
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
@@ -30,6 +30,8 @@ def scalars_of_the_log(path) -> dict[str, list[tuple[int, float]]]:
     (as the float32 that a scalar event holds)."""
     found: dict[str, list[tuple[int, float]]] = {}
     for r in read_log(path):
+        if r["kind"] in LOG_ONLY_KINDS:  # log.jsonl's own bookkeeping
+            continue
         for key, value in r.items():
             if key not in ("kind", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = struct.unpack("f", struct.pack("f", value))[0]
