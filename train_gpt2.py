@@ -11,9 +11,13 @@ all ranks, and an error that only one rank can see is shared with the others bef
 on, so every rank stops with the same one-line message instead of hanging.
 
 The pieces: training/run.py builds the run (data, model, optimizer, the checkpoint it
-resumes) and saves it; training/step.py is one optimizer step's math, and training/lockstep.py
-the ranks' agreement around it; evals/ the periodic val loss, HellaSwag and samples;
-training/run_logger.py rank 0's console, files and W&B.
+resumes); training/step.py is one optimizer step's math, and training/lockstep.py the ranks'
+agreement around it. The loop below calls components that decide their own timing: evals/
+(val loss, HellaSwag, samples, each at its interval), training/checkpointer.py (when a
+checkpoint is due, saves in the background, a failed save's retry), training/preemption.py
+(the stop vote), training/recovery.py (the data feed, and rollbacks), training/diagnostics.py
+(profiler, memory snapshots, rank timings); training/run_logger.py is rank 0's console, files,
+W&B and TensorBoard.
 
 Exit codes (errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
 configuration or input; 3 the loss went NaN/inf (the update was not applied), or spikes went on
@@ -31,27 +35,28 @@ from pathlib import Path
 
 import torch
 
-from data.loader import Prefetcher
 from data.tokenizer import get_tokenizer
 from errors import ConfigError, run_cli
 from evals.periodic import PeriodicEvaluation
-from training.config import TrainConfig, config_yaml, parse_args, usage
-from training.diagnostics import Diagnostics
-from training.distributed import (DistEnv, any_rank, barrier, local_rank, run_on_all_ranks,
-                                  set_collective_timeout, setup_distributed, teardown_distributed)
 from training.checkpoint import checkpoints_folder
 from training.checkpointer import Checkpointer
+from training.config import TrainConfig, config_yaml, parse_args, usage
+from training.context import Context
+from training.diagnostics import Diagnostics
+from training.distributed import (DistEnv, barrier, local_rank, run_on_all_ranks,
+                                  set_collective_timeout, setup_distributed, teardown_distributed)
 from training.lockstep import Lockstep, StepResult
 from training.metrics import model_flops_utilization, process_start_time
 from training.parallel import local_state_bytes, make_strategy
-from training.preemption import PreemptionFlag
+from training.preemption import PreemptionFlag, StopVote
 from training.provenance import provenance
-from training.run import Run, build_run, roll_back
+from training.recovery import Recovery
+from training.run import Run, build_run
 from training.run_folder import claim_run_folder, release_all
 from training.run_logger import TENSORBOARD_MISSING, RunLogger, format_train_line
-from training.storage import filesystem, is_url, require_shared
-from training.runtime import Runtime, resolve_runtime, deterministic_kernels
+from training.runtime import resolve_runtime, deterministic_kernels
 from training.spikes import RollbackRequested
+from training.storage import filesystem, is_url, require_shared
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first evals: ranks wait on each other
 
@@ -88,7 +93,7 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
         if run is not None:  # None: that checkpoint already reached max_steps
             record = provenance(cfg, env, runtime, argv, run.data_fingerprint, run.run_id)
             open_run_folder(cfg, env, run, logger, record)
-            train(cfg, env, runtime, run, logger, preemption, record, wrap_step)
+            train(Context(cfg, env, runtime, logger), run, preemption, record, wrap_step)
         barrier(env)  # leave together: a gloo rank torn down while its peer still talks can abort
         return 0
     finally:
@@ -118,12 +123,51 @@ def open_run_folder(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger,
         run_on_all_ranks(env, lambda: logger.start_tensorboard(Path(cfg.out_dir) / "tensorboard", run.start_step))
 
 
-def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger,
-          preemption: PreemptionFlag, record: dict, wrap_step=None) -> None:
-    """The loop: at the top of each iteration the model has had run.step updates."""
-    evaluation = PeriodicEvaluation(cfg, env, runtime, logger, get_tokenizer())
-    flops_per_token = run.model.estimate_flops_per_token(cfg.seq_len)
-    logger.console(
+def train(ctx: Context, run: Run, preemption: PreemptionFlag, record: dict, wrap_step=None) -> None:
+    """The loop: at the top of each iteration the model has had run.step updates. Each component
+    decides its own timing (evaluations, checkpoints, the stop vote); every rank runs this alike."""
+    cfg, env, runtime, logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
+    describe_launch(ctx, run)
+    model = run.strategy.training_model(run.model)  # compiled, and wrapped by DDP: the training forward
+    evaluation = PeriodicEvaluation(cfg, env, runtime, logger, get_tokenizer())  # val loss, HellaSwag, samples
+    diagnostics = Diagnostics(cfg, env, runtime, cfg.out_dir, logger)  # each off unless configured
+    diagnostics.watch(model)  # the ranks' compute time ends at their last forward
+    checkpointer = Checkpointer(cfg, env, logger, record)  # file or sharded, at most one save in flight
+    lockstep = Lockstep(cfg, env, runtime, pending_failure=lambda: logger.failure, save_failed=checkpointer.failed)
+    take_step = wrap_step(lockstep.step) if wrap_step else lockstep.step  # run.step -> run.step + 1
+    recovery = Recovery(cfg, env, runtime, run, logger, checkpointer)  # the data feed, and rollbacks
+    stop = StopVote(preemption, env)  # set only from all-reduced votes: every rank stops at the same step
+    records = StepRecords(ctx, run)
+    try:
+        while True:
+            try:
+                last_step = run.step == cfg.max_steps
+                stop.note(evaluation.run_due(run, last_step, stop.agree))
+                if stop.agreed:
+                    return stop.exit(run, checkpointer, logger, resume_hint(cfg))
+                if checkpointer.due(run, last_step):
+                    checkpointer.save(run, blocking=last_step)  # the last one is waited for anyway
+                if last_step:
+                    return checkpointer.finish()
+                checkpointer.poll()  # a background save that finished is committed, or its failure voted on
+                with diagnostics.step(run.step):  # a profiler window, and a memory snapshot on OOM
+                    result = take_step(run, model, recovery.batches, stop.requested)
+                diagnostics.step_finished(run.step - 1, result.data_wait)  # every rank: an all-gather at intervals
+                stop.note(result.stop)
+                records.log(result)
+                if result.save_failed:  # some rank saw a background save fail: this step's state is saved now
+                    checkpointer.retry(run)
+            except RollbackRequested as request:  # every rank alike: spikes in a row, a NaN (if asked)
+                recovery.roll_back(request)
+    finally:
+        recovery.close()
+        diagnostics.close()  # a profile window or memory recording still open is written
+        checkpointer.close()  # after a failure: a background save that finishes still counts
+
+
+def describe_launch(ctx: Context, run: Run) -> None:
+    cfg, env, runtime = ctx.cfg, ctx.env, ctx.runtime
+    ctx.logger.console(
         f"model {cfg.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
         f"device {runtime.device} | {runtime.dtype} | compile {runtime.compile} | {cfg.strategy} | "
         f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.stream.num_rows:,} train rows "
@@ -132,91 +176,42 @@ def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: Ru
         + ")"
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
 
-    model = run.strategy.training_model(run.model)  # compiled, and wrapped by DDP: the training forward
-    diagnostics = Diagnostics(cfg, env, runtime, cfg.out_dir, logger)  # each off unless configured
-    diagnostics.watch(model)  # the ranks' compute time ends at their last forward
-    checkpointer = Checkpointer(cfg, env, logger, record)  # file or sharded, at most one save in flight
-    lockstep = Lockstep(cfg, env, runtime, pending_failure=lambda: logger.failure, save_failed=checkpointer.failed)
-    take_step = wrap_step(lockstep.step) if wrap_step else lockstep.step  # run.step -> run.step + 1
-    batches = prefetch(cfg, run, runtime)
-    stopping = False  # set only from all-reduced votes, so every rank stops at the same step
-    first_step = True
-    try:
-        while True:
-            try:
-                last_step = run.step == cfg.max_steps
-                stopping = stopping or evaluation.run_due(run, last_step, lambda: any_rank(preemption.requested, env))
-                if stopping:
-                    signal_name = preemption.signal_name or "a stop signal (on another rank)"
-                    if run.step == run.start_step:  # no update since the launch (or the rollback): nothing new
-                        logger.console(f"{signal_name} received before the first step; nothing new to save")
-                        return
-                    checkpointer.save_before_exit(run)  # written in full before the process exits
-                    logger.console(f"{signal_name} received: saved step {run.step}; {resume_hint(cfg)}")
-                    return
-                if checkpointer.due(run, last_step):
-                    checkpointer.save(run, blocking=last_step)  # the last one is waited for anyway
-                if last_step:
-                    checkpointer.wait()  # a background save still in flight
-                    run_on_all_ranks(env, logger.check)  # the last records were written
-                    return
 
-                diagnostics.step_started(run.step)
-                checkpointer.poll()  # a background save that finished is committed, or its failure voted on
-                try:
-                    result = take_step(run, model, batches, preemption.requested)
-                except torch.OutOfMemoryError:
-                    diagnostics.out_of_memory(run.step)  # memory_snapshot: what filled the memory
-                    raise
-                diagnostics.step_finished(run.step - 1, result.data_wait)  # every rank: an all-gather at intervals
-                stopping = result.stop
-                log_step(cfg, env, runtime, run, logger, result, flops_per_token, first_step)
-                if result.save_failed:  # some rank saw a background save fail: this step's state is saved now
-                    checkpointer.retry(run)
-                if first_step:  # the first step is done: hangs surface in minutes from now
-                    set_collective_timeout(env, datetime.timedelta(minutes=cfg.hang_timeout_minutes))
-                    first_step = False
-            except RollbackRequested as request:  # every rank alike: spikes in a row, or a NaN (if asked)
-                checkpointer.wait(fail=False)  # a save in flight counts: it may be the newest good state
-                batches.close()
-                roll_back(cfg, env, run, logger, request)
-                batches = prefetch(cfg, run, runtime)  # from the checkpoint's step, past the batches since
-    finally:
-        batches.close()
-        diagnostics.close()  # a profile window or memory recording still open is written
-        checkpointer.close()  # after a failure: a background save that finishes still counts
+class StepRecords:
+    """The train record of each step (and skip records), and what the launch's first step settles."""
 
+    def __init__(self, ctx: Context, run: Run):
+        self.ctx, self.run = ctx, run
+        self.flops_per_token = run.model.estimate_flops_per_token(ctx.cfg.seq_len)
+        self.first = True
 
-def prefetch(cfg: TrainConfig, run: Run, runtime: Runtime) -> Prefetcher:
-    """The micro-batches of the steps from run.step to max_steps, read ahead on a thread."""
-    return Prefetcher(run.train_loader, run.step + run.data_offset, cfg.max_steps + run.data_offset, runtime.device)
-
-
-def log_step(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger, result: StepResult,
-             flops_per_token: int, first_step: bool) -> None:
-    """The train record of the step just taken (and, after the launch's first, the startup record)."""
-    tokens_per_sec = cfg.total_batch_size / result.seconds  # all ranks together
-    record = {"kind": "train", "step": run.step - 1, "loss": result.loss, "lr": result.lr,
-              "grad_norm": result.grad_norm, "tokens": run.tokens_seen, "tokens_per_sec": tokens_per_sec,
-              "step_ms": result.seconds * 1000}
-    if result.skipped:
-        record["skipped"] = True  # float16 overflow: no update (the scaler lowered its scale)
-    mfu = model_flops_utilization(flops_per_token, tokens_per_sec, env.world_size, runtime.peak_flops)
-    if mfu is not None:
-        record["mfu"] = mfu
-    if runtime.device_type == "cuda":
-        record["peak_mem_gb"] = torch.cuda.max_memory_allocated(runtime.device) / 2**30
-    logger.log(record)
-    if result.spike:
-        logger.log({"kind": "skip", "step": record["step"], "tokens": run.tokens_seen, "loss": result.loss,
-                    "grad_norm": result.grad_norm, "reason": result.spike})
-        logger.warn(f"step {record['step']}: loss spike, the update was not applied ({result.spike})")
-    if first_step:
-        logger.log({"kind": "startup", "step": run.step - 1, "compile": runtime.compile,
-                    "seconds_to_first_step": time.time() - process_start_time(),
-                    "state_gib_per_rank": local_state_bytes(run.model, run.optimizer) / 2**30})
-    if record["step"] % cfg.log_interval == 0 or run.step == cfg.max_steps:
-        logger.console(format_train_line(record))
+    def log(self, result: StepResult) -> None:
+        cfg, env, runtime, logger, run = self.ctx.cfg, self.ctx.env, self.ctx.runtime, self.ctx.logger, self.run
+        tokens_per_sec = cfg.total_batch_size / result.seconds  # all ranks together
+        record = {"kind": "train", "step": run.step - 1, "loss": result.loss, "lr": result.lr,
+                  "grad_norm": result.grad_norm, "tokens": run.tokens_seen, "tokens_per_sec": tokens_per_sec,
+                  "step_ms": result.seconds * 1000}
+        if result.skipped:
+            record["skipped"] = True  # float16 overflow: no update (the scaler lowered its scale)
+        mfu = model_flops_utilization(self.flops_per_token, tokens_per_sec, env.world_size, runtime.peak_flops)
+        if mfu is not None:
+            record["mfu"] = mfu
+        if runtime.device_type == "cuda":
+            record["peak_mem_gb"] = torch.cuda.max_memory_allocated(runtime.device) / 2**30
+        logger.log(record)
+        if result.spike:
+            logger.log({"kind": "skip", "step": record["step"], "tokens": run.tokens_seen, "loss": result.loss,
+                        "grad_norm": result.grad_norm, "reason": result.spike})
+            logger.warn(f"step {record['step']}: loss spike, the update was not applied ({result.spike})")
+        if self.first:  # the launch's first step (not a rollback's): compiled, and the ranks in step
+            logger.log({"kind": "startup", "step": record["step"], "compile": runtime.compile,
+                        "seconds_to_first_step": time.time() - process_start_time(),
+                        "state_gib_per_rank": local_state_bytes(run.model, run.optimizer) / 2**30})
+            # from here on a collective that waits long is a hang: it surfaces in minutes
+            set_collective_timeout(env, datetime.timedelta(minutes=cfg.hang_timeout_minutes))
+            self.first = False
+        if record["step"] % cfg.log_interval == 0 or run.step == cfg.max_steps:
+            logger.console(format_train_line(record))
 
 
 def resume_hint(cfg: TrainConfig) -> str:

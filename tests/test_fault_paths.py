@@ -326,10 +326,11 @@ def test_weights_that_are_not_finite_are_never_saved(data, tmp_path, capfd):
 def test_the_step_vote_carries_the_failed_save_without_another_sync(data, tmp_path):
     """The vote for a retry rides on the step's one all-reduce: no extra collective, no extra sync."""
     from conftest import build_tiny_run
+    from data.loader import Prefetcher
     from training.lockstep import Lockstep
 
     cfg, env, runtime, run = build_tiny_run(data, tmp_path / "out")
-    batches = train_gpt2.prefetch(cfg, run, runtime)
+    batches = Prefetcher(run.train_loader, 0, cfg.max_steps, runtime.device)
     try:
         result = Lockstep(cfg, env, runtime, save_failed=lambda: True).step(run, run.model, batches, False)
         assert result.save_failed and run.step == 1

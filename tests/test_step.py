@@ -12,6 +12,7 @@ import torch
 from conftest import REPO, build_tiny_run
 from data.loader import Prefetcher
 from errors import NonFiniteLossError
+from training.context import Context
 from training.preemption import PreemptionFlag
 from training.run_logger import RunLogger
 from training.lockstep import Lockstep
@@ -72,7 +73,7 @@ def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs
         cfg, env, runtime, run = build_tiny_run(shards, tmp_path / f"run{steps}", max_steps=steps, **quiet)
         count_syncs.clear()
         logger = RunLogger(enabled=False)
-        train_gpt2.train(cfg, env, runtime, run, logger, PreemptionFlag(), record={})
+        train_gpt2.train(Context(cfg, env, runtime, logger), run, PreemptionFlag(), record={})
         totals[steps] = dict(count_syncs)
     growth = {site: totals[7].get(site, 0) - totals[3].get(site, 0) for site in {*totals[3], *totals[7]}}
     assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/lockstep.py")): 4}

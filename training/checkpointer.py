@@ -115,6 +115,12 @@ class Checkpointer:
         else:
             self.wait()
 
+    def finish(self) -> None:
+        """After the last step: the save in flight is written and committed, and so were the log's last
+        records (a run whose log failed at the end does not end as a success). Collective."""
+        self.wait()
+        run_on_all_ranks(self.env, self.logger.check)
+
     def save_before_exit(self, run: Run) -> None:
         """This step's state, written and committed on return (a stop signal: the process exits next),
         unless it is saved already (a retry's save at this very step), then that save is waited for."""

@@ -20,6 +20,7 @@ Nothing here is checkpointed: diagnostics are not part of a run's course.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import statistics
 import time
@@ -455,6 +456,17 @@ class Diagnostics:
         """forward_done on every forward of `model` (the training model), when rank stats are on."""
         if self.ranks.interval and self._hook is None:
             self._hook = self.ranks.watch(model)
+
+    @contextlib.contextmanager
+    def step(self, step: int):
+        """Around the work of update `step`: its profiler region, and a memory snapshot if it runs out
+        of memory (memory_snapshot: what filled the memory)."""
+        self.step_started(step)
+        try:
+            yield
+        except torch.OutOfMemoryError:
+            self.out_of_memory(step)
+            raise
 
     def step_started(self, step: int) -> None:
         self.profile.step_started(step)

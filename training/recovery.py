@@ -1,0 +1,45 @@
+"""The loop's data feed, and what a rollback does to it: go back to the newest good state, and read on past
+the batches since.
+
+A rollback is asked for by the step, on every rank alike (training/spikes.py's RollbackRequested:
+spikes in a row, a NaN/inf with rollback_on_nonfinite) or by a save that found non-finite weights
+(training/checkpointer.py). The run's state becomes the checkpoint's (training/run.py roll_back),
+and the feed restarts at the data position that state says.
+"""
+
+from __future__ import annotations
+
+from data.loader import Prefetcher
+from training.checkpointer import Checkpointer
+from training.config import TrainConfig
+from training.distributed import DistEnv
+from training.run import Run, roll_back
+from training.run_logger import RunLogger
+from training.runtime import Runtime
+from training.spikes import RollbackRequested
+
+
+class Recovery:
+    """Every rank holds one: `batches` feeds the steps from run.step to max_steps, read ahead on a thread."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger,
+                 checkpointer: Checkpointer):
+        self.cfg, self.env, self.runtime, self.run, self.logger = cfg, env, runtime, run, logger
+        self.checkpointer = checkpointer
+        self.batches = self._read_ahead()
+
+    def _read_ahead(self) -> Prefetcher:
+        """The micro-batches of the steps from run.step on: step s reads data position s + data_offset."""
+        run = self.run
+        return Prefetcher(run.train_loader, run.step + run.data_offset, self.cfg.max_steps + run.data_offset,
+                          self.runtime.device)
+
+    def roll_back(self, request: RollbackRequested) -> None:
+        """Every rank: continue from the newest good checkpoint, past the batches since (collective)."""
+        self.checkpointer.wait(fail=False)  # a save in flight counts: it may be the newest good state
+        self.batches.close()
+        roll_back(self.cfg, self.env, self.run, self.logger, request)
+        self.batches = self._read_ahead()
+
+    def close(self) -> None:
+        self.batches.close()
