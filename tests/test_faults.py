@@ -117,9 +117,9 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight,
     stdout, stderr = proc.communicate(timeout=120)
     assert "SIGTERM received: saved step" in stdout, stdout + stderr
     # torchrun itself exits 1 and prints its SignalException, although both workers exited 0
-    # after the checkpoint: the README's failure table says so
+    # after the checkpoint: docs/OPERATIONS.md's failure table says so
     assert proc.returncode == 1 and "SignalException" in stderr, (proc.returncode, stderr[-2000:])
-    assert "torchrun itself exits 1" in (REPO / "README.md").read_text()
+    assert "torchrun itself exits 1" in (REPO / "docs" / "OPERATIONS.md").read_text()
     (saved,) = [s for s, _ in list_checkpoints(out / "checkpoints")]
     assert 3 < saved < STEPS  # the preemption's checkpoint, at the next step boundary
     run_trainer(args, nproc=2)  # the same command again
