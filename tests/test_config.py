@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import re
 import subprocess
 import sys
@@ -15,8 +16,12 @@ import yaml
 from conftest import REPO
 import train_gpt2
 from errors import run_cli
-from training.config import (MAX_HANG_TIMEOUT_MINUTES, ConfigError, TrainConfig, config_yaml, load_yaml,
+from training.config import (MAX_HANG_TIMEOUT_MINUTES, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
                              parse_args)
+from training.optimizers import OptimizerSettings
+from training.run_logger import LoggingSettings
+from training.schedule import ScheduleSettings
+from training.spikes import LongRunSettings
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -143,6 +148,44 @@ def test_help_and_the_readme_table_cover_every_key():
     documented = {key for row in table.splitlines() if row.startswith("| `")
                   for key in re.findall(r"`(\w+)`", row.split(" | ")[0])}
     assert documented == set(fields)
+
+
+def test_the_sections_partition_the_keys():
+    """TrainConfig declares no key itself: each is a field of exactly one section, in the sections' order."""
+    assert [key for section in SECTIONS for key in section.keys()] == list(TrainConfig.keys())
+    names = [section.SECTION for section in SECTIONS]
+    assert len(set(names)) == len(names) == 11 and "config" not in names
+    cfg = TrainConfig()
+    for section in SECTIONS:
+        assert cfg.section(section) == section(), section.SECTION  # a section stands alone, with its defaults
+        assert issubclass(TrainConfig, section)
+
+
+@pytest.mark.parametrize("section,values,message", [
+    (OptimizerSettings, dict(beta2=1.0), "beta2: must be in [0, 1), got 1.0"),
+    (ScheduleSettings, dict(max_lr=math.inf), "max_lr: must be a finite number, got inf"),
+    (ScheduleSettings, dict(min_lr=1e-2), "min_lr: 0.01 is above max_lr 0.0006"),
+    (LongRunSettings, dict(rollback_after=2), "rollback_after: counts skipped steps, so it needs spike_skip: true"),
+    (LoggingSettings, dict(wandb_mode="cloud"), "wandb_mode: unknown mode 'cloud'"),
+])
+def test_a_section_checks_its_own_keys(section, values, message):
+    with pytest.raises(ConfigError) as caught:
+        section(**values)
+    assert str(caught.value).startswith(message)
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(**values)  # the same rule, the same message
+    assert str(caught.value).startswith(message)
+
+
+def test_the_rules_that_span_sections_are_trainconfigs():
+    from training.config import DataSettings
+
+    assert DataSettings(seq_len=2048).seq_len == 2048  # the data section alone cannot know block_size
+    with pytest.raises(ConfigError, match="^seq_len: 2048 exceeds block_size 1024$"):
+        TrainConfig(seq_len=2048)
+    assert ScheduleSettings(max_lr=0.0, min_lr=0.0).max_lr == 0  # nor the schedule the optimizer
+    with pytest.raises(ConfigError, match="^max_lr: must be positive with optimizer muon"):
+        TrainConfig(optimizer="muon", max_lr=0.0, min_lr=0.0)
 
 
 # every float key, found from the field types (not from the list config.py keeps), so a new one is covered
