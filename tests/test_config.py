@@ -20,7 +20,7 @@ from training.config import (MAX_HANG_TIMEOUT_MINUTES, SECTIONS, ConfigError, Tr
                              parse_args)
 from training.optimizers import OptimizerSettings
 from training.run_logger import LoggingSettings
-from training.schedule import ScheduleSettings
+from training.schedule import ScheduleSettings, learning_rate
 from training.spikes import LongRunSettings
 
 
@@ -186,6 +186,12 @@ def test_the_rules_that_span_sections_are_trainconfigs():
     assert ScheduleSettings(max_lr=0.0, min_lr=0.0).max_lr == 0  # nor the schedule the optimizer
     with pytest.raises(ConfigError, match="^max_lr: must be positive with optimizer muon"):
         TrainConfig(optimizer="muon", max_lr=0.0, min_lr=0.0)
+
+
+def test_the_schedule_is_handed_its_section():
+    schedule = TrainConfig(max_steps=100, warmup_steps=10, lr_schedule="wsd").section(ScheduleSettings)
+    assert [schedule.lr(s) for s in range(105)] == [learning_rate(s, 10, 100, 6e-4, 6e-5, "wsd", 0.2, "linear")
+                                                   for s in range(105)]
 
 
 # every float key, found from the field types (not from the list config.py keeps), so a new one is covered
