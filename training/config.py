@@ -18,14 +18,19 @@ rules that span sections. The sections, and where each is declared:
     logging      the console, TensorBoard, W&B               training/run_logger.py
 
 The keys users type stay flat. Precedence: the defaults (the faithful GPT-2 124M recipe) <
-`--config FILE.yaml` < `--key value` / `--key=value`. Every value is converted by its field's type,
-and the whole configuration is validated in `__post_init__` before any work starts. A problem is a
+`--config FILE.yaml` (flat keys, or a section's keys nested under its name) < `--key value` /
+`--key=value`. The command line is parsed by argparse, generated from the sections (one argument
+group each: `--help` lists the keys by section), and every value is converted by its field's type;
+the whole configuration is validated in `__post_init__` before any work starts. A problem is a
 `ConfigError` whose message names the key: the trainer prints it on one line and exits 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
+import json
 import types
 import typing
 from dataclasses import dataclass
@@ -36,7 +41,7 @@ import yaml
 
 from data.loader import grad_accum_steps
 from data.tokenizer import GPT2_VOCAB_SIZE
-from errors import ConfigError, first_line
+from errors import ArgumentParser, ConfigError, first_line
 from model import PRESETS, GPTConfig
 from training.optimizers import OptimizerSettings
 from training.parallel import STRATEGIES
@@ -325,6 +330,8 @@ class TrainConfig(LoggingSettings, DiagnosticsSettings, LongRunSettings, Runtime
 
 
 SECTIONS: tuple[type[Settings], ...] = tuple(reversed(TrainConfig.__bases__))
+SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
+SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
 # --- what a changed key does to a run's steps (the resume warning, training/run.py) -------------------
@@ -367,11 +374,9 @@ OTHER_KEYS = frozenset({
 # --- parsing --------------------------------------------------------------------------------------
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_HINTS = typing.get_type_hints(TrainConfig)
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-
-
-_HINTS = typing.get_type_hints(TrainConfig)
 
 
 def _base_types(key: str) -> tuple[type, ...]:
@@ -383,6 +388,15 @@ def _base_types(key: str) -> tuple[type, ...]:
     return (origin or hint,)
 
 
+def known_key(key: str) -> str:
+    """key, or a ConfigError naming it with the keys it may have meant."""
+    if key not in _FIELDS:
+        close = [k for k in _FIELDS if k.startswith(key[:4])]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(f"{key}: unknown config key{hint}")
+    return key
+
+
 def coerce(key: str, value):
     """Check (a YAML value) or convert (command-line text) one value to its field's type.
 
@@ -390,11 +404,7 @@ def coerce(key: str, value):
     reads `6e-4` (no dot) as a string, and users write floats every way. Strings stay exactly
     as written (a prompt may start with a space).
     """
-    if key not in _FIELDS:
-        close = [k for k in _FIELDS if k.startswith(key[:4])]
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ConfigError(f"{key}: unknown config key{hint}")
-    accepted = _base_types(key)
+    accepted = _base_types(known_key(key))
     if isinstance(value, str):
         return _from_text(key, value, accepted)
     # a YAML value: already typed; ints are fine for floats, but bools are not ints
@@ -443,6 +453,8 @@ def _type_name(accepted: tuple[type, ...]) -> str:
 
 
 def load_yaml(path: str | Path) -> dict:
+    """The keys a YAML file sets, each checked against its field's type: flat (`max_lr: 6e-4`), or nested
+    under its section's name (`schedule: {max_lr: 6e-4}`); a key set twice is an error."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config: no such file {path}")
@@ -452,46 +464,92 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config: {path} is not valid YAML ({first_line(e)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path} must hold a mapping of keys to values")
-    return {k: coerce(k, v) for k, v in data.items()}
+    pairs = []
+    for key, value in data.items():
+        section = SECTION_NAMED.get(key)
+        if section is None or not isinstance(value, dict):  # `model: gpt2` is a key; `model: {...}` a section
+            require(section is None or key in _FIELDS, key, f"a section: expected a mapping of its keys, got {value!r}")
+            pairs.append((key, value))
+            continue
+        for inner, inner_value in value.items():
+            owner = SECTION_OF.get(known_key(inner))
+            require(owner is section, inner, f"is a key of section {owner.SECTION}, not of {key}")
+            pairs.append((inner, inner_value))
+    values: dict = {}
+    for key, value in pairs:
+        require(key not in values, key, f"set twice in {path}")
+        values[key] = coerce(key, value)
+    return values
+
+
+# --- the command line: argparse, generated from the sections ------------------------------------------
+
+USAGE = "train_gpt2.py [--config configs/NAME.yaml] [--key value | --key=value ...]"
+DESCRIPTION = """\
+Every key below can be set in the YAML file (flat, or nested under its section's name) or on the
+command line (the command line wins). Each belongs to one settings section of the code."""
+_METAVARS = {bool: "true|false", int: "INT", float: "NUMBER", str: "TEXT", list: "A,B,...", type(None): "null"}
+
+
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="train_gpt2.py", usage=USAGE, description=DESCRIPTION, add_help=False,
+                            allow_abbrev=False, argument_default=argparse.SUPPRESS, exit_on_error=False)
+    parser.add_argument_group("config file").add_argument(
+        "--config", action="append", metavar="FILE.yaml", help="YAML keys to start from (given twice: both, the "
+                                                               "second winning)")
+    for section in SECTIONS:
+        group = parser.add_argument_group(section.SECTION, section.SUMMARY)
+        for f in dataclasses.fields(section):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            group.add_argument(f"--{f.name}", type=functools.partial(coerce, f.name),
+                               metavar="|".join(_METAVARS[t] for t in _base_types(f.name)),
+                               help=f"{f.metadata['help']} (default: {json.dumps(default)})".replace("%", "%%"))
+    return parser
+
+
+def _argparse_form(argv: list[str]) -> list[str]:
+    """argv as argparse reads it: `-` in a key as `_` (users type both), and `--key VALUE` as `--key=VALUE`
+    where VALUE starts with one `-` (-1e-3, -inf, -x: argparse would take it for an option)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            key, equals, value = arg[2:].partition("=")
+            arg = f"--{key.replace('-', '_')}{equals}{value}"
+        elif arg.startswith("-") and not arg.startswith("--") and out and _takes_value(out[-1]):
+            out[-1] = f"{out[-1]}={arg}"
+            continue
+        out.append(arg)
+    return out
+
+
+def _takes_value(arg: str) -> bool:
+    """Whether arg is a `--key` still waiting for its value."""
+    return arg.startswith("--") and "=" not in arg and arg[2:] in (_FIELDS.keys() | {"config"})
 
 
 def usage() -> str:
-    lines = ["usage: train_gpt2.py [--config configs/NAME.yaml] [--key value | --key=value ...]", "",
-             "Every key below can be set in the YAML file or on the command line (the command line wins).", ""]
-    for f in dataclasses.fields(TrainConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        lines.append(f"  --{f.name} ({_type_name(_base_types(f.name))}, default {default!r})")
-        lines.append(f"      {f.metadata['help']}")
-    return "\n".join(lines)
+    """--help: the keys by section, each with its type, help and default."""
+    return _parser().format_help()
 
 
 def parse_args(argv: list[str]) -> TrainConfig:
     """`[--config FILE] [--key value | --key=value ...]` -> a validated TrainConfig."""
-    pairs: list[tuple[str, str]] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--") or arg == "--":
-            raise ConfigError(f"{arg}: expected --key value or --key=value")
-        if "=" in arg:
-            key, value = arg[2:].split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"{arg[2:]}: missing value")
-            key, value = arg[2:], argv[i + 1]
-            i += 2
-        pairs.append((key.replace("-", "_"), value))
+    try:
+        given, rest = _parser().parse_known_args(_argparse_form(argv))
+    except argparse.ArgumentError as e:  # the one argparse raises here: a key without its value
+        key = (e.argument_name or "").lstrip("-")
+        raise ConfigError(f"{key}: {'missing value' if 'expected one' in e.message else e.message}") from None
+    if rest:
+        if rest[0].startswith("--") and rest[0] != "--":
+            known_key(rest[0][2:].partition("=")[0])  # raises: argparse knows every key
+        raise ConfigError(f"{rest[0]}: expected --key value or --key=value")
     values: dict = {}
-    for key, value in pairs:
-        if key == "config":
-            values.update(load_yaml(value))
-    for key, value in pairs:
-        if key != "config":
-            values[key] = coerce(key, value)
-    return TrainConfig(**values)
+    given = vars(given)
+    for path in given.pop("config", []):
+        values.update(load_yaml(path))
+    return TrainConfig(**{**values, **given})
 
 
 def config_yaml(config: TrainConfig) -> str:
-    """The resolved configuration as YAML (what `--config` reads back)."""
+    """The resolved configuration as YAML, flat (what `--config` reads back)."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
