@@ -1,4 +1,4 @@
-"""Bytes per GPU for each GPT-2 preset under DDP and FSDP, for 1, 2, 4 and 8 GPUs (the table in README.md, "Bigger models on smaller GPUs").
+"""Bytes per GPU for each GPT-2 preset under DDP and FSDP, for 1, 2, 4 and 8 GPUs (README, "Bigger models").
 
     python scripts/memory_table.py [--seq_len 1024] [--gpu_gb 24]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import re
 import subprocess
 import sys
@@ -15,8 +16,12 @@ import yaml
 from conftest import REPO
 import train_gpt2
 from errors import run_cli
-from training.config import (MAX_HANG_TIMEOUT_MINUTES, ConfigError, TrainConfig, config_yaml, load_yaml,
-                             parse_args)
+from training.config import (MAX_HANG_TIMEOUT_MINUTES, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
+                             parse_args, usage)
+from training.optimizers import OptimizerSettings
+from training.run_logger import LoggingSettings
+from training.schedule import ScheduleSettings, learning_rate
+from training.spikes import LongRunSettings
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -132,16 +137,121 @@ def test_seed_must_fit_every_generator_it_feeds(seed, ok):
             parse_args(["--seed", str(seed)])
 
 
-@pytest.mark.slow
-def test_help_and_the_configuration_table_cover_every_key():
-    fields = [f.name for f in dataclasses.fields(TrainConfig)]
-    helped = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), "--help"], capture_output=True, text=True)
+def test_help_lists_every_key_once_under_its_section():
+    """--help (argparse's, generated from the sections) groups the keys by the section that declares them."""
+    under: dict[str, list[str]] = {}
+    group = None
+    for line in usage().splitlines():
+        if line and not line.startswith(" "):
+            group = line.removesuffix(":")  # a group's title (or the usage line and the description)
+        elif found := re.match(r"  --(\w+) ", line):
+            under.setdefault(found[1], []).append(group)
+    assert under == {"config": ["config file"], **{key: [section.SECTION] for section in SECTIONS
+                                                   for key in section.keys()}}
+    flat = "".join(usage().split())  # argparse wraps the help text
     for f in dataclasses.fields(TrainConfig):
-        assert f"--{f.name} (" in helped.stdout and f.metadata["help"] in helped.stdout, f.name
+        assert "".join(f.metadata["help"].split()) in flat, f.name
+
+
+def test_the_configuration_table_lists_every_key_once_under_its_section():
     table = (REPO / "docs" / "CONFIGURATION.md").read_text()
-    documented = {key for row in table.splitlines() if row.startswith("| `")
-                  for key in re.findall(r"`(\w+)`", row.split(" | ")[0])}
-    assert documented == set(fields)
+    documented, section = [], None
+    for row in table.splitlines():
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1].startswith("`"):  # | section (its first row only) | keys | meaning |
+            section = cells[0] or section
+            documented += [(key, section) for key in re.findall(r"`(\w+)`", cells[1])]
+    assert sorted(documented) == sorted((key, section.SECTION) for section in SECTIONS for key in section.keys())
+
+
+def test_the_sections_partition_the_keys():
+    """TrainConfig declares no key itself: each is a field of exactly one section, in the sections' order."""
+    assert [key for section in SECTIONS for key in section.keys()] == list(TrainConfig.keys())
+    names = [section.SECTION for section in SECTIONS]
+    assert len(set(names)) == len(names) == 11 and "config" not in names
+    cfg = TrainConfig()
+    for section in SECTIONS:
+        assert cfg.section(section) == section(), section.SECTION  # a section stands alone, with its defaults
+        assert issubclass(TrainConfig, section)
+
+
+@pytest.mark.parametrize("section,values,message", [
+    (OptimizerSettings, dict(beta2=1.0), "beta2: must be in [0, 1), got 1.0"),
+    (ScheduleSettings, dict(max_lr=math.inf), "max_lr: must be a finite number, got inf"),
+    (ScheduleSettings, dict(min_lr=1e-2), "min_lr: 0.01 is above max_lr 0.0006"),
+    (LongRunSettings, dict(rollback_after=2), "rollback_after: counts skipped steps, so it needs spike_skip: true"),
+    (LoggingSettings, dict(wandb_mode="cloud"), "wandb_mode: unknown mode 'cloud'"),
+])
+def test_a_section_checks_its_own_keys(section, values, message):
+    with pytest.raises(ConfigError) as caught:
+        section(**values)
+    assert str(caught.value).startswith(message)
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(**values)  # the same rule, the same message
+    assert str(caught.value).startswith(message)
+
+
+def test_the_rules_that_span_sections_are_trainconfigs():
+    from training.config import DataSettings
+
+    assert DataSettings(seq_len=2048).seq_len == 2048  # the data section alone cannot know block_size
+    with pytest.raises(ConfigError, match="^seq_len: 2048 exceeds block_size 1024$"):
+        TrainConfig(seq_len=2048)
+    assert ScheduleSettings(max_lr=0.0, min_lr=0.0).max_lr == 0  # nor the schedule the optimizer
+    with pytest.raises(ConfigError, match="^max_lr: must be positive with optimizer muon"):
+        TrainConfig(optimizer="muon", max_lr=0.0, min_lr=0.0)
+
+
+def test_the_schedule_is_handed_its_section():
+    schedule = TrainConfig(max_steps=100, warmup_steps=10, lr_schedule="wsd").section(ScheduleSettings)
+    assert [schedule.lr(s) for s in range(105)] == [learning_rate(s, 10, 100, 6e-4, 6e-5, "wsd", 0.2, "linear")
+                                                   for s in range(105)]
+
+
+def test_yaml_keys_may_be_nested_under_their_section(tmp_path):
+    flat, nested = tmp_path / "flat.yaml", tmp_path / "nested.yaml"
+    flat.write_text("model: custom\nn_layer: 2\nn_head: 2\nn_embd: 64\noptimizer: adamw\nmax_lr: 1e-3\nseed: 3\n")
+    nested.write_text("model: {model: custom, n_layer: 2, n_head: 2, n_embd: 64}\noptimizer: {optimizer: adamw}\n"
+                      "schedule:\n  max_lr: 1e-3\nseed: 3\n")
+    assert load_yaml(nested) == load_yaml(flat)
+    assert parse_args(["--config", str(nested)]) == parse_args(["--config", str(flat)])
+    for text, message in [("schedule: {beta2: 0.9}\n", "beta2: is a key of section optimizer, not of schedule"),
+                          ("schedule: {lerning_rate: 1}\n", "lerning_rate: unknown config key"),
+                          ("max_lr: 1e-3\nschedule: {max_lr: 2e-3}\n", "max_lr: set twice in "),
+                          ("checkpoint: 5\n", "checkpoint: a section: expected a mapping of its keys, got 5"),
+                          ("model: [gpt2]\n", "model: expected a string, got ['gpt2']")]:
+        nested.write_text(text)
+        with pytest.raises(ConfigError) as caught:
+            load_yaml(nested)
+        assert str(caught.value).startswith(message), text
+
+
+@pytest.mark.parametrize("argv,value", [
+    (["--max-lr", "1e-3"], ("max_lr", 1e-3)),  # - or _ in a key
+    (["--max-lr=1e-3"], ("max_lr", 1e-3)),
+    (["--sample_prompt", "-x"], ("sample_prompt", "-x")),  # a value starting with - is a value
+    (["--sample_prompt", "- x"], ("sample_prompt", "- x")),
+    (["--seed", "3", "--seed", "4"], ("seed", 4)),  # the last one wins
+    (["--wandb_tags", ""], ("wandb_tags", [])),
+])
+def test_command_line_spellings(argv, value):
+    key, expected = value
+    assert getattr(parse_args(argv), key) == expected
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--min_lr", "-1e-3"], "min_lr: must be >= 0, got -0.001"),  # argparse alone would take -1e-3 for an option
+    (["--max", "1"], "max: unknown config key (did you mean max_steps, max_lr, max_rollbacks?)"),  # no abbreviations
+    (["--help"], "help: unknown config key"),  # only as the first argument (train_gpt2.main)
+    (["--seed", "--max_lr", "1"], "seed: missing value"),
+    (["--config"], "config: missing value"),
+    (["--max_lr", "1", "extra"], "extra: expected --key value or --key=value"),
+    (["--"], "--: expected --key value or --key=value"),
+])
+def test_command_line_mistakes_are_one_line_naming_the_key(argv, message):
+    with pytest.raises(ConfigError) as caught:
+        parse_args(argv)
+    assert str(caught.value) == message
 
 
 # every float key, found from the field types (not from the list config.py keeps), so a new one is covered

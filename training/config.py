@@ -1,29 +1,54 @@
-"""The training configuration: one typed dataclass, filled from YAML and command-line overrides.
+"""The training configuration: settings sections, one per component, composed into TrainConfig.
 
-Precedence: dataclass defaults (the faithful GPT-2 124M recipe) < `--config FILE.yaml` <
-`--key value` / `--key=value`. Every value is checked against its field's type, and the whole
-configuration is validated in `__post_init__` before any work starts; a problem is a
-`ConfigError` whose message names the key. The trainer prints it on one line and exits 2.
+Every key is a typed dataclass field with its help text beside it, declared by the one settings
+section (training/settings.py) of the component it configures, and checked by that section's
+validate(); TrainConfig is all the sections at once (cfg.max_lr), and its own validate() holds the
+rules that span sections. The sections, and where each is declared:
+
+    run          out_dir                                     here: run_folder.py imports it (via checkpoint.py)
+    data         the shards and the batch geometry           here: data/ is a layer below training/
+    model        the architecture, the initial weights       here: model.py imports nothing of the project
+    optimizer    AdamW or Muon + AdamW, gradient clipping    training/optimizers.py
+    schedule     max_steps and the learning-rate schedule    training/schedule.py
+    evaluation   val loss, HellaSwag, samples                here: evals/ is a layer above training/
+    checkpoint   cadence, retention, resume, where and how   here: checkpointer.py, checkpoint.py import it
+    runtime      device, precision, kernels, seed, ranks     here: read by runtime.py, parallel.py, distributed.py
+    long_run     loss spikes and rollbacks                   training/spikes.py
+    diagnostics  rank stats, profiler, memory snapshots      here: diagnostics.py imports it
+    logging      the console, TensorBoard, W&B               training/run_logger.py
+
+The keys users type stay flat. Precedence: the defaults (the faithful GPT-2 124M recipe) <
+`--config FILE.yaml` (flat keys, or a section's keys nested under its name) < `--key value` /
+`--key=value`. The command line is parsed by argparse, generated from the sections (one argument
+group each: `--help` lists the keys by section), and every value is converted by its field's type;
+the whole configuration is validated in `__post_init__` before any work starts. A problem is a
+`ConfigError` whose message names the key: the trainer prints it on one line and exits 2.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import math
+import functools
+import json
 import types
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
 from data.loader import grad_accum_steps
 from data.tokenizer import GPT2_VOCAB_SIZE
-from errors import ConfigError, first_line
+from errors import ArgumentParser, ConfigError, first_line
 from model import PRESETS, GPTConfig
-from training.optimizers import OPTIMIZERS, muon_unavailable
+from training.optimizers import OptimizerSettings
 from training.parallel import STRATEGIES
-from training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_start
+from training.run_logger import LoggingSettings
+from training.schedule import ScheduleSettings
+from training.settings import Settings, check, option, require
+from training.spikes import LongRunSettings
 from training.storage import absolute, is_url
 
 # The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
@@ -32,19 +57,58 @@ from training.storage import absolute, is_url
 MAX_HANG_TIMEOUT_MINUTES = 365 * 24 * 60
 
 
-def option(default, help: str):
-    """A config field with its help text beside it (printed by --help)."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+# --- the sections kept here ------------------------------------------------------------------------
+
+@dataclass
+class RunSettings(Settings):
+    """The run section: the run folder (training/run_folder.py, which every part of a run writes into)."""
+
+    SECTION = "run"
+    SUMMARY = "the run folder"
+
+    out_dir: str = option("out/gpt2_124m", "run folder: config.yaml, run.json, log.jsonl, checkpoints/")
+
+    def validate(self) -> None:
+        require(not is_url(self.out_dir), "out_dir",
+                f"{self.out_dir!r} is a URL, but the run folder (logs, config) is a local or shared path; put "
+                f"checkpoints on remote storage with --checkpoint_dir URL")
 
 
 @dataclass
-class TrainConfig:
-    # --- data and run folder
+class DataSettings(Settings):
+    """The data section, read by data/loader.py (here: data/ is a layer below training/ and its settings kit)."""
+
+    SECTION = "data"
+    SUMMARY = "the token shards and the batch geometry"
+
     data_dir: str = option("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy)")
-    out_dir: str = option("out/gpt2_124m", "run folder: config.yaml, run.json, log.jsonl, checkpoints/")
-    # --- model
+    total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)")
+    micro_batch_size: int = option(64, "sequences in one forward pass on one rank (B)")
+    seq_len: int = option(1024, "tokens per sequence (T)")
+    shuffle: bool = option(False, "read the train rows in a new order every epoch, seeded by seed and epoch (false: "
+                                  "build-nanogpt's order, the shards in order, then in a seeded shard order)")
+    doc_aligned: bool = option(False, "start every train row at a document (its <|endoftext|>): a document longer "
+                                      "than a row is cut at the row's end and its rest passed over (the startup "
+                                      "line says the share of tokens the rows use)")
+
+    def validate(self) -> None:
+        for key in ("total_batch_size", "micro_batch_size", "seq_len"):
+            require(getattr(self, key) > 0, key, f"must be positive, got {getattr(self, key)}")
+        require(self.total_batch_size % self.seq_len == 0, "total_batch_size",
+                f"{self.total_batch_size} is not a multiple of seq_len {self.seq_len}")
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """total_batch_size / (micro_batch_size * seq_len * world_size), which must be whole (ConfigError)."""
+        return grad_accum_steps(self.total_batch_size, self.seq_len, self.micro_batch_size, world_size)
+
+
+@dataclass
+class ModelSettings(Settings):
+    """The model section, made into model.py's GPTConfig (here: model.py imports nothing of the project)."""
+
+    SECTION = "model"
+    SUMMARY = "the architecture and the initial weights"
+
     model: str = option("gpt2", "gpt2, gpt2-medium, gpt2-large, gpt2-xl, or custom (with n_layer, n_head, n_embd)")
     n_layer: int | None = option(None, "transformer blocks (model=custom only)")
     n_head: int | None = option(None, "attention heads (model=custom only)")
@@ -55,45 +119,37 @@ class TrainConfig:
     dropout: float = option(0.0, "dropout probability (0 for pretraining)")
     init_from: str = option("scratch", "initial weights: scratch, a GPT-2 preset or HF folder, or a checkpoint .pt "
                                     "(weights only)")
-    # --- batch geometry
-    total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)")
-    micro_batch_size: int = option(64, "sequences in one forward pass on one rank (B)")
-    seq_len: int = option(1024, "tokens per sequence (T)")
-    # --- optimisation (the GPT-3 paper's 125M recipe at GPT-2 124M scale)
-    max_steps: int = option(19073, "optimizer steps (10B tokens / 524,288)")
-    warmup_steps: int = option(715, "linear warmup steps (375M tokens)")
-    max_lr: float = option(6e-4, "peak learning rate")
-    min_lr: float = option(6e-5, "learning rate at the end of the cosine (10% of max_lr)")
-    weight_decay: float = option(0.1, "AdamW weight decay, on 2-D weights only")
-    beta1: float = option(0.9, "AdamW beta1")
-    beta2: float = option(0.95, "AdamW beta2")
-    adam_eps: float = option(1e-8, "AdamW epsilon")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this (0: no clipping; the norm is still logged)")
-    lr_schedule: str = option("cosine", "cosine (warmup, then cosine decay to min_lr: GPT-3's) or wsd "
-                                        "(warmup-stable-decay: warmup, max_lr held, then a cooldown to min_lr over "
-                                        "the last cooldown_frac of max_steps)")
-    cooldown_frac: float = option(0.2, "wsd: the share of max_steps that cools down, in (0, 1] (0.2: the 20% "
-                                       "cooldown that matches a tuned cosine in Hagele et al. 2024)")
-    cooldown_shape: str = option("linear", "wsd: linear, or 1-sqrt (lr = min_lr + (max_lr - min_lr) * "
-                                           "(1 - sqrt(progress)): a little better in Hagele et al. 2024)")
-    optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon, PyTorch 2.9+, "
-                                     "on the blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay "
-                                     "on embeddings, lm_head, LayerNorms and biases; ddp only). A checkpoint resumes "
-                                     "only with the optimizer it was written with")
-    muon_lr: float = option(0.02, "muon: peak learning rate of the Muon matrices, scaled by the schedule like "
-                                  "max_lr (0.02: Keller Jordan's Muon default; the orthogonalised update has "
-                                  "singular values near 1, so this lr is not on AdamW's scale)")
-    muon_momentum: float = option(0.95, "muon: Nesterov momentum (0.95: the Muon paper and modded-nanogpt)")
-    muon_weight_decay: float = option(0.0, "muon: decoupled weight decay, applied as w *= 1 - lr * wd with the "
-                                           "Muon lr (0: as Keller Jordan's Muon and the modded-nanogpt speedruns; "
-                                           "torch's default 0.1 is meant for AdamW-sized lrs and would shrink the "
-                                           "weights 0.2% a step at lr 0.02)")
-    shuffle: bool = option(False, "read the train rows in a new order every epoch, seeded by seed and epoch (false: "
-                                  "build-nanogpt's order, the shards in order, then in a seeded shard order)")
-    doc_aligned: bool = option(False, "start every train row at a document (its <|endoftext|>): a document longer "
-                                      "than a row is cut at the row's end and its rest passed over (the startup "
-                                      "line says the share of tokens the rows use)")
-    # --- evaluation (val loss always runs after the last step)
+
+    def validate(self) -> None:
+        shape = ("n_layer", "n_head", "n_embd")
+        if self.model == "custom":
+            for key in shape:
+                require(getattr(self, key) is not None, key, "must be set when model is custom")
+        else:
+            require(self.model in PRESETS, "model",
+                    f"unknown model {self.model!r}; choose one of {', '.join(PRESETS)} or custom")
+            for key in shape:
+                require(getattr(self, key) is None, key, f"only used with model=custom (model is {self.model})")
+        for key in (*shape, "vocab_size", "block_size"):
+            value = getattr(self, key)
+            require(value is None or value > 0, key, f"must be positive, got {value}")
+        require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
+        if self.model == "custom":
+            require(self.n_embd % self.n_head == 0, "n_embd", f"{self.n_embd} is not divisible by n_head {self.n_head}")
+        # init_from is checked where its weights are read
+
+    def model_config(self) -> GPTConfig:
+        shape = PRESETS.get(self.model) or dict(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd)
+        return GPTConfig(block_size=self.block_size, vocab_size=self.vocab_size, dropout=self.dropout, **shape)
+
+
+@dataclass
+class EvalSettings(Settings):
+    """The evaluation section, read by evals/ (here: evals/ is a layer above training/)."""
+
+    SECTION = "evaluation"
+    SUMMARY = "val loss (always after the last step), HellaSwag and text samples"
+
     eval_interval: int = option(250, "val loss every N steps (0: only after the last)")
     val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288)")
     hellaswag_interval: int = option(250, "HellaSwag every N steps and after the last (0: off)")
@@ -103,7 +159,26 @@ class TrainConfig:
     sample_prompt: str = option("Hello, I'm a language model,", "prompt of the samples ('': unconditional)")
     sample_count: int = option(4, "samples each time")
     sample_tokens: int = option(32, "new tokens per sample")
-    # --- checkpoints
+
+    def validate(self) -> None:
+        for key in ("val_tokens", "sample_count", "sample_tokens"):
+            require(getattr(self, key) > 0, key, f"must be positive, got {getattr(self, key)}")
+        for key in ("eval_interval", "hellaswag_interval", "hellaswag_limit", "sample_interval"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        # hellaswag_path is checked where the file is opened
+
+
+CHECKPOINT_FORMATS = ("auto", "file", "sharded")
+
+
+@dataclass
+class CheckpointSettings(Settings):
+    """The checkpoint section, read by training/checkpointer.py and checkpoint.py (here: they import this
+    module)."""
+
+    SECTION = "checkpoint"
+    SUMMARY = "when checkpoints are written and kept, where they go, which one a run resumes"
+
     checkpoint_interval: int = option(5000, "checkpoint every N steps (0: only at the end and on preemption)")
     final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)")
     keep_last: int = option(3, "keep the newest N checkpoints")
@@ -116,7 +191,33 @@ class TrainConfig:
                                             "(sharded under fsdp and for URLs, else file); both resume anywhere")
     checkpoint_async: bool = option(True, "sharded checkpoints are written in the background: training waits only "
                                           "for the copy to host memory")
-    # --- runtime
+
+    def resolve(self) -> None:
+        # stored absolute, so config.yaml, the checkpoints' config and run.json name the place itself: a tool run
+        # from another folder (sample.py --ckpt RUN_FOLDER reads config.yaml's checkpoint_dir) finds it too
+        self.checkpoint_dir = absolute(self.checkpoint_dir)
+
+    def validate(self) -> None:
+        require(self.checkpoint_interval >= 0, "checkpoint_interval", f"must be >= 0, got {self.checkpoint_interval}")
+        require(self.keep_last > 0, "keep_last", f"must be positive, got {self.keep_last}")
+        require(self.checkpoint_format in CHECKPOINT_FORMATS, "checkpoint_format",
+                f"unknown format {self.checkpoint_format!r}; choose auto, file or sharded")
+        require(not (is_url(self.checkpoint_dir) and self.checkpoint_format == "file"), "checkpoint_format",
+                f"file checkpoints are written locally; checkpoint_dir {self.checkpoint_dir!r} is a URL: use sharded")
+        # resume's path is checked where the checkpoint is opened
+
+
+DEVICES = ("auto", "cuda", "mps", "cpu")
+DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
+
+
+@dataclass
+class RuntimeSettings(Settings):
+    """The runtime section, read by training/runtime.py, parallel.py and distributed.py."""
+
+    SECTION = "runtime"
+    SUMMARY = "device, precision, kernels, the seed, and how the ranks share the model"
+
     device: str = option("auto", "auto, cuda, cuda:N, mps or cpu")
     dtype: str = option("auto", "auto (bfloat16 autocast on GPUs and on CPUs where it is faster, float16 with a "
                              "gradient scaler on GPUs without bf16 such as V100/T4, else float32), bfloat16, float16, "
@@ -128,24 +229,36 @@ class TrainConfig:
                                         "docs/PERFORMANCE.md; on CPUs the kernels mostly are already)")
     loss_chunk_size: int | None = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
                                             "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
-    log_interval: int = option(1, "console line every N steps (log.jsonl gets every step)")
     peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
     strategy: str = option("ddp", "data parallelism: ddp (a full copy per rank), fsdp (parameters, gradients and "
                                "AdamW state sharded, like ZeRO-3) or fsdp_zero2 (fsdp keeping a block's parameters "
                                "gathered from its forward to its backward)")
     hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
                                             "(a rank hung or died); start-up gets 30 minutes")
-    # --- long runs: loss spikes, rollback, diagnostics
-    spike_skip: bool = option(False, "skip an update whose loss or grad norm is more than spike_threshold standard "
-                                     "deviations above the mean of the last spike_window applied steps (every rank "
-                                     "skips the same one; a skip record says why)")
-    spike_window: int = option(128, "applied steps in the spike window; nothing is skipped until it is full")
-    spike_threshold: float = option(6.0, "standard deviations above the window's mean that make a spike")
-    rollback_after: int = option(0, "after N skipped steps in a row, reload the newest checkpoint and continue past "
-                                    "the batches since it (0: never; needs spike_skip)")
-    rollback_on_nonfinite: bool = option(False, "a NaN/inf loss or grad norm rolls back like rollback_after instead "
-                                                "of stopping the run (exit 3)")
-    max_rollbacks: int = option(3, "rollbacks in one run; the next one stops it with an error (exit 3)")
+
+    def validate(self) -> None:
+        require(self.device in DEVICES or self.device.startswith("cuda:"), "device",
+                f"unknown device {self.device!r}; choose auto, cuda, mps or cpu")
+        require(self.dtype in DTYPES, "dtype",
+                f"unknown dtype {self.dtype!r}; choose auto, bfloat16, float16, float32 or float64")
+        # numpy's seed sequences (the epoch shuffles) take non-negative integers, torch.manual_seed 64 bits
+        require(0 <= self.seed < 2**64, "seed", f"must be in [0, 2**64), got {self.seed}")
+        require(self.loss_chunk_size is None or self.loss_chunk_size >= 0, "loss_chunk_size",
+                f"must be >= 0, got {self.loss_chunk_size}")
+        require(self.peak_flops >= 0, "peak_flops", f"must be >= 0, got {self.peak_flops}")
+        require(self.strategy in STRATEGIES, "strategy",
+                f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
+        require(0 < self.hang_timeout_minutes <= MAX_HANG_TIMEOUT_MINUTES, "hang_timeout_minutes",
+                f"must be positive and at most {MAX_HANG_TIMEOUT_MINUTES} (a year), got {self.hang_timeout_minutes}")
+
+
+@dataclass
+class DiagnosticsSettings(Settings):
+    """The diagnostics section, read by training/diagnostics.py (here: it imports this module)."""
+
+    SECTION = "diagnostics"
+    SUMMARY = "rank stats, stragglers, the profiler and memory snapshots"
+
     rank_stats_interval: int = option(100, "every N steps the ranks share their step and data-wait times, and a "
                                            "ranks record gives the median and the slowest rank (0: off)")
     straggler_factor: float = option(1.5, "warn, naming rank and host, when a rank's step time stays above this "
@@ -155,124 +268,47 @@ class TrainConfig:
     profile_steps: int = option(3, "steps in the profile window")
     memory_snapshot: int = option(0, "CUDA only: record every allocation for the first N steps, then write one "
                                      "snapshot per rank to out_dir/memory/ (also on out-of-memory; 0: off)")
-    tensorboard: bool = option(False, "also write the log's numbers as TensorBoard scalars to out_dir/tensorboard/ "
-                                      "(needs the tensorboard package)")
-    # --- Weights & Biases
-    wandb: bool = option(False, "log to Weights & Biases")
-    wandb_project: str = option("gpt2-repro", "W&B project")
-    wandb_run_name: str = option("", "W&B run name ('': W&B picks one)")
-    wandb_mode: str = option("online", "online, offline (sync later) or disabled")
-    wandb_tags: list[str] = option([], "W&B tags, comma-separated on the command line")
 
-    def __post_init__(self):
-        # stored absolute, so config.yaml, the checkpoints' config and run.json name the place itself: a tool run
-        # from another folder (sample.py --ckpt RUN_FOLDER reads config.yaml's checkpoint_dir) finds it too
-        self.checkpoint_dir = absolute(self.checkpoint_dir)
-        self.validate()
-
-    # --- validation -------------------------------------------------------------------------
     def validate(self) -> None:
-        def require(ok: bool, key: str, message: str) -> None:
-            if not ok:
-                raise ConfigError(f"{key}: {message}")
-
-        # no float key gives inf or nan a meaning (where a key can be off, 0 is that value), and the checks
-        # below would let inf through (inf > 0) into the code that uses it (a timedelta overflows)
-        for key in _FLOAT_KEYS:
-            require(math.isfinite(getattr(self, key)), key, f"must be a finite number, got {getattr(self, key)}")
-        if self.model == "custom":
-            for key in ("n_layer", "n_head", "n_embd"):
-                require(getattr(self, key) is not None, key, "must be set when model is custom")
-        else:
-            require(self.model in PRESETS, "model",
-                    f"unknown model {self.model!r}; choose one of {', '.join(PRESETS)} or custom")
-            for key in ("n_layer", "n_head", "n_embd"):
-                require(getattr(self, key) is None, key, f"only used with model=custom (model is {self.model})")
-        for key in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "total_batch_size",
-                    "micro_batch_size", "seq_len", "max_steps", "val_tokens", "keep_last",
-                    "log_interval", "sample_count", "sample_tokens"):
-            value = getattr(self, key)
-            require(value is None or value > 0, key, f"must be positive, got {value}")
-        for key in ("warmup_steps", "eval_interval", "hellaswag_interval", "sample_interval",
-                    "checkpoint_interval", "hellaswag_limit", "loss_chunk_size"):
-            value = getattr(self, key)
-            require(value is None or value >= 0, key, f"must be >= 0, got {value}")
-        for key in ("rollback_after", "max_rollbacks", "rank_stats_interval", "profile_from", "memory_snapshot"):
+        for key in ("rank_stats_interval", "profile_from", "memory_snapshot"):
             require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
-        require(self.spike_window >= 2, "spike_window", f"must be >= 2, got {self.spike_window}")
-        require(self.spike_threshold > 0, "spike_threshold", f"must be positive, got {self.spike_threshold}")
         require(self.profile_steps > 0, "profile_steps", f"must be positive, got {self.profile_steps}")
         require(self.straggler_factor == 0 or self.straggler_factor > 1, "straggler_factor",
                 f"must be 0 (never) or above 1, got {self.straggler_factor}")
-        require(not self.rollback_after or self.spike_skip, "rollback_after",
-                "counts skipped steps, so it needs spike_skip: true")
-        for key in ("max_lr", "weight_decay", "grad_clip", "dropout", "peak_flops", "min_lr"):
-            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
-        require(self.min_lr <= self.max_lr, "min_lr", f"{self.min_lr} is above max_lr {self.max_lr}")
-        require(self.dropout < 1, "dropout", f"must be below 1, got {self.dropout}")
-        for key in ("beta1", "beta2"):
-            require(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
-        require(self.adam_eps > 0, "adam_eps", f"must be positive, got {self.adam_eps}")
-        require(self.lr_schedule in SCHEDULES, "lr_schedule",
-                f"unknown schedule {self.lr_schedule!r}; choose {', '.join(SCHEDULES)}")
-        require(self.cooldown_shape in COOLDOWN_SHAPES, "cooldown_shape",
-                f"unknown shape {self.cooldown_shape!r}; choose {', '.join(COOLDOWN_SHAPES)}")
-        require(0 < self.cooldown_frac <= 1, "cooldown_frac", f"must be in (0, 1], got {self.cooldown_frac}")
-        if self.lr_schedule == "wsd":
-            start = cooldown_start(self.max_steps, self.cooldown_frac)
-            require(self.warmup_steps <= start, "warmup_steps",
-                    f"{self.warmup_steps} runs into the wsd cooldown, which starts at step {start} "
-                    f"(max_steps {self.max_steps}, cooldown_frac {self.cooldown_frac})")
-        require(self.optimizer in OPTIMIZERS, "optimizer",
-                f"unknown optimizer {self.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
-        require(self.muon_lr >= 0, "muon_lr", f"must be >= 0, got {self.muon_lr}")
-        require(0 <= self.muon_momentum < 1, "muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
-        require(self.muon_weight_decay >= 0, "muon_weight_decay", f"must be >= 0, got {self.muon_weight_decay}")
+
+
+# --- the whole configuration ------------------------------------------------------------------------
+
+S = TypeVar("S", bound=Settings)
+
+
+# The bases in reverse: a dataclass's fields start with its last base's, so the keys (config.yaml, to_dict,
+# --help) come in the order of SECTIONS below.
+@dataclass
+class TrainConfig(LoggingSettings, DiagnosticsSettings, LongRunSettings, RuntimeSettings, CheckpointSettings,
+                  EvalSettings, ScheduleSettings, OptimizerSettings, ModelSettings, DataSettings, RunSettings):
+    """Every key of every section, flat (cfg.max_lr); cfg.section(ScheduleSettings) is one section's values."""
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Each section's rules (in SECTIONS' order), then the rules that span sections."""
+        for section in SECTIONS:
+            check(section, self)
+        require(self.seq_len <= self.block_size, "seq_len", f"{self.seq_len} exceeds block_size {self.block_size}")
+        for key in ("hellaswag_interval", "sample_interval"):  # they read GPT-2-tokenized text
+            require(not getattr(self, key) or self.vocab_size >= GPT2_VOCAB_SIZE, key,
+                    f"needs vocab_size >= {GPT2_VOCAB_SIZE} (GPT-2's tokenizer), got {self.vocab_size}; set it to 0")
         if self.optimizer == "muon":
-            missing = muon_unavailable()
-            require(missing is None, "optimizer", missing)
             require(self.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
                                                "muon_lr by lr / max_lr)")
             require(self.strategy == "ddp", "optimizer",
                     f"muon needs whole weight matrices; it runs under strategy ddp ({self.strategy} shards them)")
-        # numpy's seed sequences (the epoch shuffles) take non-negative integers, torch.manual_seed 64 bits
-        require(0 <= self.seed < 2**64, "seed", f"must be in [0, 2**64), got {self.seed}")
-        if self.model == "custom":
-            require(self.n_embd % self.n_head == 0, "n_embd", f"{self.n_embd} is not divisible by n_head {self.n_head}")
-        for key in ("hellaswag_interval", "sample_interval"):  # they read GPT-2-tokenized text
-            require(not getattr(self, key) or self.vocab_size >= GPT2_VOCAB_SIZE, key,
-                    f"needs vocab_size >= {GPT2_VOCAB_SIZE} (GPT-2's tokenizer), got {self.vocab_size}; set it to 0")
-        require(self.seq_len <= self.block_size, "seq_len",
-                f"{self.seq_len} exceeds block_size {self.block_size}")
-        require(self.total_batch_size % self.seq_len == 0, "total_batch_size",
-                f"{self.total_batch_size} is not a multiple of seq_len {self.seq_len}")
-        require(self.device in ("auto", "cuda", "mps", "cpu") or self.device.startswith("cuda:"), "device",
-                f"unknown device {self.device!r}; choose auto, cuda, mps or cpu")
-        require(self.dtype in ("auto", "bfloat16", "float16", "float32", "float64"), "dtype",
-                f"unknown dtype {self.dtype!r}; choose auto, bfloat16, float16, float32 or float64")
-        require(self.strategy in STRATEGIES, "strategy",
-                f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
-        require(self.wandb_mode in ("online", "offline", "disabled"), "wandb_mode",
-                f"unknown mode {self.wandb_mode!r}; choose online, offline or disabled")
-        require(0 < self.hang_timeout_minutes <= MAX_HANG_TIMEOUT_MINUTES, "hang_timeout_minutes",
-                f"must be positive and at most {MAX_HANG_TIMEOUT_MINUTES} (a year), got {self.hang_timeout_minutes}")
-        require(self.checkpoint_format in ("auto", "file", "sharded"), "checkpoint_format",
-                f"unknown format {self.checkpoint_format!r}; choose auto, file or sharded")
-        require(not is_url(self.out_dir), "out_dir",
-                f"{self.out_dir!r} is a URL, but the run folder (logs, config) is a local or shared path; put "
-                f"checkpoints on remote storage with --checkpoint_dir URL")
-        require(not (is_url(self.checkpoint_dir) and self.checkpoint_format == "file"), "checkpoint_format",
-                f"file checkpoints are written locally; checkpoint_dir {self.checkpoint_dir!r} is a URL: use sharded")
-        # paths (resume, init_from, hellaswag_path, data_dir) are checked where the files are opened
 
-    # --- derived values -----------------------------------------------------------------------
-    def model_config(self) -> GPTConfig:
-        shape = PRESETS.get(self.model) or dict(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd)
-        return GPTConfig(block_size=self.block_size, vocab_size=self.vocab_size, dropout=self.dropout, **shape)
-
-    def grad_accum_steps(self, world_size: int) -> int:
-        """total_batch_size / (micro_batch_size * seq_len * world_size), which must be whole (ConfigError)."""
-        return grad_accum_steps(self.total_batch_size, self.seq_len, self.micro_batch_size, world_size)
+    def section(self, cls: type[S]) -> S:
+        """This configuration's values of one section: what a component that needs no other key is handed."""
+        return cls(**{key: getattr(self, key) for key in cls.keys()})
 
     def resolved_checkpoint_format(self) -> str:
         """file or sharded: auto is sharded where one writer gathering everything does not scale
@@ -291,6 +327,11 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+SECTIONS: tuple[type[Settings], ...] = tuple(reversed(TrainConfig.__bases__))
+SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
+SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
 # --- what a changed key does to a run's steps (the resume warning, training/run.py) -------------------
@@ -330,15 +371,12 @@ OTHER_KEYS = frozenset({
     "memory_snapshot", "tensorboard", "wandb", "wandb_project", "wandb_run_name", "wandb_mode", "wandb_tags",
 })
 
-
 # --- parsing --------------------------------------------------------------------------------------
 
-_FIELDS = {f.name: f for f in fields(TrainConfig)}
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_HINTS = typing.get_type_hints(TrainConfig)
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
-
-
-_HINTS = typing.get_type_hints(TrainConfig)
 
 
 def _base_types(key: str) -> tuple[type, ...]:
@@ -350,7 +388,13 @@ def _base_types(key: str) -> tuple[type, ...]:
     return (origin or hint,)
 
 
-_FLOAT_KEYS = tuple(key for key in _FIELDS if float in _base_types(key))
+def known_key(key: str) -> str:
+    """key, or a ConfigError naming it with the keys it may have meant."""
+    if key not in _FIELDS:
+        close = [k for k in _FIELDS if k.startswith(key[:4])]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(f"{key}: unknown config key{hint}")
+    return key
 
 
 def coerce(key: str, value):
@@ -360,11 +404,7 @@ def coerce(key: str, value):
     reads `6e-4` (no dot) as a string, and users write floats every way. Strings stay exactly
     as written (a prompt may start with a space).
     """
-    if key not in _FIELDS:
-        close = [k for k in _FIELDS if k.startswith(key[:4])]
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ConfigError(f"{key}: unknown config key{hint}")
-    accepted = _base_types(key)
+    accepted = _base_types(known_key(key))
     if isinstance(value, str):
         return _from_text(key, value, accepted)
     # a YAML value: already typed; ints are fine for floats, but bools are not ints
@@ -413,6 +453,8 @@ def _type_name(accepted: tuple[type, ...]) -> str:
 
 
 def load_yaml(path: str | Path) -> dict:
+    """The keys a YAML file sets, each checked against its field's type: flat (`max_lr: 6e-4`), or nested
+    under its section's name (`schedule: {max_lr: 6e-4}`); a key set twice is an error."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config: no such file {path}")
@@ -422,46 +464,92 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config: {path} is not valid YAML ({first_line(e)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path} must hold a mapping of keys to values")
-    return {k: coerce(k, v) for k, v in data.items()}
+    pairs = []
+    for key, value in data.items():
+        section = SECTION_NAMED.get(key)
+        if section is None or not isinstance(value, dict):  # `model: gpt2` is a key; `model: {...}` a section
+            require(section is None or key in _FIELDS, key, f"a section: expected a mapping of its keys, got {value!r}")
+            pairs.append((key, value))
+            continue
+        for inner, inner_value in value.items():
+            owner = SECTION_OF.get(known_key(inner))
+            require(owner is section, inner, f"is a key of section {owner.SECTION}, not of {key}")
+            pairs.append((inner, inner_value))
+    values: dict = {}
+    for key, value in pairs:
+        require(key not in values, key, f"set twice in {path}")
+        values[key] = coerce(key, value)
+    return values
+
+
+# --- the command line: argparse, generated from the sections ------------------------------------------
+
+USAGE = "train_gpt2.py [--config configs/NAME.yaml] [--key value | --key=value ...]"
+DESCRIPTION = """\
+Every key below can be set in the YAML file (flat, or nested under its section's name) or on the
+command line (the command line wins). Each belongs to one settings section of the code."""
+_METAVARS = {bool: "true|false", int: "INT", float: "NUMBER", str: "TEXT", list: "A,B,...", type(None): "null"}
+
+
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="train_gpt2.py", usage=USAGE, description=DESCRIPTION, add_help=False,
+                            allow_abbrev=False, argument_default=argparse.SUPPRESS, exit_on_error=False)
+    parser.add_argument_group("config file").add_argument(
+        "--config", action="append", metavar="FILE.yaml", help="YAML keys to start from (given twice: both, the "
+                                                               "second winning)")
+    for section in SECTIONS:
+        group = parser.add_argument_group(section.SECTION, section.SUMMARY)
+        for f in dataclasses.fields(section):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            group.add_argument(f"--{f.name}", type=functools.partial(coerce, f.name),
+                               metavar="|".join(_METAVARS[t] for t in _base_types(f.name)),
+                               help=f"{f.metadata['help']} (default: {json.dumps(default)})".replace("%", "%%"))
+    return parser
+
+
+def _argparse_form(argv: list[str]) -> list[str]:
+    """argv as argparse reads it: `-` in a key as `_` (users type both), and `--key VALUE` as `--key=VALUE`
+    where VALUE starts with one `-` (-1e-3, -inf, -x: argparse would take it for an option)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            key, equals, value = arg[2:].partition("=")
+            arg = f"--{key.replace('-', '_')}{equals}{value}"
+        elif arg.startswith("-") and not arg.startswith("--") and out and _takes_value(out[-1]):
+            out[-1] = f"{out[-1]}={arg}"
+            continue
+        out.append(arg)
+    return out
+
+
+def _takes_value(arg: str) -> bool:
+    """Whether arg is a `--key` still waiting for its value."""
+    return arg.startswith("--") and "=" not in arg and arg[2:] in (_FIELDS.keys() | {"config"})
 
 
 def usage() -> str:
-    lines = ["usage: train_gpt2.py [--config configs/NAME.yaml] [--key value | --key=value ...]", "",
-             "Every key below can be set in the YAML file or on the command line (the command line wins).", ""]
-    for f in fields(TrainConfig):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        lines.append(f"  --{f.name} ({_type_name(_base_types(f.name))}, default {default!r})")
-        lines.append(f"      {f.metadata['help']}")
-    return "\n".join(lines)
+    """--help: the keys by section, each with its type, help and default."""
+    return _parser().format_help()
 
 
 def parse_args(argv: list[str]) -> TrainConfig:
     """`[--config FILE] [--key value | --key=value ...]` -> a validated TrainConfig."""
-    pairs: list[tuple[str, str]] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("--") or arg == "--":
-            raise ConfigError(f"{arg}: expected --key value or --key=value")
-        if "=" in arg:
-            key, value = arg[2:].split("=", 1)
-            i += 1
-        else:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"{arg[2:]}: missing value")
-            key, value = arg[2:], argv[i + 1]
-            i += 2
-        pairs.append((key.replace("-", "_"), value))
+    try:
+        given, rest = _parser().parse_known_args(_argparse_form(argv))
+    except argparse.ArgumentError as e:  # the one argparse raises here: a key without its value
+        key = (e.argument_name or "").lstrip("-")
+        raise ConfigError(f"{key}: {'missing value' if 'expected one' in e.message else e.message}") from None
+    if rest:
+        if rest[0].startswith("--") and rest[0] != "--":
+            known_key(rest[0][2:].partition("=")[0])  # raises: argparse knows every key
+        raise ConfigError(f"{rest[0]}: expected --key value or --key=value")
     values: dict = {}
-    for key, value in pairs:
-        if key == "config":
-            values.update(load_yaml(value))
-    for key, value in pairs:
-        if key != "config":
-            values[key] = coerce(key, value)
-    return TrainConfig(**values)
+    given = vars(given)
+    for path in given.pop("config", []):
+        values.update(load_yaml(path))
+    return TrainConfig(**{**values, **given})
 
 
 def config_yaml(config: TrainConfig) -> str:
-    """The resolved configuration as YAML (what `--config` reads back)."""
+    """The resolved configuration as YAML, flat (what `--config` reads back)."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False)

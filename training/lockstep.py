@@ -33,7 +33,7 @@ from training.config import TrainConfig
 from training.distributed import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
 from training.run import Run
 from training.runtime import Runtime
-from training.schedule import learning_rate
+from training.schedule import ScheduleSettings
 from training.spikes import RollbackRequested, spike_reason
 from training.step import apply_update, train_step
 
@@ -85,6 +85,7 @@ class Lockstep:
         """pending_failure: a failure this rank saw since the last step (rank 0's log writes);
         save_failed: this rank saw a background checkpoint save fail (its vote for a save now)."""
         self.cfg, self.env, self.runtime = cfg, env, runtime
+        self.schedule = cfg.section(ScheduleSettings)
         self.pending_failure, self.save_failed = pending_failure, save_failed
 
     def step(self, run: Run, model: torch.nn.Module, batches, stop_requested: bool) -> StepResult:
@@ -99,8 +100,7 @@ class Lockstep:
         if cfg.dropout > 0:
             # dropout masks depend on (seed, step, rank) only, so a resumed run draws the same ones
             torch.manual_seed(((cfg.seed * 1_000_003 + step) * 4099 + env.rank) % 2**64)
-        lr = learning_rate(step, cfg.warmup_steps, cfg.max_steps, cfg.max_lr, cfg.min_lr, cfg.lr_schedule,
-                           cfg.cooldown_frac, cfg.cooldown_shape)
+        lr = self.schedule.lr(step)
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
                                        (cfg.micro_batch_size, cfg.seq_len), env)
         loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, cfg.grad_clip or math.inf)

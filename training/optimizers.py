@@ -14,17 +14,22 @@ The training loop sets every group's "lr" to the schedule's value, in max_lr's u
 (training/step.py). Each group carries its own peak lr as "base_lr" (max_lr for the AdamW
 groups, muon_lr for Muon's), and the update uses lr * base_lr / max_lr: the schedule scales both
 optimizers alike, and the AdamW groups get the schedule's value exactly (base_lr / max_lr is 1).
+
+OptimizerSettings (below) is the config's optimizer section: its keys and their rules (max_lr, the
+peak of every group, is the schedule's: training/schedule.py).
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
 from errors import CheckpointError
 from model import GPT
+from training.settings import Settings, option, require
 
 OPTIMIZERS = ("adamw", "muon")
 MUON_TORCH = "2.9"  # the first PyTorch release with torch.optim.Muon (requirements.txt allows older ones)
@@ -135,3 +140,44 @@ def check_same_optimizer(cfg, saved_config: dict, path) -> None:
         raise CheckpointError(f"optimizer: {path} was written with optimizer {saved}, this run uses "
                               f"{cfg.optimizer}: its optimizer state does not fit; resume with --optimizer {saved}, "
                               f"or start from its weights with --init_from {path} in another out_dir")
+
+
+@dataclass
+class OptimizerSettings(Settings):
+    """The optimizer section: which optimizer, and its hyperparameters (its peak lr is the schedule's max_lr)."""
+
+    SECTION = "optimizer"
+    SUMMARY = "AdamW (GPT-2/3's) or Muon + AdamW, and gradient clipping"
+
+    optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon, PyTorch 2.9+, "
+                                     "on the blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay "
+                                     "on embeddings, lm_head, LayerNorms and biases; ddp only). A checkpoint resumes "
+                                     "only with the optimizer it was written with")
+    weight_decay: float = option(0.1, "AdamW weight decay, on 2-D weights only")
+    beta1: float = option(0.9, "AdamW beta1")
+    beta2: float = option(0.95, "AdamW beta2")
+    adam_eps: float = option(1e-8, "AdamW epsilon")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this (0: no clipping; the norm is still logged)")
+    muon_lr: float = option(0.02, "muon: peak learning rate of the Muon matrices, scaled by the schedule like "
+                                  "max_lr (0.02: Keller Jordan's Muon default; the orthogonalised update has "
+                                  "singular values near 1, so this lr is not on AdamW's scale)")
+    muon_momentum: float = option(0.95, "muon: Nesterov momentum (0.95: the Muon paper and modded-nanogpt)")
+    muon_weight_decay: float = option(0.0, "muon: decoupled weight decay, applied as w *= 1 - lr * wd with the "
+                                           "Muon lr (0: as Keller Jordan's Muon and the modded-nanogpt speedruns; "
+                                           "torch's default 0.1 is meant for AdamW-sized lrs and would shrink the "
+                                           "weights 0.2% a step at lr 0.02)")
+
+    def validate(self) -> None:
+        for key in ("weight_decay", "grad_clip"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        for key in ("beta1", "beta2"):
+            require(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
+        require(self.adam_eps > 0, "adam_eps", f"must be positive, got {self.adam_eps}")
+        require(self.optimizer in OPTIMIZERS, "optimizer",
+                f"unknown optimizer {self.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
+        require(self.muon_lr >= 0, "muon_lr", f"must be >= 0, got {self.muon_lr}")
+        require(0 <= self.muon_momentum < 1, "muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
+        require(self.muon_weight_decay >= 0, "muon_weight_decay", f"must be >= 0, got {self.muon_weight_decay}")
+        if self.optimizer == "muon":
+            missing = muon_unavailable()
+            require(missing is None, "optimizer", missing)

@@ -16,6 +16,8 @@ samples' text), and hides the values of the dropped records, so each step shows 
 in the log. W&B gets every record as one row, at W&B's own step (which only goes forward) with
 the training step as `trainer/step`, the x-axis of the charts; W&B cannot drop the rows of the
 redone steps, so a `rewind/to_step` row marks where they stop counting (see _wandb_log).
+
+LoggingSettings (at the end) is the config's logging section: the console, TensorBoard and W&B keys.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import json
 import math
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from atomic_file import atomic_write
 from errors import ConfigError, WriteError, print_warning
+from training.settings import Settings, option, require
 
 LOG_NAME = "log.jsonl"
 # Records of something that happened (not of a step's state): a rollback's rewind keeps them, so a second
@@ -321,3 +325,28 @@ def format_train_line(r: dict) -> str:
     mfu = f" | mfu {100 * r['mfu']:5.1f}%" if "mfu" in r else ""
     return (f"step {r['step']:6d} | loss {r['loss']:.4f} | lr {r['lr']:.3e} | norm {r['grad_norm']:6.3f} | "
             f"{r['step_ms']:8.1f} ms | {r['tokens_per_sec']:10,.0f} tok/s{mfu}")
+
+
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class LoggingSettings(Settings):
+    """The logging section: what rank 0 writes besides log.jsonl (which gets every record)."""
+
+    SECTION = "logging"
+    SUMMARY = "the console, TensorBoard and Weights & Biases"
+
+    log_interval: int = option(1, "console line every N steps (log.jsonl gets every step)")
+    tensorboard: bool = option(False, "also write the log's numbers as TensorBoard scalars to out_dir/tensorboard/ "
+                                      "(needs the tensorboard package)")
+    wandb: bool = option(False, "log to Weights & Biases")
+    wandb_project: str = option("gpt2-repro", "W&B project")
+    wandb_run_name: str = option("", "W&B run name ('': W&B picks one)")
+    wandb_mode: str = option("online", "online, offline (sync later) or disabled")
+    wandb_tags: list[str] = option([], "W&B tags, comma-separated on the command line")
+
+    def validate(self) -> None:
+        require(self.log_interval > 0, "log_interval", f"must be positive, got {self.log_interval}")
+        require(self.wandb_mode in WANDB_MODES, "wandb_mode",
+                f"unknown mode {self.wandb_mode!r}; choose online, offline or disabled")

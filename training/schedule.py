@@ -8,11 +8,16 @@ wsd     warmup-stable-decay: the same linear warmup, max_lr held constant, then 
 
 The value is in max_lr's units: the optimizer groups whose base lr is not max_lr (Muon's,
 training/optimizers.py) scale it by their base lr / max_lr.
+
+ScheduleSettings (below) is the config's schedule section: its keys, their rules, and lr(step).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+from training.settings import Settings, option, require
 
 SCHEDULES = ("cosine", "wsd")
 COOLDOWN_SHAPES = ("linear", "1-sqrt")
@@ -52,3 +57,46 @@ def _wsd(step: int, max_steps: int, max_lr: float, min_lr: float, cooldown_frac:
     else:
         raise ValueError(f"unknown cooldown_shape {shape!r}; choose {', '.join(COOLDOWN_SHAPES)}")
     return min_lr + (max_lr - min_lr) * remaining
+
+
+@dataclass
+class ScheduleSettings(Settings):
+    """The schedule section: the run's length and every step's learning rate (max_lr is the peak of
+    every optimizer group: training/optimizers.py scales Muon's muon_lr by lr / max_lr)."""
+
+    SECTION = "schedule"
+    SUMMARY = "the run's length and the learning rate of every step"
+
+    max_steps: int = option(19073, "optimizer steps (10B tokens / 524,288)")
+    warmup_steps: int = option(715, "linear warmup steps (375M tokens)")
+    max_lr: float = option(6e-4, "peak learning rate")
+    min_lr: float = option(6e-5, "learning rate at the end of the cosine (10% of max_lr)")
+    lr_schedule: str = option("cosine", "cosine (warmup, then cosine decay to min_lr: GPT-3's) or wsd "
+                                        "(warmup-stable-decay: warmup, max_lr held, then a cooldown to min_lr over "
+                                        "the last cooldown_frac of max_steps)")
+    cooldown_frac: float = option(0.2, "wsd: the share of max_steps that cools down, in (0, 1] (0.2: the 20% "
+                                       "cooldown that matches a tuned cosine in Hagele et al. 2024)")
+    cooldown_shape: str = option("linear", "wsd: linear, or 1-sqrt (lr = min_lr + (max_lr - min_lr) * "
+                                           "(1 - sqrt(progress)): a little better in Hagele et al. 2024)")
+
+    def validate(self) -> None:
+        require(self.max_steps > 0, "max_steps", f"must be positive, got {self.max_steps}")
+        require(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        for key in ("max_lr", "min_lr"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        require(self.min_lr <= self.max_lr, "min_lr", f"{self.min_lr} is above max_lr {self.max_lr}")
+        require(self.lr_schedule in SCHEDULES, "lr_schedule",
+                f"unknown schedule {self.lr_schedule!r}; choose {', '.join(SCHEDULES)}")
+        require(self.cooldown_shape in COOLDOWN_SHAPES, "cooldown_shape",
+                f"unknown shape {self.cooldown_shape!r}; choose {', '.join(COOLDOWN_SHAPES)}")
+        require(0 < self.cooldown_frac <= 1, "cooldown_frac", f"must be in (0, 1], got {self.cooldown_frac}")
+        if self.lr_schedule == "wsd":
+            start = cooldown_start(self.max_steps, self.cooldown_frac)
+            require(self.warmup_steps <= start, "warmup_steps",
+                    f"{self.warmup_steps} runs into the wsd cooldown, which starts at step {start} "
+                    f"(max_steps {self.max_steps}, cooldown_frac {self.cooldown_frac})")
+
+    def lr(self, step: int) -> float:
+        """learning_rate for optimizer update `step` (0-based) under these settings."""
+        return learning_rate(step, self.warmup_steps, self.max_steps, self.max_lr, self.min_lr, self.lr_schedule,
+                             self.cooldown_frac, self.cooldown_shape)

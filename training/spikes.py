@@ -11,11 +11,17 @@ on the step's one host synchronisation (training/lockstep.py). The loss is all-r
 gradient norm global, so every rank judges the same values the same way. The window, the skips
 in a row and the rollback count are part of the run's state (checkpoints), so a resumed run
 skips exactly the steps a straight one skips.
+
+LongRunSettings (below) is the config's long-run section: the spike and rollback keys and their rules.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from training.settings import Settings, option, require
 
 
 class RollbackRequested(Exception):
@@ -77,3 +83,30 @@ def spike_reason(judged: list[float], loss: float, grad_norm: float, threshold: 
     if grad_norm > norm_mean + threshold * norm_std:
         parts.append(f"grad norm {grad_norm:.4g} > {norm_mean:.4g} + {threshold:g} x {norm_std:.3g}")
     return " and ".join(parts) or "a spike"
+
+
+@dataclass
+class LongRunSettings(Settings):
+    """The long-run section: which updates are skipped as spikes, and when the run rolls back instead."""
+
+    SECTION = "long_run"
+    SUMMARY = "loss spikes: skipped updates and rollbacks"
+
+    spike_skip: bool = option(False, "skip an update whose loss or grad norm is more than spike_threshold standard "
+                                     "deviations above the mean of the last spike_window applied steps (every rank "
+                                     "skips the same one; a skip record says why)")
+    spike_window: int = option(128, "applied steps in the spike window; nothing is skipped until it is full")
+    spike_threshold: float = option(6.0, "standard deviations above the window's mean that make a spike")
+    rollback_after: int = option(0, "after N skipped steps in a row, reload the newest checkpoint and continue past "
+                                    "the batches since it (0: never; needs spike_skip)")
+    rollback_on_nonfinite: bool = option(False, "a NaN/inf loss or grad norm rolls back like rollback_after instead "
+                                                "of stopping the run (exit 3)")
+    max_rollbacks: int = option(3, "rollbacks in one run; the next one stops it with an error (exit 3)")
+
+    def validate(self) -> None:
+        for key in ("rollback_after", "max_rollbacks"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        require(self.spike_window >= 2, "spike_window", f"must be >= 2, got {self.spike_window}")
+        require(self.spike_threshold > 0, "spike_threshold", f"must be positive, got {self.spike_threshold}")
+        require(not self.rollback_after or self.spike_skip, "rollback_after",
+                "counts skipped steps, so it needs spike_skip: true")

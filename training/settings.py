@@ -1,0 +1,74 @@
+"""Settings sections: each component's keys, typed, with their help and their rules.
+
+A section is a dataclass deriving from `Settings`: its fields made with option() (the default,
+and the help text --help prints), its own rules in validate(), each a require() whose ConfigError
+names the key. A section sits beside the component it configures wherever the imports allow
+(training/optimizers.py, schedule.py, spikes.py, run_logger.py); the others are in
+training/config.py. TrainConfig (training/config.py) is every section at once, by inheritance:
+the keys stay flat (cfg.max_lr, --max_lr, `max_lr:` in YAML), each declared by the one section it
+belongs to, and cfg.section(OptimizerSettings) hands a component only its own values.
+
+A section's methods run on the section, or on a whole TrainConfig (TrainConfig.validate calls
+every section's validate with itself): they read only their own section's keys. A rule that
+needs two sections' keys is TrainConfig's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import ClassVar
+
+from errors import ConfigError
+
+
+def option(default, help: str):
+    """A settings field with its help text beside it (printed by --help)."""
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def require(ok: bool, key: str, message: str) -> None:
+    """One rule: a ConfigError `key: message` (one line, exit code 2) unless ok."""
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+class Settings:
+    """The base of every settings section (each a dataclass).
+
+    SECTION names the section: its --help group, and the YAML mapping its keys may be nested in;
+    SUMMARY says what it configures (under the group's title in --help).
+    """
+
+    SECTION: ClassVar[str] = ""
+    SUMMARY: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check(type(self), self)
+
+    def resolve(self) -> None:
+        """Normalise values in place before validation (a section overrides it where a value needs it)."""
+
+    def validate(self) -> None:
+        """This section's rules, each a require(...): a section overrides it."""
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The section's keys, in order (a TrainConfig's: every key)."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def check(section: type[Settings], values) -> None:
+    """Resolve and validate one section of `values` (the section itself, or a TrainConfig): no float key
+    is inf or nan (where a key can be off, 0 is that value, and the range checks would let inf through,
+    inf > 0), then the section's own rules."""
+    section.resolve(values)
+    hints = typing.get_type_hints(section)
+    for key in section.keys():
+        value = getattr(values, key)
+        if float in typing.get_args(hints[key]) + (hints[key],) and value is not None:
+            require(math.isfinite(value), key, f"must be a finite number, got {value}")
+    section.validate(values)
