@@ -22,7 +22,7 @@ from data.tokenizer import GPT2_VOCAB_SIZE
 from errors import ConfigError, first_line
 from model import PRESETS, GPTConfig
 from training.optimizers import OPTIMIZERS, muon_unavailable
-from training.parallel import STRATEGIES
+from training.parallel import STRATEGIES, strategies_help
 from training.schedule import COOLDOWN_SHAPES, SCHEDULES, cooldown_start
 from training.storage import absolute, is_url
 
@@ -130,9 +130,7 @@ class TrainConfig:
                                             "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
     log_interval: int = option(1, "console line every N steps (log.jsonl gets every step)")
     peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
-    strategy: str = option("ddp", "data parallelism: ddp (a full copy per rank), fsdp (parameters, gradients and "
-                               "AdamW state sharded, like ZeRO-3) or fsdp_zero2 (fsdp keeping a block's parameters "
-                               "gathered from its forward to its backward)")
+    strategy: str = option("ddp", f"data parallelism: {strategies_help()}")
     hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
                                             "(a rank hung or died); start-up gets 30 minutes")
     # --- long runs: loss spikes, rollback, diagnostics
@@ -233,8 +231,10 @@ class TrainConfig:
             require(missing is None, "optimizer", missing)
             require(self.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
                                                "muon_lr by lr / max_lr)")
-            require(self.strategy == "ddp", "optimizer",
-                    f"muon needs whole weight matrices; it runs under strategy ddp ({self.strategy} shards them)")
+            require(self.strategy not in STRATEGIES or STRATEGIES[self.strategy].supports_muon, "optimizer",
+                    f"muon needs whole weight matrices; it runs under strategy "
+                    f"{' or '.join(n for n, cls in STRATEGIES.items() if cls.supports_muon)} "
+                    f"({self.strategy} shards them)")
         # numpy's seed sequences (the epoch shuffles) take non-negative integers, torch.manual_seed 64 bits
         require(0 <= self.seed < 2**64, "seed", f"must be in [0, 2**64), got {self.seed}")
         if self.model == "custom":
@@ -275,11 +275,11 @@ class TrainConfig:
         return grad_accum_steps(self.total_batch_size, self.seq_len, self.micro_batch_size, world_size)
 
     def resolved_checkpoint_format(self) -> str:
-        """file or sharded: auto is sharded where one writer gathering everything does not scale
-        (fsdp), and where only sharded checkpoints can go (URLs)."""
+        """file or sharded: auto is the strategy's default_checkpoint_format (sharded for fsdp, where one
+        writer gathering everything does not scale), and sharded where only those can go (URLs)."""
         if self.checkpoint_format != "auto":
             return self.checkpoint_format
-        return "sharded" if self.strategy != "ddp" or is_url(self.checkpoint_dir) else "file"
+        return "sharded" if is_url(self.checkpoint_dir) else STRATEGIES[self.strategy].default_checkpoint_format
 
     def changes_training_math(self, key: str) -> bool:
         """Whether another value of key makes this run's steps differ (what a resume with it changed warns of)."""
