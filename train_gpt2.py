@@ -121,7 +121,7 @@ def open_run_folder(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger,
 def train(cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger,
           preemption: PreemptionFlag, record: dict, wrap_step=None) -> None:
     """The loop: at the top of each iteration the model has had run.step updates."""
-    evaluation = PeriodicEvaluation(cfg, env, runtime, logger, get_tokenizer())
+    evaluation = PeriodicEvaluation(cfg, env, runtime, run.strategy, logger, get_tokenizer())
     flops_per_token = run.model.estimate_flops_per_token(cfg.seq_len)
     logger.console(
         f"model {cfg.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
