@@ -129,7 +129,7 @@ def train(ctx: Context, run: Run, preemption: PreemptionFlag, record: dict, wrap
     cfg, env, runtime, logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
     describe_launch(ctx, run)
     model = run.strategy.training_model(run.model)  # compiled, and wrapped by DDP: the training forward
-    evaluation = PeriodicEvaluation(cfg, env, runtime, logger, get_tokenizer())  # val loss, HellaSwag, samples
+    evaluation = PeriodicEvaluation(cfg, env, runtime, run.strategy, logger, get_tokenizer())  # val, HellaSwag, samples
     diagnostics = Diagnostics(cfg, env, runtime, cfg.out_dir, logger)  # each off unless configured
     diagnostics.watch(model)  # the ranks' compute time ends at their last forward
     checkpointer = Checkpointer(cfg, env, logger, record)  # file or sharded, at most one save in flight

@@ -21,6 +21,10 @@ By default epoch 0 reads the shards in order and later epochs in a shard order s
 (seed, epoch), as build-nanogpt reads FineWeb. With `shuffle`, every epoch reads the rows
 themselves in an order seeded by (seed, epoch): global row j of epoch e is the row
 permutation_e[j]. The position is still a pure function of the step, on any world size.
+
+The loaders' `rank` r and `world_size` W are the data-parallel ones, the strategy's dp_rank and
+dp_size (training/parallel.py): the same as the process's rank and world size wherever every
+rank is its own replica, as under ddp and fsdp.
 """
 
 from __future__ import annotations

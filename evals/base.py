@@ -45,8 +45,11 @@ class Evaluator:
         self.interval = interval  # every N steps, and after the last step; 0: only after the last
 
     @classmethod
-    def from_config(cls, cfg, env, runtime, logger, tokenizer) -> Evaluator | None:
-        """The evaluator the config asks for, or None when it is off. Called on every rank."""
+    def from_config(cls, cfg, env, runtime, strategy, logger, tokenizer) -> Evaluator | None:
+        """The evaluator the config asks for, or None when it is off. Called on every rank.
+
+        An evaluation that splits its examples over the ranks takes its share from the strategy's
+        data-parallel view (strategy.dp_rank of strategy.dp_size), as the loaders do."""
         raise NotImplementedError
 
     def due(self, step: int, last_step: bool) -> bool:

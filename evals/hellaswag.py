@@ -265,9 +265,9 @@ class HellaSwag(Evaluator):
     """HellaSwag accuracy of a model, computed by all ranks together.
 
     Construct on every rank (the download, the agreement on it and the tokenization happen
-    here, once), then call `accuracy` on every rank at the same steps. Each rank scores the
-    examples whose index % world_size == rank, and one all-reduce of integer counts gives every
-    rank the same figure for any world size.
+    here, once), then call `accuracy` on every rank at the same steps. Each data-parallel rank
+    scores the examples whose index % dp_size == dp_rank, and one all-reduce of integer counts
+    gives every rank the same figure for any world size.
     """
 
     kind = "hellaswag"
@@ -277,17 +277,22 @@ class HellaSwag(Evaluator):
     def __init__(self, path: str, limit: int, env: DistEnv, tokenizer, batch_examples: int = 16,
                  cache_dir: str | Path | None = None, *, url: str = VAL_URL,
                  timeout: float = DOWNLOAD_TIMEOUT_S, warn=print_warning, interval: int = 0,
-                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+                 autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 dp_rank: int | None = None, dp_size: int | None = None):
         """path: a local jsonl ('' = the cached official val split, downloaded if missing);
         limit: score only the first `limit` examples (0 = all). A malformed file raises
         HellaSwagDataError on every rank; a failed download makes the evaluator unavailable,
-        with one warning through `warn`. interval and autocast: as a periodic evaluation."""
+        with one warning through `warn`. interval and autocast: as a periodic evaluation.
+        dp_rank, dp_size: the strategy's data-parallel view, which picks this rank's examples
+        (None: env.rank and env.world_size, every process a replica)."""
         super().__init__(interval)
         if batch_examples < 1:
             raise ValueError(f"batch_examples must be >= 1, got {batch_examples}")
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
         self.env, self.warn, self.autocast = env, warn, autocast
+        self.dp_rank = env.rank if dp_rank is None else dp_rank
+        self.dp_size = env.world_size if dp_size is None else dp_size
         self.batch_examples = batch_examples
         self.num_examples = 0  # over all ranks; 0 while unavailable
         self.source: Path | None = Path(path) if path else self._fetch_once_per_node(cache_dir, url, timeout)
@@ -298,16 +303,17 @@ class HellaSwag(Evaluator):
         examples = self._read_on_every_rank(self.source, limit)
         self.num_examples = len(examples)
         self._share = [encode_example(i, examples[i], tokenizer)
-                       for i in range(env.rank, len(examples), env.world_size)]
+                       for i in range(self.dp_rank, len(examples), self.dp_size)]
 
     # --- as a periodic evaluation ----------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, cfg, env, runtime, logger, tokenizer) -> HellaSwag | None:
+    def from_config(cls, cfg, env, runtime, strategy, logger, tokenizer) -> HellaSwag | None:
         if not cfg.hellaswag_interval:
             return None
         return cls(cfg.hellaswag_path, cfg.hellaswag_limit, env, tokenizer, warn=logger.warn,
-                   interval=cfg.hellaswag_interval, autocast=runtime.autocast)
+                   interval=cfg.hellaswag_interval, autocast=runtime.autocast,
+                   dp_rank=strategy.dp_rank, dp_size=strategy.dp_size)
 
     def evaluate(self, run) -> list[dict]:
         result = self.accuracy(run.model, self.autocast(), idle_forward=lambda: run.strategy.idle_forward(run.model))
@@ -368,7 +374,7 @@ class HellaSwag(Evaluator):
     @property
     def batches_per_rank(self) -> int:
         """The most batches any rank scores: rank 0's, whose share of the examples is the largest."""
-        largest_share = -(-self.num_examples // self.env.world_size)
+        largest_share = -(-self.num_examples // self.dp_size)
         return -(-largest_share // self.batch_examples)
 
     # --- scoring ---------------------------------------------------------------------------------

@@ -24,9 +24,10 @@ class PeriodicEvaluation:
     at every step.
     """
 
-    def __init__(self, cfg, env, runtime, logger, tokenizer):
+    def __init__(self, cfg, env, runtime, strategy, logger, tokenizer):
         self.logger = logger
-        self.evaluators = [e for cls in EVALUATORS if (e := cls.from_config(cfg, env, runtime, logger, tokenizer))]
+        self.evaluators = [e for cls in EVALUATORS
+                           if (e := cls.from_config(cfg, env, runtime, strategy, logger, tokenizer))]
 
     def run_due(self, run, last_step: bool, agree_to_stop: Callable[[], bool]) -> bool:
         """Each evaluation due at run.step, unless the ranks agree to stop; whether they did.

@@ -24,7 +24,7 @@ class Samples(Evaluator):
         self.max_new_tokens, self.seed, self.device, self.autocast = max_new_tokens, seed, device, autocast
 
     @classmethod
-    def from_config(cls, cfg, env, runtime, logger, tokenizer) -> Samples | None:
+    def from_config(cls, cfg, env, runtime, strategy, logger, tokenizer) -> Samples | None:
         if not cfg.sample_interval:
             return None
         return cls(cfg.sample_interval, env, tokenizer, cfg.sample_prompt, cfg.sample_count, cfg.sample_tokens,

@@ -24,7 +24,7 @@ class ValLoss(Evaluator):
         self.env, self.autocast = env, autocast
 
     @classmethod
-    def from_config(cls, cfg, env, runtime, logger, tokenizer) -> ValLoss:
+    def from_config(cls, cfg, env, runtime, strategy, logger, tokenizer) -> ValLoss:
         return cls(cfg.eval_interval, env, runtime.autocast)  # always on: a run ends with its val loss
 
     def evaluate(self, run) -> list[dict]:

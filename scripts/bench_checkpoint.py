@@ -48,7 +48,7 @@ from training.checkpoint import checkpoint_path  # noqa: E402
 from training.checkpointer import Checkpointer  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.distributed import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
-from training.parallel import make_strategy  # noqa: E402
+from training.parallel import STRATEGIES, make_strategy  # noqa: E402
 from training.run import Run, load_compatible_checkpoint  # noqa: E402
 from training.run_logger import RunLogger  # noqa: E402
 from training.runtime import resolve_runtime  # noqa: E402
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--model", default="gpt2", choices=list(PRESETS))
     parser.add_argument("--format", default="sharded", choices=["file", "sharded"])
     parser.add_argument("--async", dest="asynchronous", action="store_true", help="sharded: write in the background")
-    parser.add_argument("--strategy", default=None, choices=["ddp", "fsdp"], help="default: fsdp on 2+ ranks, else ddp")
+    parser.add_argument("--strategy", default=None, choices=list(STRATEGIES), help="default: fsdp on 2+ ranks, or ddp")
     parser.add_argument("--dir", default=None, help="checkpoint folder to save into (default: a temp folder)")
     parser.add_argument("--load", default=None, help="instead of saving, time loading this checkpoint")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and AdamW live")

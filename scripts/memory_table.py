@@ -31,6 +31,8 @@ from model import GPT, PRESETS, GPTConfig  # noqa: E402
 
 GPUS = (1, 2, 4, 8)
 GIB = 2**30
+# model state bytes per GPU of a model of p parameters on n GPUs, under the strategies the table compares
+STATE_BYTES = {"ddp": lambda p, n: 16 * p, "fsdp": lambda p, n: 12 * p / n + 4 * p}
 
 
 def activation_bytes_per_sequence(shape: dict, seq_len: int, chunk: int = 8192) -> float:
@@ -59,8 +61,8 @@ def main() -> None:
         with torch.device("meta"):
             params = GPT(GPTConfig(**shape)).num_params()
         per_seq = activation_bytes_per_sequence(shape, args.seq_len)
-        for strategy in ("ddp", "fsdp"):
-            state = [16 * params if strategy == "ddp" else 12 * params / n + 4 * params for n in GPUS]
+        for strategy, state_bytes in STATE_BYTES.items():
+            state = [state_bytes(params, n) for n in GPUS]
             largest = max(int((usable - state[-1]) // per_seq), 0)
             print(f"| {name} | {params / 1e6:.0f}M | {per_seq / GIB:.2f} GiB | {strategy} | "
                   + " | ".join(f"{s / GIB:.1f} GiB" for s in state) + f" | {largest} |", flush=True)

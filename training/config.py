@@ -44,7 +44,7 @@ from data.tokenizer import GPT2_VOCAB_SIZE
 from errors import ArgumentParser, ConfigError, first_line
 from model import PRESETS, GPTConfig
 from training.optimizers import OptimizerSettings
-from training.parallel import STRATEGIES
+from training.parallel import STRATEGIES, strategies_help
 from training.run_logger import LoggingSettings
 from training.schedule import ScheduleSettings
 from training.settings import Settings, check, option, require
@@ -230,9 +230,7 @@ class RuntimeSettings(Settings):
     loss_chunk_size: int | None = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
                                             "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
     peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
-    strategy: str = option("ddp", "data parallelism: ddp (a full copy per rank), fsdp (parameters, gradients and "
-                               "AdamW state sharded, like ZeRO-3) or fsdp_zero2 (fsdp keeping a block's parameters "
-                               "gathered from its forward to its backward)")
+    strategy: str = option("ddp", f"data parallelism: {strategies_help()}")
     hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
                                             "(a rank hung or died); start-up gets 30 minutes")
 
@@ -303,19 +301,21 @@ class TrainConfig(LoggingSettings, DiagnosticsSettings, LongRunSettings, Runtime
         if self.optimizer == "muon":
             require(self.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
                                                "muon_lr by lr / max_lr)")
-            require(self.strategy == "ddp", "optimizer",
-                    f"muon needs whole weight matrices; it runs under strategy ddp ({self.strategy} shards them)")
+            require(self.strategy not in STRATEGIES or STRATEGIES[self.strategy].supports_muon, "optimizer",
+                    f"muon needs whole weight matrices; it runs under strategy "
+                    f"{' or '.join(n for n, cls in STRATEGIES.items() if cls.supports_muon)} "
+                    f"({self.strategy} shards them)")
 
     def section(self, cls: type[S]) -> S:
         """This configuration's values of one section: what a component that needs no other key is handed."""
         return cls(**{key: getattr(self, key) for key in cls.keys()})
 
     def resolved_checkpoint_format(self) -> str:
-        """file or sharded: auto is sharded where one writer gathering everything does not scale
-        (fsdp), and where only sharded checkpoints can go (URLs)."""
+        """file or sharded: auto is the strategy's default_checkpoint_format (sharded for fsdp, where one
+        writer gathering everything does not scale), and sharded where only those can go (URLs)."""
         if self.checkpoint_format != "auto":
             return self.checkpoint_format
-        return "sharded" if self.strategy != "ddp" or is_url(self.checkpoint_dir) else "file"
+        return "sharded" if is_url(self.checkpoint_dir) else STRATEGIES[self.strategy].default_checkpoint_format
 
     def changes_training_math(self, key: str) -> bool:
         """Whether another value of key makes this run's steps differ (what a resume with it changed warns of)."""

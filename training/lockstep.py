@@ -99,6 +99,7 @@ class Lockstep:
         step = run.step
         if cfg.dropout > 0:
             # dropout masks depend on (seed, step, rank) only, so a resumed run draws the same ones
+            # (the process's rank: under ddp and fsdp each rank is a replica with activations of its own)
             torch.manual_seed(((cfg.seed * 1_000_003 + step) * 4099 + env.rank) % 2**64)
         lr = self.schedule.lr(step)
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
@@ -110,6 +111,9 @@ class Lockstep:
         stats = all_reduce_sum(torch.stack([loss, loss.new_full((), float(stop_requested)),
                                             loss.new_full((), float(failure is not None)),
                                             loss.new_full((), float(self.save_failed()))]), env)
+        # the mean over all ranks, env.world_size (the all-reduce spans them all: every rank votes). Were a
+        # replica several ranks that each hold its loss (tensor parallel), this would still be the mean over
+        # the replicas; a sum over all ranks divided by dp_size would count each replica once per rank
         global_loss = stats[0] / env.world_size
         decided = torch.stack([global_loss, stats[1], stats[2], stats[3], grad_norm])
         spikes = run.spikes if run.spikes is not None and run.spikes.full else None

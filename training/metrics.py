@@ -51,7 +51,11 @@ def detect_peak_flops(device: torch.device, override: float = 0.0) -> float | No
 
 def model_flops_utilization(flops_per_token: float, tokens_per_sec: float, world_size: int,
                             peak_flops: float | None) -> float | None:
-    """Achieved model FLOP/s over all ranks divided by their combined peak."""
+    """Achieved model FLOP/s over all ranks divided by their combined peak.
+
+    world_size counts every device of the run (env.world_size), not the data-parallel size: a
+    replica split over several devices (tensor parallel) still has the peak of all of them.
+    """
     if not peak_flops:
         return None
     return flops_per_token * tokens_per_sec / (peak_flops * world_size)

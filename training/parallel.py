@@ -16,12 +16,21 @@ the step's math (bf16 autocast over float32 parameters, as under DDP), and the c
 so a run can resume under another strategy or world size. Gradient accumulation never syncs
 gradients before the last micro-step (DDP's no_sync, FSDP's set_requires_gradient_sync);
 gradient clipping uses the global norm.
-Another strategy (tensor or context parallel) is one more Strategy subclass in STRATEGIES.
+
+What the rest of the trainer reads of a strategy is its data-parallel view (dp_rank and dp_size:
+the loaders, the evaluation shards and grad_accum_steps use them, never env.rank; mesh) and its
+class attributes (name, help, supports_muon, default_checkpoint_format, forwards_are_collective:
+the config checks and the evaluations use them, never the strategy's name). So another strategy
+whose every rank is a data-parallel replica (a DDP or FSDP variant) is one Strategy subclass and
+one entry in STRATEGIES. One whose replicas span several ranks (tensor or context
+parallel: dp_size < world size) also needs the model split, and the evaluations' all-reduces
+(val loss sums, HellaSwag counts), which sum over every rank, made to count each replica once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import ClassVar
 
 import torch
@@ -38,11 +47,39 @@ SyncContext = contextlib.AbstractContextManager  # what gradient_sync returns
 class Strategy:
     """The data-parallel strategy of a run: what differs between them. Every method is called on every rank."""
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # the `strategy` key's value, and its key in STRATEGIES
+    help: ClassVar[str]  # what it does, in a few words: the `strategy` key's help lists them
     forwards_are_collective: ClassVar[bool] = False  # FSDP: every forward all-gathers, so every rank runs each
+    # optimizer muon orthogonalizes whole weight matrices: only where every rank holds them whole
+    supports_muon: ClassVar[bool] = False
+    # what checkpoint_format auto means: file (rank 0 gathers and writes everything) or sharded (every rank
+    # writes its part); sharded where one writer gathering everything does not scale
+    default_checkpoint_format: ClassVar[str] = "sharded"
 
     def __init__(self, env: DistEnv, runtime: Runtime):
         self.env, self.runtime = env, runtime
+
+    # --- the data-parallel view ----------------------------------------------------------------
+    # The ranks as the data sees them: dp_size replicas, each reading its own share of every
+    # batch (the loaders, grad_accum_steps, the val and HellaSwag shards). Every rank is one
+    # replica under ddp and fsdp, so these are env.rank and env.world_size; a strategy whose
+    # replicas span several ranks (tensor parallel) overrides them. What is per process
+    # (file names, rank 0's logs, the dropout seed, per-rank timings) keeps env.rank.
+    @property
+    def dp_rank(self) -> int:
+        """Which replica this rank is, in [0, dp_size): the share of the data it reads."""
+        return self.env.rank
+
+    @property
+    def dp_size(self) -> int:
+        """How many replicas split each batch: the data-parallel world size."""
+        return self.env.world_size
+
+    @property
+    def mesh(self):
+        """The DeviceMesh the parameters are spread over (torch.distributed.device_mesh), or None
+        where they are not (ddp: a full copy per rank)."""
+        return None
 
     # --- building ------------------------------------------------------------------------------
     def shard(self, model: GPT) -> None:
@@ -92,6 +129,9 @@ class DDP(Strategy):
     """A full replica per rank; gradients all-reduced once per step. One process: no wrapper at all."""
 
     name = "ddp"
+    help = "a full copy per rank"
+    supports_muon = True
+    default_checkpoint_format = "file"
 
     def training_model(self, model: GPT) -> torch.nn.Module:
         train_model = super().training_model(model)
@@ -110,6 +150,7 @@ class FSDP(Strategy):
     """FSDP2: parameters, gradients and optimizer state sharded over the ranks (ZeRO-3)."""
 
     name = "fsdp"
+    help = "parameters, gradients and AdamW state sharded, like ZeRO-3"
     forwards_are_collective = True
     reshard_after_forward: ClassVar[bool] = True  # free a block's gathered parameters after its forward
 
@@ -120,16 +161,21 @@ class FSDP(Strategy):
         if runtime.loss_scaling:  # the scaler's overflow check would see one shard per rank
             raise ConfigError(f"strategy: {self.name} does not support dtype float16; use ddp, or a GPU with bfloat16")
 
-    def shard(self, model: GPT) -> None:
+    @functools.cached_property
+    def mesh(self):
+        """One dimension over all the ranks, made at the first use (shard)."""
         from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.runtime.device_type, (self.env.world_size,))
+
+    def shard(self, model: GPT) -> None:
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh(self.runtime.device_type, (self.env.world_size,))
         for block in model.transformer.h:
-            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+            fully_shard(block, mesh=self.mesh, reshard_after_forward=self.reshard_after_forward)
         # the root holds the embeddings (tied with lm_head), the final LayerNorm; its parameters
         # are used last in the forward, so resharding them after it would only re-gather them
-        fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=self.mesh, reshard_after_forward=False)
 
     def training_model(self, model: GPT) -> torch.nn.Module:
         # FSDP sets itself up at the root's first forward; evaluations call the blocks directly,
@@ -189,10 +235,17 @@ class FSDPZero2(FSDP):
     """FSDP2 keeping each block's parameters gathered from its forward to its backward (ZeRO-2)."""
 
     name = "fsdp_zero2"
+    help = "fsdp keeping a block's parameters gathered from its forward to its backward"
     reshard_after_forward = False
 
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, FSDP, FSDPZero2)}
+
+
+def strategies_help() -> str:
+    """The strategies with what each does, for the `strategy` key's help: "a (...), b (...) or c (...)"."""
+    described = [f"{name} ({cls.help})" for name, cls in STRATEGIES.items()]
+    return " or ".join(filter(None, [", ".join(described[:-1]), described[-1]]))
 
 
 def make_strategy(name: str, env: DistEnv, runtime: Runtime) -> Strategy:

@@ -136,15 +136,18 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
     problem any rank sees (a data folder one node lacks, an unreadable file) stops every rank
     with the same error.
     """
-    grad_accum_steps = cfg.grad_accum_steps(env.world_size)  # a ConfigError when the batch does not divide
+    grad_accum_steps = cfg.grad_accum_steps(strategy.dp_size)  # a ConfigError when the batch does not divide
     resume_path = choose_resume_checkpoint(cfg, env, logger)
 
     def open_data() -> tuple[TrainLoader, ValLoader, str]:
+        # each data-parallel replica reads its share of every batch (the strategy's dp view)
         train_loader = TrainLoader(cfg.data_dir, cfg.seq_len, cfg.micro_batch_size, cfg.total_batch_size,
-                                   env.rank, env.world_size, cfg.seed, shuffle=cfg.shuffle, doc_aligned=cfg.doc_aligned)
+                                   strategy.dp_rank, strategy.dp_size, cfg.seed, shuffle=cfg.shuffle,
+                                   doc_aligned=cfg.doc_aligned)
         val_loader = ValLoader(cfg.data_dir, cfg.seq_len, cfg.val_tokens, cfg.micro_batch_size,
-                               env.rank, env.world_size)
-        # every rank checks the headers, and the token ranges of its share of the shards
+                               strategy.dp_rank, strategy.dp_size)
+        # every rank checks the headers, and the token ranges of its share of the shards: a split of
+        # the work over the processes (env), not of the data over the replicas
         validate_shards(train_loader.paths + val_loader.paths, cfg.vocab_size, env.rank, env.world_size)
         return train_loader, val_loader, data_fingerprint(cfg.data_dir)
 
