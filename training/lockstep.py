@@ -94,57 +94,90 @@ class Lockstep:
         batches.get(step, micro_step) gives (B, T) inputs and targets on the device. A failure,
         or a NaN/inf, raises on every rank with the weights and optimizer state of step run.step.
         """
-        cfg, env = self.cfg, self.env
         t0 = time.perf_counter()
-        step = run.step
-        if cfg.dropout > 0:
-            # dropout masks depend on (seed, step, rank) only, so a resumed run draws the same ones
-            # (the process's rank: under ddp and fsdp each rank is a replica with activations of its own)
-            torch.manual_seed(((cfg.seed * 1_000_003 + step) * 4099 + env.rank) % 2**64)
-        lr = self.schedule.lr(step)
+        step, lr = run.step, self.schedule.lr(run.step)
+        if self.cfg.dropout > 0:
+            torch.manual_seed(dropout_seed(self.cfg.seed, step, self.env.rank))
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
-                                       (cfg.micro_batch_size, cfg.seq_len), env)
-        loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, cfg.grad_clip or math.inf)
-
-        # the step's one collective: the summed loss, the stop votes, the failure votes, the failed-save votes
+                                       (self.cfg.micro_batch_size, self.cfg.seq_len), self.env)
+        loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.cfg.grad_clip or math.inf)
         failure = self.pending_failure() or micro_batches.failure
+        verdict = self.agree(run, loss, grad_norm, stop_requested, failure)
+        if verdict.failures:
+            raise_first_error(failure, self.env)  # every rank raises the same error
+        self.check_finite(step, verdict)
+        spike = verdict.spike(self.cfg.spike_threshold)
+        apply_update(run, skip=verdict.overflow or spike is not None)
+        self.track_spikes(run, step, verdict, spike)
+        run.step += 1
+        run.tokens_seen += self.cfg.total_batch_size
+        return StepResult(loss=verdict.loss, grad_norm=verdict.grad_norm, lr=lr, stop=verdict.stop,
+                          seconds=time.perf_counter() - t0, skipped=verdict.overflow, spike=spike,
+                          save_failed=verdict.save_failed, data_wait=micro_batches.wait)
+
+    def agree(self, run: Run, loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool,
+              failure: ReproError | None) -> Verdict:
+        """The step's one collective and its one host synchronisation: every rank gets the same verdict."""
+        # one all-reduce: the summed loss, the stop votes, the failure votes, the failed-save votes
         stats = all_reduce_sum(torch.stack([loss, loss.new_full((), float(stop_requested)),
                                             loss.new_full((), float(failure is not None)),
-                                            loss.new_full((), float(self.save_failed()))]), env)
+                                            loss.new_full((), float(self.save_failed()))]), self.env)
         # the mean over all ranks, env.world_size (the all-reduce spans them all: every rank votes). Were a
         # replica several ranks that each hold its loss (tensor parallel), this would still be the mean over
         # the replicas; a sum over all ranks divided by dp_size would count each replica once per rank
-        global_loss = stats[0] / env.world_size
+        global_loss = stats[0] / self.env.world_size
         decided = torch.stack([global_loss, stats[1], stats[2], stats[3], grad_norm])
-        spikes = run.spikes if run.spikes is not None and run.spikes.full else None
-        if spikes is not None:  # the spike verdict rides on the same sync
-            decided = torch.cat([decided, spikes.judge(global_loss, grad_norm)])
-        # the step's one host synchronisation: decide before the update is applied
-        loss_value, stop_votes, failures, save_failures, norm_value, *judged = decided.tolist()
-        if failures:
-            raise_first_error(failure, env)  # every rank raises the same error
-        overflow = run.scaler.is_enabled() and not math.isfinite(norm_value)
-        if not (math.isfinite(loss_value) and (math.isfinite(norm_value) or overflow)):
-            reason = f"loss {loss_value} / grad norm {norm_value} is not finite"
-            if cfg.rollback_on_nonfinite:
-                raise RollbackRequested(step, reason)
-            raise NonFiniteLossError(
-                f"step {step}: {reason}; the update was not applied and the newest checkpoint in "
-                f"{cfg.out_dir} is the last good state")
-        # an overflow is float16's scaler at work (it skips the update and lowers its scale), not a spike
-        spiked = judged and judged[0] and not overflow
-        spike = spike_reason(judged, loss_value, norm_value, cfg.spike_threshold) if spiked else None
+        if run.spikes is not None and run.spikes.full:  # the spike verdict rides on the same sync
+            decided = torch.cat([decided, run.spikes.judge(global_loss, grad_norm)])
+        loss_value, stop_votes, failures, save_failures, norm_value, *judged = decided.tolist()  # the host sync
+        return Verdict(loss_value, norm_value, bool(stop_votes), bool(failures), bool(save_failures), judged,
+                       overflow=run.scaler.is_enabled() and not math.isfinite(norm_value),
+                       global_loss=global_loss, grad_norm_tensor=grad_norm)
 
-        apply_update(run, skip=overflow or spike is not None)
+    def check_finite(self, step: int, verdict: Verdict) -> None:
+        """A NaN/inf loss or gradient norm (but float16's overflow, which the scaler handles) stops the
+        update: a rollback with rollback_on_nonfinite, else NonFiniteLossError."""
+        if math.isfinite(verdict.loss) and (math.isfinite(verdict.grad_norm) or verdict.overflow):
+            return
+        reason = f"loss {verdict.loss} / grad norm {verdict.grad_norm} is not finite"
+        if self.cfg.rollback_on_nonfinite:
+            raise RollbackRequested(step, reason)
+        raise NonFiniteLossError(f"step {step}: {reason}; the update was not applied and the newest checkpoint in "
+                                 f"{self.cfg.out_dir} is the last good state")
+
+    def track_spikes(self, run: Run, step: int, verdict: Verdict, spike: str | None) -> None:
+        """Count a skipped spike (rolling back after rollback_after in a row), or add an applied step to the window."""
         if spike is not None:
             run.skips_in_a_row += 1
-            if cfg.rollback_after and run.skips_in_a_row >= cfg.rollback_after:
+            if self.cfg.rollback_after and run.skips_in_a_row >= self.cfg.rollback_after:
                 raise RollbackRequested(step, f"{run.skips_in_a_row} spikes in a row, the last: {spike}")
-        elif run.spikes is not None and not overflow:
+        elif run.spikes is not None and not verdict.overflow:
             run.skips_in_a_row = 0
-            run.spikes.add(global_loss, grad_norm)
-        run.step += 1
-        run.tokens_seen += cfg.total_batch_size
-        return StepResult(loss=loss_value, grad_norm=norm_value, lr=lr, stop=bool(stop_votes),
-                          seconds=time.perf_counter() - t0, skipped=overflow, spike=spike,
-                          save_failed=bool(save_failures), data_wait=micro_batches.wait)
+            run.spikes.add(verdict.global_loss, verdict.grad_norm_tensor)
+
+
+@dataclass
+class Verdict:
+    """What every rank read at the step's one host synchronisation (the same values on every rank)."""
+
+    loss: float  # the mean over the global batch
+    grad_norm: float
+    stop: bool  # some rank was asked to stop
+    failures: bool  # some rank failed (an unreadable batch, a log write)
+    save_failed: bool  # some rank saw a background save fail
+    judged: list[float]  # the spike window's verdict (SpikeWindow.judge), [] until the window is full
+    overflow: bool  # float16 only: the gradients overflowed, the scaler skips the update
+    global_loss: torch.Tensor  # the same loss and norm, still on the device (for the spike window)
+    grad_norm_tensor: torch.Tensor
+
+    def spike(self, threshold: float) -> str | None:
+        """Why this step is a spike, or None. An overflow is float16's scaler at work, not a spike."""
+        if not self.judged or not self.judged[0] or self.overflow:
+            return None
+        return spike_reason(self.judged, self.loss, self.grad_norm, threshold)
+
+
+def dropout_seed(seed: int, step: int, rank: int) -> int:
+    """Dropout masks depend on (seed, step, rank) only, so a resumed run draws the same ones (the process's
+    rank: under ddp and fsdp each rank is a replica with activations of its own)."""
+    return ((seed * 1_000_003 + step) * 4099 + rank) % 2**64
