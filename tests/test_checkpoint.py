@@ -282,7 +282,7 @@ def test_a_run_with_a_relative_checkpoint_dir_is_found_from_another_folder(check
     (launched / "run").mkdir()
     (launched / "run" / "config.yaml").write_text(config_yaml(cfg))  # as the trainer writes them
     # a sharded checkpoint (what a URL holds) of a tiny module, written where the trainer would write it
-    folder = ckpt.checkpoint_path(ckpt.checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir), 2, sharded_format=True)
+    folder = ckpt.checkpoint_path(ckpt.checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir), 2, ckpt.SHARDED)
     module = torch.nn.Linear(2, 2)
     ckpt.sharded.start_save(module, torch.optim.SGD(module.parameters()), folder, asynchronous=False)
     ckpt.sharded.commit(folder, {"step": 2, "format_version": ckpt.FORMAT_VERSION})
@@ -301,3 +301,4 @@ def test_a_pt_file_in_a_url_checkpoint_folder_is_no_checkpoint_and_stays_as_it_i
     assert ckpt.find_resume_checkpoint(url, "auto") is None  # a fresh start, as in an empty folder
     assert [p.name for p in path.parent.iterdir()] == ["step_00000001.pt"] and capsys.readouterr().err == ""
     assert ckpt.list_checkpoints(tmp_path / "checkpoints") == [(1, path)]  # the same folder as a path: a checkpoint
+
