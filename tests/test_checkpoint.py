@@ -302,3 +302,61 @@ def test_a_pt_file_in_a_url_checkpoint_folder_is_no_checkpoint_and_stays_as_it_i
     assert [p.name for p in path.parent.iterdir()] == ["step_00000001.pt"] and capsys.readouterr().err == ""
     assert ckpt.list_checkpoints(tmp_path / "checkpoints") == [(1, path)]  # the same folder as a path: a checkpoint
 
+
+def in_format_2(state: dict) -> dict:
+    """A checkpoint as format_version 2 (and 1) wrote it: the optimizer state keyed by parameter index,
+    numbered as torch's Optimizer.state_dict() numbers them (through the groups, in order), and each
+    group's `params` a list of those indices."""
+    optimizer = state["optimizer"]
+    order = [name for group in optimizer["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(order)}
+    return {**state, "format_version": 2,
+            "optimizer": {"state": {index[name]: value for name, value in optimizer["state"].items()},
+                          "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                                           for group in optimizer["param_groups"]]}}
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_checkpoint_of_format_2_keyed_by_index_is_converted_on_read_and_resumes_bitwise(tmp_path, optimizer):
+    """Files written before format_version 3 keep loading: resumed (the trainer), read whole (export,
+    consolidation), read for the weights (sample.py, eval_lm.py, init_from), with no difference."""
+    import shutil
+
+    import train_gpt2
+    from conftest import base_args, make_shards, train_losses
+    from errors import run_cli
+
+    data, straight, legacy = make_shards(tmp_path / "shards"), tmp_path / "straight", tmp_path / "legacy"
+    settings = dict(optimizer=optimizer, max_steps=6, checkpoint_interval=3, eval_interval=0, val_tokens=64)
+    assert run_cli(train_gpt2.main, base_args(data, straight, **settings)) == 0  # checkpoints 3 and 6
+    shutil.copytree(straight, legacy)
+    ckpt.delete_checkpoint(ckpt.checkpoint_path(legacy / "checkpoints", 6))  # as if it had died after step 5
+    path = ckpt.checkpoint_path(legacy / "checkpoints", 3)
+    current = torch.load(path, weights_only=True)
+    assert current["format_version"] == ckpt.FORMAT_VERSION == 3
+    assert all(isinstance(name, str) for name in current["optimizer"]["state"])  # keyed by name now
+    ckpt.save_checkpoint(in_format_2(current), path)
+    written = torch.load(path, weights_only=True)
+    assert written["format_version"] == 2 and sorted(written["optimizer"]["state"]) == list(range(len(current["optimizer"]["state"])))
+
+    # read whole: the same state as the file of today's layout (and a consolidation of it writes that layout)
+    whole = ckpt.read_full_state(path)
+    assert whole["format_version"] == 3 and whole["optimizer"]["param_groups"] == current["optimizer"]["param_groups"]
+    assert whole["optimizer"]["state"].keys() == current["optimizer"]["state"].keys()
+    for name, entries in current["optimizer"]["state"].items():
+        assert all(torch.equal(value, whole["optimizer"]["state"][name][key]) for key, value in entries.items()), name
+    consolidated = ckpt.consolidate(path, tmp_path / "step_00000003.pt")
+    assert torch.load(tmp_path / "step_00000003.pt", weights_only=True)["optimizer"]["param_groups"] == \
+        consolidated["optimizer"]["param_groups"] == current["optimizer"]["param_groups"]
+    # read for the weights
+    model, _, _ = ckpt.read_model(path, "sample.py")
+    assert all(torch.equal(value, current["model"][key]) for key, value in model.state_dict().items())
+
+    # resumed by the trainer: the same steps, bitwise, and the same final state as the uninterrupted run
+    assert run_cli(train_gpt2.main, base_args(data, legacy, **settings)) == 0
+    assert train_losses(legacy) == train_losses(straight)
+    final = [ckpt.read_full_state(ckpt.checkpoint_path(out / "checkpoints", 6)) for out in (legacy, straight)]
+    assert all(torch.equal(value, final[1]["model"][key]) for key, value in final[0]["model"].items())
+    assert final[0]["optimizer"]["param_groups"] == final[1]["optimizer"]["param_groups"]
+    for name, entries in final[1]["optimizer"]["state"].items():
+        assert all(torch.equal(value, final[0]["optimizer"]["state"][name][key]) for key, value in entries.items())

@@ -115,9 +115,9 @@ def load_model_weights(model: GPT, path: Location, state: dict) -> None:
 
 
 def read_full_state(path: Location, state: dict | None = None) -> dict:
-    """A checkpoint of either format as the file format holds it: `model` with every key of
-    GPT.state_dict() (a tied weight under both names) and `optimizer` keyed by parameter index,
-    with the entries beside them. What consolidation writes, and what tests compare."""
+    """A checkpoint of either format, whole in this process: `model` with every key of GPT.state_dict()
+    and `optimizer` keyed by parameter name, with the entries beside them (format_version: this
+    code's). What consolidation writes, and what tests compare."""
     path = storage.as_location(path) if isinstance(path, str) else path
     state = load_checkpoint(path) if state is None else state
     return format_of(path).read_full_state(path, state)

@@ -11,9 +11,9 @@ training/checkpoint.py picks the format of a path (`format_of`) or of a run's se
 a checkpoint of either resumes in the other, under any strategy and world size:
 
 - `model`: the unwrapped, uncompiled GPT's state dict (every key of GPT.state_dict());
-- `optimizer`: torch's optimizer state dict, its parameters keyed by index in a file (as
-  Optimizer.state_dict() numbers them) and by name in a sharded folder (as
-  torch.distributed.checkpoint's get_optimizer_state_dict names them);
+- `optimizer`: keyed by parameter name, as torch.distributed.checkpoint's
+  get_optimizer_state_dict gives it: {"state": {name: {...}}, "param_groups": [{..., "params":
+  [names]}]} (a tied weight under its first name);
 - beside them, plain Python values: the run's progress (training/run.py's Run.progress_state)
   and what wrote it (training/checkpointer.py's checkpoint_metadata), format_version included.
 """
@@ -29,8 +29,10 @@ from errors import CheckpointError
 from training.storage import Location
 
 # 1: the first format. 2: lineage (run_id, checkpoint_id, ancestry) and provenance; no RNG state.
+# 3: a file's optimizer state keyed by parameter name, as a sharded folder's always was (a file of
+#    1 or 2 is keyed by index: converted on read, see training/file_checkpoint.py).
 # The sharded format's commit file carries the same number.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 TENSOR_ENTRIES = ("model", "optimizer")  # the entries that hold tensors; every other one is a plain value
 
 
@@ -113,7 +115,7 @@ class CheckpointFormat:
                   adapt_optimizer: Callable[[dict], dict]) -> None:
         """Load the checkpoint's model and optimizer into the run, every rank its part. Collective.
 
-        state: its read_metadata. adapt_optimizer(saved optimizer state) -> the state to load.
+        state: its read_metadata. adapt_optimizer(saved optimizer state, by name) -> the state to load.
         """
         raise NotImplementedError
 
@@ -122,7 +124,6 @@ class CheckpointFormat:
         raise NotImplementedError
 
     def read_full_state(self, path: Location, state: dict) -> dict:
-        """The whole checkpoint in this process, as a file holds it: its entries with `model` (every key of
-        GPT.state_dict()) and `optimizer` keyed by parameter index (what consolidation writes, and what
-        tests compare). It holds everything."""
+        """The whole checkpoint in this process: its entries with `model` and `optimizer` as the module
+        docstring says (what consolidation writes, and what tests compare). It holds everything."""
         raise NotImplementedError

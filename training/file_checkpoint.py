@@ -11,6 +11,10 @@ A file loads memory-mapped: its tensors stay on disk until touched, so reading i
 (choosing which checkpoint to resume) costs no memory, and each rank pages in only what it
 copies. A truncated file, or one that is not a checkpoint, still fails at once: the zip
 directory (at the end of the file) and the pickled record are read in full.
+
+Files of format_version 1 and 2 hold the optimizer state keyed by parameter index (torch's
+Optimizer.state_dict numbering); they are converted to names where their optimizer is read
+(`optimizer_by_name`, the legacy path).
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import torch
 from atomic_file import atomic_write
 from errors import CheckpointError, CheckpointWriteError, first_line
 from training import storage
-from training.checkpoint_format import CheckpointFormat, TrainingState
+from training.checkpoint_format import FORMAT_VERSION, CheckpointFormat, TrainingState
 from training.storage import Location
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 _TEMP = re.compile(r"^\.step_\d{8}\.pt\.tmp$")  # atomic_write's temp file of a checkpoint
+BY_NAME_VERSION = 3  # the first format_version whose optimizer state is keyed by parameter name
 
 
 class FileFormat(CheckpointFormat):
@@ -82,13 +87,16 @@ class FileFormat(CheckpointFormat):
 
     def load_into(self, run: TrainingState, path: Location, state: dict, adapt_optimizer) -> None:
         """Every rank has the whole file (memory-mapped) and keeps its part."""
-        run.strategy.load_full_state(run.model, run.optimizer, state["model"], adapt_optimizer(state["optimizer"]))
+        run.strategy.load_full_state(run.model, run.optimizer, state["model"],
+                                     adapt_optimizer(optimizer_by_name(state)))
 
     def read_model(self, model: torch.nn.Module, path: Location, state: dict) -> None:
         model.load_state_dict(state["model"])
 
     def read_full_state(self, path: Location, state: dict) -> dict:
-        return state
+        if state.get("format_version", 1) >= BY_NAME_VERSION:
+            return state
+        return {**state, "optimizer": optimizer_by_name(state), "format_version": FORMAT_VERSION}
 
 
 def save_checkpoint(state: dict, path: str | Path) -> None:
@@ -129,3 +137,30 @@ class _FileWriter:
     def flush(self) -> None:
         self.f.flush()
 
+
+def optimizer_by_name(state: dict) -> dict:
+    """A file's optimizer state keyed by parameter name: as it is (format_version 3 on), or converted (1, 2)."""
+    if state.get("format_version", 1) >= BY_NAME_VERSION:
+        return state["optimizer"]
+    return legacy_optimizer_by_name(state)
+
+
+def legacy_optimizer_by_name(state: dict) -> dict:
+    """LEGACY (format_version 1 and 2): the optimizer state keyed by parameter index -> by name.
+
+    Such a file numbers the parameters as torch's Optimizer.state_dict() does: through the
+    optimizer's groups, in order. The groups are those of the checkpoint's model (model_args)
+    under its kind of optimizer (config's optimizer; adamw before that key), which decide the
+    order whatever the settings; so both are rebuilt, on the meta device (no memory), to name
+    the indices. The only place a model is rebuilt to read a checkpoint.
+    """
+    from model import GPT, GPTConfig
+    from training.config import TrainConfig
+    from training.optimizers import build_optimizer
+    from training.parallel import by_name, parameter_names
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**state["model_args"]))
+    kind = state.get("config", {}).get("optimizer", "adamw")
+    optimizer = build_optimizer(model, TrainConfig(optimizer=kind), "cpu")
+    return by_name(state["optimizer"], parameter_names(model, optimizer))

@@ -32,7 +32,7 @@ import torch
 
 from errors import CheckpointError, first_line
 from training import storage
-from training.checkpoint_format import TENSOR_ENTRIES, CheckpointFormat, TrainingState
+from training.checkpoint_format import FORMAT_VERSION, TENSOR_ENTRIES, CheckpointFormat, TrainingState
 from training.storage import Location
 
 COMMIT_NAME = "checkpoint.json"
@@ -312,26 +312,13 @@ class ShardedFormat(CheckpointFormat):
         load_model(model, path)
 
     def read_full_state(self, path: Location, state: dict) -> dict:
-        """As a file holds it: the model under every key of GPT.state_dict() (a tied weight under both names),
-        the optimizer keyed by parameter index, numbered by a model of the checkpoint's shape (model_args)
-        with its kind of optimizer, built on the meta device."""
-        from model import GPT, GPTConfig
-        from training.config import TrainConfig
-        from training.optimizers import build_optimizer
-        from training.parallel import by_index, parameter_names
-
-        self.require_entries(state, dict.fromkeys((*TENSOR_ENTRIES, "model_args"), dict), path, "consolidation")
+        self.require_entries(state, dict.fromkeys(TENSOR_ENTRIES, dict), path, "consolidation")
         full = read_tensors(path)
-        with torch.device("meta"):  # the names and their order only: no memory
-            model = GPT(GPTConfig(**state["model_args"]))
-        # the checkpoint's kind of optimizer (its groups order the parameters), with default settings
-        saved_optimizer = state.get("config", {}).get("optimizer", "adamw")
-        optimizer = build_optimizer(model, TrainConfig(optimizer=saved_optimizer), "cpu")
-        names = parameter_names(model, optimizer)
-        first_name = {id(p): name for name, p in reversed(list(model.state_dict(keep_vars=True).items()))}
-        model_state = {name: full["model"][first_name[id(p)]] for name, p in model.state_dict(keep_vars=True).items()}
-        extra = {key: value for key, value in state.items() if key != "tensor_entries"}
-        return {**extra, "model": model_state, "optimizer": by_index(full["optimizer"], names)}
+        model = dict(full["model"])
+        if "transformer.wte.weight" in model:  # GPT's tied weight (model.py): one tensor under both names, as in a file
+            model["lm_head.weight"] = model["transformer.wte.weight"]
+        entries = {key: value for key, value in state.items() if key != "tensor_entries"}
+        return {**entries, "model": model, "optimizer": full["optimizer"], "format_version": FORMAT_VERSION}
 
 
 def _names_a_file(url: str) -> bool:
