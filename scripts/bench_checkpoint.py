@@ -49,7 +49,8 @@ from training.checkpointer import Checkpointer  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.distributed import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
 from training.parallel import make_strategy  # noqa: E402
-from training.run import Run, load_compatible_checkpoint  # noqa: E402
+from training.resume import load_compatible_checkpoint  # noqa: E402
+from training.run import Run  # noqa: E402
 from training.run_logger import RunLogger  # noqa: E402
 from training.runtime import resolve_runtime  # noqa: E402
 

@@ -29,6 +29,7 @@ from errors import run_cli
 from launch import launch
 from training import checkpoint as ckpt
 from training import sharded_checkpoint as sharded
+from training.resume import find_resume_checkpoint
 from training import storage
 from training.checkpointer import Checkpointer
 from training.run_logger import RunLogger, read_log
@@ -401,7 +402,7 @@ def test_a_folder_without_its_commit_file_is_never_resumed_and_goes_at_the_next_
     interrupted = out / "checkpoints" / "step_00000006"
     (interrupted / "checkpoint.json").unlink()  # every part and DCP's index written, not the commit: killed just before it
     assert [s for s, _ in ckpt.list_checkpoints(out / "checkpoints")] == [3]
-    assert ckpt.find_resume_checkpoint(out / "checkpoints", "auto")[0] == out / "checkpoints" / "step_00000003"
+    assert find_resume_checkpoint(out / "checkpoints", "auto")[0] == out / "checkpoints" / "step_00000003"
     assert interrupted.is_dir()  # choosing does not touch it: only a launch, holding the folder's lock, removes it
     proc = run_trainer(args(data, "ddp2", out), nproc=2)
     assert "removed what 1 interrupted checkpoint save(s) left: step_00000006" in proc.stdout

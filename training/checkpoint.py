@@ -11,22 +11,17 @@ formats, each a class behind the interface of training/checkpoint_format.py:
   possibly in the background; complete once its commit file is there.
 
 `format_of` (a path) and `format_for` (a run's settings) are the only places that tell them
-apart. Everything here takes both: the lineage rules, listing, "newest readable", retention,
-and the readers (sample.py, export_hf.py, eval_lm.py, init_from, consolidation) do not care
-which format a checkpoint has.
-
-Lineage: a fresh start draws a `run_id`, which every checkpoint of that run and of its resumes
-carries; each checkpoint also has its own `checkpoint_id`, and `ancestry` lists the ids of
-the checkpoints its run resumed from, oldest first. That is what lets `--resume PATH` tell
-checkpoints that continued from PATH from another run's, or from an abandoned later step.
+apart. Everything here takes both: listing, "newest readable", retention, and the readers
+(sample.py, export_hf.py, eval_lm.py, init_from, consolidation) do not care which format a
+checkpoint has. Which checkpoint a launch resumes, and the lineage rules, are in
+training/resume.py.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from errors import (CheckpointError, CheckpointWriteError, ConfigError, first_line,  # noqa: F401 - for callers
-                    print_warning)
+from errors import CheckpointError, CheckpointWriteError, first_line, print_warning  # noqa: F401 - for callers
 from model import GPT, GPTConfig
 from training import sharded_checkpoint as sharded  # noqa: F401 - re-exported (tests write folders with it)
 from training import storage
@@ -154,59 +149,6 @@ def set_aside(path: Location, error: CheckpointError, warn=print_warning) -> Non
         warn(f"skipping {error}; renamed it to {storage.name_of(aside)}")
     except OSError as rename_error:
         warn(f"skipping {error}; could not rename it aside ({rename_error.strerror or rename_error})")
-
-
-def find_resume_checkpoint(folder: Location, resume: str, warn=print_warning) -> tuple[Location, dict, str] | None:
-    """Resolve the `resume` key: (path, state, how it was chosen), or None for a fresh start.
-
-    folder is the run's checkpoint folder. The checkpoints of one run always form one line of
-    history, so `resume: auto` can never pick up another run's state:
-    - auto: the newest readable checkpoint in the folder (unreadable newer ones are set aside).
-    - never: a fresh start (the trainer refuses one into an out_dir that holds a run).
-    - a path: that checkpoint, or the newest checkpoint in out_dir that continued from it
-      (a relaunch that repeats the same arguments, under torchrun --max-restarts or a SLURM
-      requeue, must not go back to the path each time). Checkpoints in the folder of another run,
-      or newer ones that did not continue from the path (a rollback), are refused.
-    """
-    if resume == "never":
-        return None
-    if resume == "auto":
-        found = newest_readable_checkpoint(folder, warn)
-        return None if found is None else (*found, "the newest checkpoint in out_dir")
-    path = storage.as_location(resume)
-    if not storage.exists(path):
-        raise ConfigError(f"resume: no checkpoint file or folder at {resume!r} (use auto, never, or the path of a "
-                          f"step_XXXXXXXX.pt file or step_XXXXXXXX folder)")
-    state = load_checkpoint(path)
-    descendants = []
-    for step, other in list_checkpoints(folder):
-        if same_location(other, path):
-            continue
-        try:
-            lineage = load_checkpoint(other)  # metadata only: the tensors stay on disk
-        except CheckpointTooNewError:
-            raise
-        except CheckpointError as e:
-            set_aside(other, e, warn)
-            continue
-        if lineage.get("run_id") != state.get("run_id"):
-            raise ConfigError(
-                f"resume: {other} belongs to another run than {path}; give this run another out_dir")
-        if step > state["step"]:
-            if state.get("checkpoint_id") is None or state["checkpoint_id"] not in lineage.get("ancestry", []):
-                raise ConfigError(
-                    f"resume: {other} is newer than {path} and did not continue from it; to go back to "
-                    f"{storage.name_of(path)}, move the newer checkpoints out of {folder} or use another out_dir")
-            descendants.append(other)
-    if descendants:
-        return descendants[-1], load_checkpoint(descendants[-1]), f"the newest checkpoint that continued from {path}"
-    return path, state, "resume"
-
-
-def same_location(a: Location, b: Location) -> bool:
-    if isinstance(a, Path) and isinstance(b, Path):
-        return a.resolve() == b.resolve()
-    return str(a).rstrip("/") == str(b).rstrip("/")
 
 
 def resolve_checkpoint(ckpt: str | Path) -> tuple[Location, dict]:

@@ -1,7 +1,7 @@
 """A training run: built at launch (fresh, or from the checkpoint it resumes), its state in one place.
 
 `build_run` opens the data, builds the model and optimizer, and restores the checkpoint that
-`resume` picks (`Run.load_state_dict`); training/checkpointer.py writes the run back
+training/resume.py picks (`Run.load_state_dict`); training/checkpointer.py writes the run back
 as a checkpoint. A checkpoint `step_s` holds the state after s updates.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -17,15 +16,14 @@ from data.loader import TrainLoader, ValLoader, validate_shards
 from data.manifest import data_fingerprint
 from errors import CheckpointError, ConfigError, DivergedError
 from model import GPT
-from training.checkpoint import (RESUME_ENTRIES, check_compatible, checkpoints_folder, find_resume_checkpoint,
-                                 format_of, list_checkpoints, load_checkpoint, require_entries)
-from training.storage import Location, name_of
+from training.checkpoint import checkpoints_folder, format_of
+from training.storage import Location
 from training.config import TrainConfig
-from training.distributed import DistEnv, broadcast_object, run_on_all_ranks
+from training.distributed import DistEnv, run_on_all_ranks
 from training.optimizers import build_optimizer, check_same_optimizer
 from training.parallel import Strategy
-from training.run_folder import check_one_history, refuse_lost_history
-from training.run_logger import LOG_NAME, RunLogger
+from training.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
+from training.run_logger import RunLogger
 from training.runtime import Runtime
 from training.spikes import RollbackRequested, SpikeWindow
 from training.weights import load_initial_weights
@@ -190,17 +188,7 @@ def roll_back(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger, reque
         raise DivergedError(f"{stop}; rolled back {run.rollbacks} time(s) already (max_rollbacks {cfg.max_rollbacks}): "
                             f"stopping; the newest checkpoint in {folder} is the last good state")
 
-    def newest() -> Location | None:
-        """The newest checkpoint in the folder, or the one this launch resumed from, if newer (it may
-        lie elsewhere: a run continued with --resume PATH into a new out_dir)."""
-        if not env.master_process:
-            return None
-        found = find_resume_checkpoint(folder, "auto", warn=logger.warn)
-        if run.resumed_from is not None and (found is None or found[1]["step"] < run.resumed_step):
-            return run.resumed_from
-        return None if found is None else found[0]
-
-    path = broadcast_object(run_on_all_ranks(env, newest), env)
+    path = choose_rollback_checkpoint(folder, run.resumed_from, run.resumed_step, env, logger.warn)
     if path is None:
         raise DivergedError(f"{stop}; there is no checkpoint in {folder} to roll back to: stopping")
     state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, cfg.model_config()))
@@ -216,45 +204,6 @@ def roll_back(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger, reque
                 "reason": request.reason, "skipped_batches": passed_over})
     logger.warn(f"{stop}; rolled back to {path} (step {run.step}) and passing over the batches of data positions "
                 f"{passed_over[0]}-{passed_over[1]} (rollback {rollbacks} of at most {cfg.max_rollbacks})")
-
-
-def choose_resume_checkpoint(cfg: TrainConfig, env: DistEnv, logger: RunLogger) -> Location | None:
-    """Rank 0 resolves `resume` (scanning out_dir); every rank gets its answer, or its error."""
-    folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
-
-    def resolve() -> Location | None:
-        if not env.master_process:
-            return None
-        if cfg.resume == "never":
-            refuse_used_out_dir(Path(cfg.out_dir), folder)
-        found = find_resume_checkpoint(folder, cfg.resume, warn=logger.warn)
-        check_one_history(cfg.out_dir, folder, None if found is None else found[:2])
-        if found is None:
-            if cfg.resume == "auto":
-                refuse_lost_history(cfg.out_dir, folder, logger.warn)
-            return None
-        path, _, how = found
-        logger.console(f"resuming from {path} ({how})")
-        return path
-
-    return broadcast_object(run_on_all_ranks(env, resolve), env)
-
-
-def refuse_used_out_dir(out_dir: Path, folder: Location) -> None:
-    """A fresh start must not mix with the run already in out_dir (its checkpoints and log)."""
-    used = [name_of(p) for _, p in list_checkpoints(folder)][-2:]
-    if (out_dir / LOG_NAME).exists():
-        used.insert(0, LOG_NAME)
-    if used:
-        raise ConfigError(f"resume: {out_dir} already holds a run ({', '.join(used)}); "
-                          f"continue it with --resume auto, or give this run another out_dir")
-
-
-def load_compatible_checkpoint(path: Location, model_config) -> dict:
-    """The checkpoint's state, its tensors memory-mapped: every rank pages in only what it copies."""
-    state = require_entries(load_checkpoint(path), RESUME_ENTRIES, path, "resuming")
-    check_compatible(state, model_config.to_dict(), path)
-    return state
 
 
 def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
