@@ -44,12 +44,13 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import GPT, PRESETS  # noqa: E402
-from training.checkpoint import checkpoint_path  # noqa: E402
+from training.checkpoint import FORMATS  # noqa: E402
 from training.checkpointer import Checkpointer  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.distributed import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
 from training.parallel import STRATEGIES, make_strategy  # noqa: E402
-from training.run import Run, load_compatible_checkpoint  # noqa: E402
+from training.resume import load_compatible_checkpoint  # noqa: E402
+from training.run import Run  # noqa: E402
 from training.run_logger import RunLogger  # noqa: E402
 from training.runtime import resolve_runtime  # noqa: E402
 
@@ -110,7 +111,7 @@ def main() -> None:
     synchronize()
     t0 = time.perf_counter()
     if args.load:
-        run.load_state_dict(load_compatible_checkpoint(args.load, cfg.model_config()))  # as build_run does
+        run.load_state_dict(load_compatible_checkpoint(args.load, cfg.model_config()), args.load)  # as build_run does
         synchronize()
         result.update(path=args.load, load_s=round(time.perf_counter() - t0, 2))
     else:
@@ -118,7 +119,7 @@ def main() -> None:
         blocking = time.perf_counter() - t0
         checkpointer.wait()
         total = time.perf_counter() - t0
-        path = checkpoint_path(Path(folder), run.step, sharded_format=args.format == "sharded")
+        path = FORMATS[args.format].path(Path(folder), run.step)
         size = sum(p.stat().st_size for p in [path, *path.rglob("*")] if p.is_file())
         result.update(format=args.format, asynchronous=args.asynchronous, path=str(path), bytes_on_disk=size,
                       blocking_s=round(blocking, 2), total_s=round(total, 2), gb_per_s=round(size / total / 1e9, 3))

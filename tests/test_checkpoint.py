@@ -9,8 +9,8 @@ import stat
 import pytest
 import torch
 
-from errors import ConfigError
 from training import checkpoint as ckpt
+from training import resume
 
 
 def state(step: int, n_layer: int = 2) -> dict:
@@ -30,27 +30,11 @@ def test_round_trip_with_weights_only_and_no_temp_files(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["step_00000012.pt"]
 
 
-def test_auto_resume_skips_truncated_and_garbage_newest_files(tmp_path, capsys):
-    for step in (3, 6, 9, 12):
-        ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path / "checkpoints", step))
-    data = ckpt.checkpoint_path(tmp_path / "checkpoints", 12).read_bytes()
-    ckpt.checkpoint_path(tmp_path / "checkpoints", 12).write_bytes(data[: len(data) // 2])  # truncated
-    ckpt.checkpoint_path(tmp_path / "checkpoints", 9).write_bytes(b"\x00garbage" * 100)  # not a checkpoint at all
-    path, loaded, _ = ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "auto")
-    assert path == ckpt.checkpoint_path(tmp_path / "checkpoints", 6) and loaded["step"] == 6
-    err = capsys.readouterr().err
-    assert "step_00000012.pt: unreadable checkpoint" in err and "step_00000009.pt: unreadable checkpoint" in err
-    assert ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "never") is None
-    assert ckpt.find_resume_checkpoint(tmp_path / "empty" / "checkpoints", "auto") is None
-    with pytest.raises(ckpt.CheckpointError, match="step_00000009.pt.unreadable: unreadable checkpoint"):
-        ckpt.find_resume_checkpoint(tmp_path / "checkpoints", str(ckpt.checkpoint_path(tmp_path / "checkpoints", 9)) + ".unreadable")
-
-
 def test_unreadable_checkpoints_are_set_aside_and_never_outrank_good_ones(tmp_path, capsys):
     for step in (3, 6):
         ckpt.save_checkpoint(state(step), ckpt.checkpoint_path(tmp_path / "checkpoints", step))
     ckpt.checkpoint_path(tmp_path / "checkpoints", 6).write_bytes(b"\x00" * 64)
-    assert ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "auto")[0] == ckpt.checkpoint_path(tmp_path / "checkpoints", 3)
+    assert resume.find_resume_checkpoint(tmp_path / "checkpoints", "auto")[0] == ckpt.checkpoint_path(tmp_path / "checkpoints", 3)
     assert "renamed it to step_00000006.pt.unreadable" in capsys.readouterr().err
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [3]
     assert (tmp_path / "checkpoints" / "step_00000006.pt.unreadable").exists()  # kept, for inspection
@@ -58,35 +42,6 @@ def test_unreadable_checkpoints_are_set_aside_and_never_outrank_good_ones(tmp_pa
     ckpt.save_checkpoint(state(4), ckpt.checkpoint_path(tmp_path / "checkpoints", 4))
     ckpt.prune_checkpoints(tmp_path / "checkpoints", keep_last=1, written_step=4)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [4]
-
-
-def lineage(run_id: str, checkpoint_id: str, *ancestry: str) -> dict:
-    return {"run_id": run_id, "checkpoint_id": checkpoint_id, "ancestry": list(ancestry)}
-
-
-def test_resume_path_continues_from_newer_checkpoints_that_descend_from_it(tmp_path):
-    path3 = ckpt.checkpoint_path(tmp_path / "a" / "checkpoints", 3)
-    ckpt.save_checkpoint({**state(3), **lineage("r", "c3")}, path3)
-    # a run started with --resume path3 into out_dir b, preempted after step 8: the same command again
-    out = tmp_path / "b"
-    ckpt.save_checkpoint({**state(5), **lineage("r", "c5", "c3")}, ckpt.checkpoint_path(out / "checkpoints", 5))
-    ckpt.save_checkpoint({**state(8), **lineage("r", "c8", "c3", "c5")}, ckpt.checkpoint_path(out / "checkpoints", 8))
-    path, loaded, how = ckpt.find_resume_checkpoint(out / "checkpoints", str(path3))
-    assert path == ckpt.checkpoint_path(out / "checkpoints", 8) and loaded["step"] == 8 and str(path3) in how
-    # nothing newer that descends from it: the path itself
-    assert ckpt.find_resume_checkpoint(tmp_path / "empty" / "checkpoints", str(path3))[0] == path3
-
-
-def test_resume_path_refuses_to_mix_with_another_run_or_an_abandoned_future(tmp_path):
-    path3 = ckpt.checkpoint_path(tmp_path / "checkpoints", 3)
-    ckpt.save_checkpoint({**state(3), **lineage("r", "c3")}, path3)
-    ckpt.save_checkpoint({**state(6), **lineage("r", "c6")}, ckpt.checkpoint_path(tmp_path / "checkpoints", 6))  # not from c3's resume
-    with pytest.raises(ConfigError, match="step_00000006.pt is newer than .*step_00000003.pt and did not continue"):
-        ckpt.find_resume_checkpoint(tmp_path / "checkpoints", str(path3))
-    other = tmp_path / "other"
-    ckpt.save_checkpoint({**state(1), **lineage("q", "c1")}, ckpt.checkpoint_path(other / "checkpoints", 1))
-    with pytest.raises(ConfigError, match="step_00000001.pt belongs to another run"):
-        ckpt.find_resume_checkpoint(other / "checkpoints", str(path3))
 
 
 def test_pickled_code_is_refused(tmp_path):
@@ -151,12 +106,6 @@ def test_checkpoint_of_another_model_size_is_refused_naming_the_key(tmp_path):
     ckpt.check_compatible(state(3), state(3)["model_args"], path)
 
 
-def test_a_resume_path_that_is_no_file_names_the_key(tmp_path):
-    # checked where the file is opened, not in config validation
-    with pytest.raises(ConfigError, match="resume: no checkpoint file"):
-        ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "/no/such/ckpt.pt")
-
-
 def test_a_checkpoint_of_a_newer_format_is_refused_by_name(tmp_path):
     path = ckpt.checkpoint_path(tmp_path / "checkpoints", 1)
     ckpt.save_checkpoint({**state(1), "format_version": ckpt.FORMAT_VERSION + 1}, path)
@@ -165,46 +114,14 @@ def test_a_checkpoint_of_a_newer_format_is_refused_by_name(tmp_path):
         ckpt.load_checkpoint(path)
 
 
-CHOOSE_AND_MEASURE = """
-import os, sys
-from pathlib import Path
-from training.checkpoint import find_resume_checkpoint
-def resident_mib():
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
-before = resident_mib()
-path, state, _ = find_resume_checkpoint(Path(sys.argv[1]) / "checkpoints", sys.argv[2])  # state held: its tensors count if read
-print(state["step"], resident_mib() - before)
-"""
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("resume", ["auto", "path"])
-def test_choosing_the_checkpoint_to_resume_reads_no_tensors_into_memory(tmp_path, resume):
-    """Rank 0 picks the checkpoint from its metadata; the ranks then load the file themselves,
-    so reading gpt2-xl's ~19 GB of weights and AdamW state here would only waste memory and time."""
-    import subprocess
-    import sys
-
-    big = {"w": torch.ones(64 * 2**20, dtype=torch.float32)}  # 256 MiB of "weights"
-    out = tmp_path / "out"
-    ckpt.save_checkpoint({**state(3), "model": big, **lineage("r", "c3")}, ckpt.checkpoint_path(out / "checkpoints", 3))
-    ckpt.save_checkpoint({**state(6), "model": big, **lineage("r", "c6", "c3")}, ckpt.checkpoint_path(out / "checkpoints", 6))
-    arg = "auto" if resume == "auto" else str(ckpt.checkpoint_path(out / "checkpoints", 3))  # path: 3, then its descendant 6
-    proc = subprocess.run([sys.executable, "-c", CHOOSE_AND_MEASURE, str(out), arg],
-                          capture_output=True, text=True, check=True)
-    step, grown_mib = map(int, proc.stdout.split())
-    assert step == 6
-    assert grown_mib < 64, f"choosing a checkpoint grew the process by {grown_mib} MiB"
-
-
 def test_a_newer_format_checkpoint_stops_every_reader_and_stays_where_it_is(tmp_path):
     """Written by newer code, not damaged: refused, never set aside for an older checkpoint."""
     ckpt.save_checkpoint(state(3), ckpt.checkpoint_path(tmp_path / "checkpoints", 3))
     newer = ckpt.checkpoint_path(tmp_path / "checkpoints", 6)
     ckpt.save_checkpoint({**state(6), "format_version": ckpt.FORMAT_VERSION + 1}, newer)
-    for read in (lambda: ckpt.find_resume_checkpoint(tmp_path / "checkpoints", "auto"),
+    for read in (lambda: resume.find_resume_checkpoint(tmp_path / "checkpoints", "auto"),
                  lambda: ckpt.resolve_checkpoint(tmp_path),  # sample.py, export_hf.py, eval_lm.py
-                 lambda: ckpt.find_resume_checkpoint(tmp_path / "checkpoints", str(ckpt.checkpoint_path(tmp_path / "checkpoints", 3)))):
+                 lambda: resume.find_resume_checkpoint(tmp_path / "checkpoints", str(ckpt.checkpoint_path(tmp_path / "checkpoints", 3)))):
         with pytest.raises(ckpt.CheckpointError, match="step_00000006.pt: checkpoint format_version .* is newer"):
             read()
         assert newer.exists() and [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [3, 6]
@@ -251,7 +168,7 @@ def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd
            f"local path"
     readers = {"load": lambda: ckpt.load_checkpoint(url),
                "sample.py, export_hf.py, eval_lm.py": lambda: ckpt.resolve_checkpoint(url),
-               "--resume": lambda: ckpt.find_resume_checkpoint(tmp_path / "checkpoints", url),
+               "--resume": lambda: resume.find_resume_checkpoint(tmp_path / "checkpoints", url),
                "init_from": lambda: load_initial_weights(GPT(GPTConfig(**state(1)["model_args"])), url)}
     for reader, read in readers.items():
         with pytest.raises(ckpt.CheckpointError) as caught:
@@ -282,7 +199,7 @@ def test_a_run_with_a_relative_checkpoint_dir_is_found_from_another_folder(check
     (launched / "run").mkdir()
     (launched / "run" / "config.yaml").write_text(config_yaml(cfg))  # as the trainer writes them
     # a sharded checkpoint (what a URL holds) of a tiny module, written where the trainer would write it
-    folder = ckpt.checkpoint_path(ckpt.checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir), 2, sharded_format=True)
+    folder = ckpt.checkpoint_path(ckpt.checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir), 2, ckpt.SHARDED)
     module = torch.nn.Linear(2, 2)
     ckpt.sharded.start_save(module, torch.optim.SGD(module.parameters()), folder, asynchronous=False)
     ckpt.sharded.commit(folder, {"step": 2, "format_version": ckpt.FORMAT_VERSION})
@@ -298,6 +215,65 @@ def test_a_pt_file_in_a_url_checkpoint_folder_is_no_checkpoint_and_stays_as_it_i
     ckpt.save_checkpoint(state(1), path)
     url = f"file://{tmp_path / 'checkpoints'}"
     assert ckpt.list_checkpoints(url) == []
-    assert ckpt.find_resume_checkpoint(url, "auto") is None  # a fresh start, as in an empty folder
+    assert resume.find_resume_checkpoint(url, "auto") is None  # a fresh start, as in an empty folder
     assert [p.name for p in path.parent.iterdir()] == ["step_00000001.pt"] and capsys.readouterr().err == ""
     assert ckpt.list_checkpoints(tmp_path / "checkpoints") == [(1, path)]  # the same folder as a path: a checkpoint
+
+
+def in_format_2(state: dict) -> dict:
+    """A checkpoint as format_version 2 (and 1) wrote it: the optimizer state keyed by parameter index,
+    numbered as torch's Optimizer.state_dict() numbers them (through the groups, in order), and each
+    group's `params` a list of those indices."""
+    optimizer = state["optimizer"]
+    order = [name for group in optimizer["param_groups"] for name in group["params"]]
+    index = {name: i for i, name in enumerate(order)}
+    return {**state, "format_version": 2,
+            "optimizer": {"state": {index[name]: value for name, value in optimizer["state"].items()},
+                          "param_groups": [{**group, "params": [index[name] for name in group["params"]]}
+                                           for group in optimizer["param_groups"]]}}
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_checkpoint_of_format_2_keyed_by_index_is_converted_on_read_and_resumes_bitwise(tmp_path, optimizer):
+    """Files written before format_version 3 keep loading: resumed (the trainer), read whole (export,
+    consolidation), read for the weights (sample.py, eval_lm.py, init_from), with no difference."""
+    import shutil
+
+    import train_gpt2
+    from conftest import base_args, make_shards, train_losses
+    from errors import run_cli
+
+    data, straight, legacy = make_shards(tmp_path / "shards"), tmp_path / "straight", tmp_path / "legacy"
+    settings = dict(optimizer=optimizer, max_steps=6, checkpoint_interval=3, eval_interval=0, val_tokens=64)
+    assert run_cli(train_gpt2.main, base_args(data, straight, **settings)) == 0  # checkpoints 3 and 6
+    shutil.copytree(straight, legacy)
+    ckpt.delete_checkpoint(ckpt.checkpoint_path(legacy / "checkpoints", 6))  # as if it had died after step 5
+    path = ckpt.checkpoint_path(legacy / "checkpoints", 3)
+    current = torch.load(path, weights_only=True)
+    assert current["format_version"] == ckpt.FORMAT_VERSION == 3
+    assert all(isinstance(name, str) for name in current["optimizer"]["state"])  # keyed by name now
+    ckpt.save_checkpoint(in_format_2(current), path)
+    written = torch.load(path, weights_only=True)
+    assert written["format_version"] == 2 and sorted(written["optimizer"]["state"]) == list(range(len(current["optimizer"]["state"])))
+
+    # read whole: the same state as the file of today's layout (and a consolidation of it writes that layout)
+    whole = ckpt.read_full_state(path)
+    assert whole["format_version"] == 3 and whole["optimizer"]["param_groups"] == current["optimizer"]["param_groups"]
+    assert whole["optimizer"]["state"].keys() == current["optimizer"]["state"].keys()
+    for name, entries in current["optimizer"]["state"].items():
+        assert all(torch.equal(value, whole["optimizer"]["state"][name][key]) for key, value in entries.items()), name
+    consolidated = ckpt.consolidate(path, tmp_path / "step_00000003.pt")
+    assert torch.load(tmp_path / "step_00000003.pt", weights_only=True)["optimizer"]["param_groups"] == \
+        consolidated["optimizer"]["param_groups"] == current["optimizer"]["param_groups"]
+    # read for the weights
+    model, _, _ = ckpt.read_model(path, "sample.py")
+    assert all(torch.equal(value, current["model"][key]) for key, value in model.state_dict().items())
+
+    # resumed by the trainer: the same steps, bitwise, and the same final state as the uninterrupted run
+    assert run_cli(train_gpt2.main, base_args(data, legacy, **settings)) == 0
+    assert train_losses(legacy) == train_losses(straight)
+    final = [ckpt.read_full_state(ckpt.checkpoint_path(out / "checkpoints", 6)) for out in (legacy, straight)]
+    assert all(torch.equal(value, final[1]["model"][key]) for key, value in final[0]["model"].items())
+    assert final[0]["optimizer"]["param_groups"] == final[1]["optimizer"]["param_groups"]
+    for name, entries in final[1]["optimizer"]["state"].items():
+        assert all(torch.equal(value, final[0]["optimizer"]["state"][name][key]) for key, value in entries.items())

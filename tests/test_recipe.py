@@ -273,15 +273,17 @@ def test_a_checkpoint_resumes_only_with_the_optimizer_it_was_written_with(data, 
 
 @pytest.mark.slow
 def test_a_sharded_muon_checkpoint_consolidates_to_a_file_that_resumes_bitwise(data, tmp_path):
-    """Consolidation orders the optimizer's parameters by the checkpoint's own optimizer groups."""
+    """Consolidation keeps each of Muon + AdamW's groups, its parameters named in the optimizer's own order."""
     from training.checkpoint import consolidate, list_checkpoints
+    from training.parallel import parameter_names
 
     straight, resumed, file = tmp_path / "straight", tmp_path / "resumed", tmp_path / "step_00000003.pt"
     run_trainer(args(data, straight, checkpoint_format="sharded"), nproc=2)
     state = consolidate(dict(list_checkpoints(straight / "checkpoints"))[3], file)
-    # numbered as torch's own Optimizer.state_dict() numbers them: through its groups, in order
-    numbers = [i for group in state["optimizer"]["param_groups"] for i in group["params"]]
-    assert numbers == list(range(len(numbers)))
+    # in the order torch's own Optimizer.state_dict() numbers them: through its groups, in order
+    names = [name for group in state["optimizer"]["param_groups"] for name in group["params"]]
+    _, _, _, fresh = build_tiny_run(data, tmp_path / "fresh", **MODERN)
+    assert names == parameter_names(fresh.model, fresh.optimizer) and len(state["optimizer"]["param_groups"]) == 3
     run_trainer(args(data, resumed, checkpoint_format="sharded", resume=str(file)), nproc=2)
     assert train_losses(resumed) == {s: loss for s, loss in train_losses(straight).items() if s >= 3}
 

@@ -22,7 +22,7 @@ import train_gpt2
 from conftest import REPO, base_args, make_shards, run_trainer, train_losses
 from errors import ConfigError, run_cli
 from training import checkpoint as ckpt
-from training.run_folder import LOCK_NAME, FolderLock, check_one_history
+from training.run_folder import LOCK_NAME, FolderLock
 from training.run_logger import read_log
 
 RUN = dict(max_steps=3, checkpoint_interval=3, eval_interval=0, val_tokens=64)
@@ -136,27 +136,3 @@ def test_a_second_launch_into_a_busy_folder_is_refused_and_the_first_goes_on(dat
         first.kill()
     (saved,) = ckpt.list_checkpoints(out / "checkpoints")
     assert torch.load(saved[1], weights_only=True)["run_id"] == json.loads((out / "run.json").read_text())["run_id"]
-
-
-def lineage_state(run_id: str, step: int) -> dict:
-    return {"model": {}, "step": step, "run_id": run_id, "checkpoint_id": f"{run_id}-{step}", "ancestry": []}
-
-
-def test_one_history_rules(tmp_path):
-    out = tmp_path / "out"
-    ckpt.save_checkpoint(lineage_state("a" * 32, 3), ckpt.checkpoint_path(out / "checkpoints", 3))
-    check_one_history(out, out / "checkpoints", None)
-    check_one_history(out, out / "checkpoints", (ckpt.checkpoint_path(out / "checkpoints", 3), lineage_state("a" * 32, 3)))
-    (out / "run.json").write_text(json.dumps({"run_id": "b" * 32}))
-    with pytest.raises(ConfigError, match="holds more than one run \\(run bbbbbbbb in run.json and log.jsonl, "
-                                          "run aaaaaaaa in checkpoints/step_00000003.pt\\)"):
-        check_one_history(out, out / "checkpoints", None)
-    (out / "run.json").write_text(json.dumps({"run_id": "a" * 32}))
-    elsewhere = ckpt.checkpoint_path(tmp_path / "other" / "checkpoints", 9)
-    with pytest.raises(ConfigError, match="belongs to run cccccccc, but .* holds run aaaaaaaa"):
-        check_one_history(out, out / "checkpoints", (elsewhere, lineage_state("c" * 32, 9)))
-    legacy = tmp_path / "legacy"  # a log from older code, no run_id anywhere
-    legacy.mkdir()
-    (legacy / "log.jsonl").write_text("{}\n")
-    with pytest.raises(ConfigError, match="holds a log.jsonl of another run"):
-        check_one_history(legacy, legacy / "checkpoints", (elsewhere, lineage_state("c" * 32, 9)))

@@ -29,6 +29,7 @@ from errors import run_cli
 from launch import launch
 from training import checkpoint as ckpt
 from training import sharded_checkpoint as sharded
+from training.resume import find_resume_checkpoint
 from training import storage
 from training.checkpointer import Checkpointer
 from training.run_logger import RunLogger, read_log
@@ -145,6 +146,14 @@ def take_steps(run, n: int) -> None:
         run.step += 1
 
 
+def by_name(run) -> dict:
+    """The run's optimizer state as checkpoints hold it: keyed by parameter name (DCP's own view of it)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    assert run.optimizer.state  # DCP would fill an empty one with a step of its own
+    return get_optimizer_state_dict(run.model, run.optimizer)
+
+
 def cloned(state: dict) -> dict:
     """A deep copy of a (nested) state dict's tensors."""
     if isinstance(state, dict):
@@ -241,7 +250,7 @@ def test_an_async_save_holds_the_state_of_its_step_while_training_changes_it(dat
     cfg, env, _, run = build_tiny_run(data, tmp_path / "out", checkpoint_format="sharded")
     assert cfg.checkpoint_async
     take_steps(run, 2)
-    model_before, optimizer_before = cloned(run.model.state_dict()), cloned(run.optimizer.state_dict())
+    model_before, optimizer_before = cloned(run.model.state_dict()), cloned(by_name(run))
     # the files are written only once the test lets them, after it changed the model and the optimizer
     go_on, writers = threading.Event(), []
     real_write = FileSystemWriter.write_data
@@ -393,7 +402,7 @@ def test_a_folder_without_its_commit_file_is_never_resumed_and_goes_at_the_next_
     interrupted = out / "checkpoints" / "step_00000006"
     (interrupted / "checkpoint.json").unlink()  # every part and DCP's index written, not the commit: killed just before it
     assert [s for s, _ in ckpt.list_checkpoints(out / "checkpoints")] == [3]
-    assert ckpt.find_resume_checkpoint(out / "checkpoints", "auto")[0] == out / "checkpoints" / "step_00000003"
+    assert find_resume_checkpoint(out / "checkpoints", "auto")[0] == out / "checkpoints" / "step_00000003"
     assert interrupted.is_dir()  # choosing does not touch it: only a launch, holding the folder's lock, removes it
     proc = run_trainer(args(data, "ddp2", out), nproc=2)
     assert "removed what 1 interrupted checkpoint save(s) left: step_00000006" in proc.stdout
@@ -498,7 +507,7 @@ def test_pruning_removes_the_commit_file_first_so_a_deletion_cut_short_leaves_no
                                                                                            capsys):
     folder = tmp_path / "checkpoints"
     for step in (1, 2, 3):
-        path = ckpt.checkpoint_path(folder, step, sharded_format=True)
+        path = ckpt.checkpoint_path(folder, step, ckpt.SHARDED)
         path.mkdir(parents=True)
         (path / "__0_0.distcp").write_bytes(b"part")
         sharded.commit(path, {"step": step})
@@ -571,9 +580,9 @@ def test_a_memory_url_checkpoint_dir_saves_and_loads_in_one_process(data, tmp_pa
         state = ckpt.load_checkpoint(f"{url}/step_00000002")
         assert state["step"] == 2 and state["run_id"] == run.run_id
         assert_same_state(ckpt.read_full_state(f"{url}/step_00000002", state),
-                          {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()})
+                          {"model": run.model.state_dict(), "optimizer": by_name(run)})
         _, _, _, resumed = build_tiny_run(data, tmp_path / "other", checkpoint_dir=url)
-        resumed.load_state_dict(state)  # what a resume does: every tensor read back through fsspec
+        resumed.load_state_dict(state, f"{url}/step_00000002")  # what a resume does: every tensor read back through fsspec
         assert resumed.step == 2
         assert_same_state({"model": resumed.model.state_dict(), "optimizer": resumed.optimizer.state_dict()},
                           {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()})

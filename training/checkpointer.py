@@ -1,14 +1,14 @@
-"""Writing a run's checkpoints: when they are due, the format the config picks, at most one save in flight.
+"""Writing a run's checkpoints: when they are due, in the format the config picks, at most one save in flight.
 
-- file: rank 0 writes `step_X.pt` (the run's state gathered onto its CPU under FSDP) before
-  training goes on.
-- sharded: every rank writes its part of `step_X/` (training/sharded_checkpoint.py); with
-  `checkpoint_async` the loop is blocked only while the state is copied to host memory, and
-  the files are written in the background.
+The format (training/checkpoint_format.py) writes: the file format has rank 0 write `step_X.pt`
+before training goes on; the sharded one has every rank write its part of `step_X/`, and with
+`checkpoint_async` the loop is blocked only while the state is copied to host memory, the
+files being written in the background.
 
 A checkpoint counts as written (for the lineage, for retention, for "newest readable") only
-once it is complete: rank 0 then writes its commit file, prunes older checkpoints and logs a
-`checkpoint` record. Weights that are not finite are never saved: a checkpoint is a good state.
+once it is complete: rank 0 then commits it (the sharded format's commit file), prunes older
+checkpoints and logs a `checkpoint` record. Weights that are not finite are never saved: a
+checkpoint is a good state.
 
 A background save that fails (disk full, an object store's 5xx) is reported when it is seen
 (`poll`, after each step, no collective), and every rank learns of it through the next step's
@@ -28,9 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
-from training import sharded_checkpoint as sharded
-from training.checkpoint import (FORMAT_VERSION, checkpoint_path, checkpoints_folder, prune_checkpoints,
-                                 save_checkpoint)
+from training.checkpoint import FORMAT_VERSION, checkpoints_folder, format_for, prune_checkpoints
 from training.config import TrainConfig
 from training.distributed import DistEnv, any_rank, run_on_all_ranks
 from training.run import Run
@@ -45,7 +43,7 @@ class PendingSave:
     path: Location
     step: int
     metadata: dict  # the commit file's entries
-    future: object | None  # concurrent.futures.Future of an asynchronous save; None once written
+    future: object | None  # concurrent.futures.Future of an asynchronous save; None when written on return
     started: float
     committed: bool = False  # rank 0: its commit file is written; other ranks: their part is
     error: Exception | None = None  # this rank saw the save fail (reported already)
@@ -57,8 +55,8 @@ class Checkpointer:
     def __init__(self, cfg: TrainConfig, env: DistEnv, logger: RunLogger, provenance: dict):
         self.cfg, self.env, self.logger, self.provenance = cfg, env, logger, provenance
         self.folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
-        self.sharded = cfg.resolved_checkpoint_format() == "sharded"
-        self.asynchronous = self.sharded and cfg.checkpoint_async
+        self.format = format_for(cfg)
+        self.asynchronous = self.format.writes_in_background and cfg.checkpoint_async
         self.pending: PendingSave | None = None
         self.saved_step: int | None = None  # the step of the last save started by this launch
         self.adopted = False  # the folder was cleaned (and owned) before this launch's first save
@@ -91,23 +89,15 @@ class Checkpointer:
         # at most one save in flight; one that failed was reported, and this one, in its place, is written
         # synchronously: storage that keeps failing stops the run here, instead of failing in the background
         blocking = self.wait(fail=False) or blocking
-        if not self.adopted:
-            run_on_all_ranks(self.env, lambda: adopt_checkpoint_folder(self.folder, self.cfg.out_dir,
-                                                                       self.logger.console)
-                             if self.env.master_process else None)
-            self.adopted = True
+        run_on_all_ranks(self.env, self._prepare_folder)
         self.saved_step = run.step
         metadata = {**run.progress_state(), **checkpoint_metadata(run, self.cfg, self.provenance)}
-        if not self.sharded:
-            self._save_file(run, metadata)
-            return
-        path = checkpoint_path(self.folder, run.step, sharded_format=True)
+        path = self.format.path(self.folder, run.step)
         started = time.perf_counter()
         asynchronous = self.asynchronous and not blocking
         group = self.process_group if asynchronous else None
-        future = run_on_all_ranks(self.env, lambda: sharded.start_save(
-            run.model, run.optimizer, path, asynchronous, group),
-            describe=lambda e: self._write_error(path, e))
+        future = run_on_all_ranks(self.env, lambda: self.format.save(run, path, metadata, asynchronous, group),
+                                  describe=lambda e: self._write_error(path, e))
         self.pending = PendingSave(path, run.step, metadata, future, started)
         if asynchronous:
             self.logger.console(f"saving checkpoint {path} in the background "
@@ -120,6 +110,16 @@ class Checkpointer:
         records (a run whose log failed at the end does not end as a success). Collective."""
         self.wait()
         run_on_all_ranks(self.env, self.logger.check)
+
+    def _prepare_folder(self) -> None:
+        """rank 0, before a save: the log is sound (one that could not be written stops the run before a
+        checkpoint is written), and before this launch's first save the folder is adopted (cleaned, owned)."""
+        if not self.env.master_process:
+            return
+        self.logger.check()
+        if not self.adopted:
+            adopt_checkpoint_folder(self.folder, self.cfg.out_dir, self.logger.console)
+            self.adopted = True
 
     def save_before_exit(self, run: Run) -> None:
         """This step's state, written and committed on return (a stop signal: the process exits next),
@@ -221,30 +221,12 @@ class Checkpointer:
         """rank 0: the checkpoint is complete from here on; then older ones are pruned."""
         if check_log:
             self.logger.check()  # a log that could not be written stops the run before a checkpoint counts
-        sharded.check_parts(pending.path, self.env.world_size)
-        sharded.commit(pending.path, pending.metadata)
+        self.format.commit(pending.path, pending.metadata, self.env.world_size)
         pending.committed = True
         prune_checkpoints(self.folder, self.cfg.keep_last, written_step=pending.step, warn=self.logger.warn)
         seconds = time.perf_counter() - pending.started
         self.logger.log({"kind": "checkpoint", "step": pending.step, "path": str(pending.path), "seconds": seconds})
         self.logger.console(f"saved checkpoint {pending.path} ({seconds:.2f} s)")
-
-    def _save_file(self, run: Run, metadata: dict) -> None:
-        state = run.state_dict()  # gathered onto rank 0 under FSDP
-
-        def write() -> None:
-            if not self.env.master_process:
-                return
-            self.logger.check()  # a log that could not be written stops the run before anything else
-            path = checkpoint_path(self.folder, run.step)
-            started = time.perf_counter()
-            save_checkpoint({**state, **metadata}, path)
-            prune_checkpoints(self.folder, self.cfg.keep_last, written_step=run.step, warn=self.logger.warn)
-            self.logger.log({"kind": "checkpoint", "step": run.step, "path": str(path),
-                             "seconds": time.perf_counter() - started})
-            self.logger.console(f"saved checkpoint {path}")
-
-        run_on_all_ranks(self.env, write)
 
     @staticmethod
     def _write_error(path: Location, e: Exception) -> ReproError | None:

@@ -114,14 +114,18 @@ class Strategy:
     # --- checkpoints ---------------------------------------------------------------------------
     def full_state(self, model: GPT, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
         """Model and optimizer state dicts in the checkpoint format (plain tensors, optimizer state
-        keyed by parameter index), on rank 0; other ranks may get empty dicts. Collective."""
-        return model.state_dict(), optimizer.state_dict()
+        keyed by parameter name), on rank 0; other ranks may get empty dicts. Collective.
+
+        The optimizer's own state dict with its parameter indices named: the dict DCP's
+        get_optimizer_state_dict gives, without the zero-gradient step DCP takes to fill an
+        optimizer that has no state yet (float16 runs whose first updates were all skipped)."""
+        return model.state_dict(), by_name(optimizer.state_dict(), parameter_names(model, optimizer))
 
     def load_full_state(self, model: GPT, optimizer: torch.optim.Optimizer, model_state: dict,
                         optimizer_state: dict) -> None:
-        """Load full state dicts (every rank has them) into the model and optimizer."""
+        """Load full state dicts (every rank has them; the optimizer's keyed by parameter name)."""
         model.load_state_dict(model_state)
-        optimizer.load_state_dict(optimizer_state)
+        optimizer.load_state_dict(by_index(optimizer_state, parameter_names(model, optimizer)))
         own_cpu_state(optimizer)
 
 
@@ -216,7 +220,7 @@ class FSDP(Strategy):
         optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
         if not self.env.master_process:
             return {}, {}
-        return model_state, by_index(optimizer_state, parameter_names(model, optimizer))
+        return model_state, optimizer_state
 
     def load_full_state(self, model: GPT, optimizer: torch.optim.Optimizer, model_state: dict,
                         optimizer_state: dict) -> None:
@@ -226,8 +230,7 @@ class FSDP(Strategy):
 
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(model, model_state, options=options)
-        set_optimizer_state_dict(model, optimizer, by_name(optimizer_state, parameter_names(model, optimizer)),
-                                 options=options)
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
         own_cpu_state(optimizer)  # a shard of a CPU tensor is a view of it
 
 
@@ -268,7 +271,8 @@ def own_cpu_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 def parameter_names(model: GPT, optimizer: torch.optim.Optimizer) -> list[str]:
-    """The name of each optimizer parameter, in the order optimizer.state_dict() numbers them."""
+    """The name of each optimizer parameter, in the order optimizer.state_dict() numbers them
+    (through its groups, in order): what names its indices, for checkpoints keyed by name."""
     names = {id(p): name for name, p in model.named_parameters()}  # a tied weight under its first name
     return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
 

@@ -1,7 +1,7 @@
 """A training run: built at launch (fresh, or from the checkpoint it resumes), its state in one place.
 
 `build_run` opens the data, builds the model and optimizer, and restores the checkpoint that
-`resume` picks (`Run.load_state_dict`); training/checkpointer.py writes `Run.state_dict()` back
+training/resume.py picks (`Run.load_state_dict`); training/checkpointer.py writes the run back
 as a checkpoint. A checkpoint `step_s` holds the state after s updates.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -17,16 +16,14 @@ from data.loader import TrainLoader, ValLoader, validate_shards
 from data.manifest import data_fingerprint
 from errors import CheckpointError, ConfigError, DivergedError
 from model import GPT
-from training import sharded_checkpoint as sharded
-from training.checkpoint import (RESUME_ENTRIES, check_compatible, checkpoints_folder, find_resume_checkpoint,
-                                 list_checkpoints, load_checkpoint, require_entries)
-from training.storage import Location, name_of
+from training.checkpoint import checkpoints_folder, format_of
+from training.storage import Location
 from training.config import TrainConfig
-from training.distributed import DistEnv, broadcast_object, run_on_all_ranks
+from training.distributed import DistEnv, run_on_all_ranks
 from training.optimizers import build_optimizer, check_same_optimizer
 from training.parallel import Strategy
-from training.run_folder import check_one_history, refuse_lost_history
-from training.run_logger import LOG_NAME, RunLogger
+from training.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
+from training.run_logger import RunLogger
 from training.runtime import Runtime
 from training.spikes import RollbackRequested, SpikeWindow
 from training.weights import load_initial_weights
@@ -38,10 +35,10 @@ class Run:
     checkpoints, evaluation and sampling use it; the training forward goes through its
     compiled / DDP wrapper.
 
-    Its state, what a checkpoint holds, is `state_dict()` and goes back with `load_state_dict()`
-    (PyTorch's Stateful protocol): the model, the optimizer, float16's loss scale, the step, the
-    tokens seen, the lineage, the latest evaluation figures, the W&B run id, and what steers a
-    long run (the spike window, skips in a row, rollbacks and the batches they passed over).
+    Its state, what a checkpoint holds, is `state_dict()` and goes back with `load_state_dict()`:
+    the model, the optimizer, float16's loss scale, the step, the tokens seen, the lineage, the
+    latest evaluation figures, the W&B run id, and what steers a long run (the spike window,
+    skips in a row, rollbacks and the batches they passed over).
     Nothing else is needed to resume exactly: the data position is a function of the step and
     data_offset (data/loader.py) and dropout masks are reseeded from (seed, step, rank) every step.
     """
@@ -74,8 +71,9 @@ class Run:
         """Tensors and plain Python values only (loads with torch.load(weights_only=True)).
 
         A collective: under FSDP the model and optimizer are gathered onto rank 0's CPU (the
-        other ranks get empty dicts for them). The sharded format saves the same entries: the
-        model and optimizer through DCP, each rank its part, and `progress_state()` beside them.
+        other ranks get empty dicts for them); the optimizer's state is keyed by parameter name.
+        The file format writes it; the sharded format saves the same entries: the model and
+        optimizer through DCP, each rank its part, and `progress_state()` beside them.
         """
         model_state, optimizer_state = self.strategy.full_state(self.model, self.optimizer)
         return {"model": model_state, "optimizer": optimizer_state, **self.progress_state()}
@@ -95,24 +93,16 @@ class Run:
                          "data_offset": self.data_offset},
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Continue from a checkpoint's state (load_checkpoint's, on every rank), with this run's optimizer settings.
+    def load_state_dict(self, state: dict, path: Location) -> None:
+        """Continue from the checkpoint at path (its state: load_checkpoint's, on every rank), with this
+        run's optimizer settings. A collective: every rank loads its part, in the checkpoint's format.
 
-        A file's model and optimizer are whole on every rank, and each keeps its part; a sharded
-        checkpoint's are read by every rank, its part only (a collective). The saved optimizer
-        state keeps its moments and step counts; its settings (lr, betas, eps, weight decay,
-        kernel choice) become this run's, so a resume with changed settings trains with what
-        config.yaml says. The lineage goes on: the same run_id, and the checkpoint's own id
-        appended to the ancestry.
+        The saved optimizer state keeps its moments and step counts; its settings (lr, betas, eps,
+        weight decay, kernel choice) become this run's, so a resume with changed settings trains
+        with what config.yaml says. The lineage goes on: the same run_id, and the checkpoint's own
+        id appended to the ancestry.
         """
-        def current_settings(saved: dict) -> dict:
-            return with_current_settings(saved, self.optimizer)
-
-        if state.get("sharded"):
-            sharded.load_training_state(self.model, self.optimizer, state["location"], current_settings)
-        else:
-            self.strategy.load_full_state(self.model, self.optimizer, state["model"],
-                                          current_settings(state["optimizer"]))
+        format_of(path).load_into(self, path, state, lambda saved: with_current_settings(saved, self.optimizer))
         if self.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
             self.scaler.load_state_dict(state["scaler"])
         self.step = self.start_step = state["step"]
@@ -175,7 +165,7 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
         logger.console(f"nothing to do: {resume_path} is at max_steps {cfg.max_steps}; raise max_steps to train on")
         return None
     check_same_optimizer(cfg, state["config"], resume_path)  # another optimizer's state does not fit
-    run.load_state_dict(state)
+    run.load_state_dict(state, resume_path)
     run.resumed_from, run.resumed_step = resume_path, run.step
     warn_on_changed_settings(cfg, state["config"], logger)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
@@ -201,23 +191,13 @@ def roll_back(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger, reque
         raise DivergedError(f"{stop}; rolled back {run.rollbacks} time(s) already (max_rollbacks {cfg.max_rollbacks}): "
                             f"stopping; the newest checkpoint in {folder} is the last good state")
 
-    def newest() -> Location | None:
-        """The newest checkpoint in the folder, or the one this launch resumed from, if newer (it may
-        lie elsewhere: a run continued with --resume PATH into a new out_dir)."""
-        if not env.master_process:
-            return None
-        found = find_resume_checkpoint(folder, "auto", warn=logger.warn)
-        if run.resumed_from is not None and (found is None or found[1]["step"] < run.resumed_step):
-            return run.resumed_from
-        return None if found is None else found[0]
-
-    path = broadcast_object(run_on_all_ranks(env, newest), env)
+    path = choose_rollback_checkpoint(folder, run.resumed_from, run.resumed_step, env, logger.warn)
     if path is None:
         raise DivergedError(f"{stop}; there is no checkpoint in {folder} to roll back to: stopping")
     state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, cfg.model_config()))
     failed_batch, rollbacks = request.step + run.data_offset, run.rollbacks + 1
     run.optimizer.zero_grad(set_to_none=True)  # a non-finite step left its gradients
-    run.load_state_dict(state)
+    run.load_state_dict(state, path)
     passed_over = [run.step + run.data_offset, failed_batch]  # data positions, first and last
     run.data_offset = failed_batch + 1 - run.step
     run.rollbacks = rollbacks
@@ -227,45 +207,6 @@ def roll_back(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger, reque
                 "reason": request.reason, "skipped_batches": passed_over})
     logger.warn(f"{stop}; rolled back to {path} (step {run.step}) and passing over the batches of data positions "
                 f"{passed_over[0]}-{passed_over[1]} (rollback {rollbacks} of at most {cfg.max_rollbacks})")
-
-
-def choose_resume_checkpoint(cfg: TrainConfig, env: DistEnv, logger: RunLogger) -> Location | None:
-    """Rank 0 resolves `resume` (scanning out_dir); every rank gets its answer, or its error."""
-    folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
-
-    def resolve() -> Location | None:
-        if not env.master_process:
-            return None
-        if cfg.resume == "never":
-            refuse_used_out_dir(Path(cfg.out_dir), folder)
-        found = find_resume_checkpoint(folder, cfg.resume, warn=logger.warn)
-        check_one_history(cfg.out_dir, folder, None if found is None else found[:2])
-        if found is None:
-            if cfg.resume == "auto":
-                refuse_lost_history(cfg.out_dir, folder, logger.warn)
-            return None
-        path, _, how = found
-        logger.console(f"resuming from {path} ({how})")
-        return path
-
-    return broadcast_object(run_on_all_ranks(env, resolve), env)
-
-
-def refuse_used_out_dir(out_dir: Path, folder: Location) -> None:
-    """A fresh start must not mix with the run already in out_dir (its checkpoints and log)."""
-    used = [name_of(p) for _, p in list_checkpoints(folder)][-2:]
-    if (out_dir / LOG_NAME).exists():
-        used.insert(0, LOG_NAME)
-    if used:
-        raise ConfigError(f"resume: {out_dir} already holds a run ({', '.join(used)}); "
-                          f"continue it with --resume auto, or give this run another out_dir")
-
-
-def load_compatible_checkpoint(path: Location, model_config) -> dict:
-    """The checkpoint's state, its tensors memory-mapped: every rank pages in only what it copies."""
-    state = require_entries(load_checkpoint(path), RESUME_ENTRIES, path, "resuming")
-    check_compatible(state, model_config.to_dict(), path)
-    return state
 
 
 def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict:

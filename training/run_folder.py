@@ -1,19 +1,16 @@
-"""One run folder holds one line of history: a lock against concurrent launches, and the run it belongs to.
+"""A run folder for one launch at a time: the locks on out_dir and checkpoint_dir, and the owner of a checkpoint_dir.
 
-A run folder (out_dir) belongs to one run: the `run_id` that a fresh start draws and that its
-checkpoints, its resumes and `run.json` carry. Two things would break that, and both are refused
-before anything is written:
+A run folder (out_dir) holds one line of history (training/resume.py enforces it when it
+chooses what a launch continues). What would break it before anything is chosen is refused
+here, before anything is written:
 
 - two launches into the same out_dir at once (a job submitted twice): rank 0 holds an exclusive
   `flock` on `out_dir/.lock` for the whole launch. The kernel drops the lock when the process
   ends, however it ends, so a crashed or killed run never leaves it stuck (on NFS, when the
   client's lease expires). Filesystems without locks get a warning, and go on unprotected.
 - two runs sharing one checkpoint folder (a checkpoint_dir outside out_dir, named by two
-  experiments): that folder is locked too, and belongs to one out_dir (`claim_run_folder`).
-- continuing a run in a folder that holds another run (a checkpoint copied in from elsewhere,
-  `--resume PATH` into a folder with a third run's log): see `check_one_history`.
-- starting over in a folder whose run saved checkpoints that this launch cannot find (a changed
-  checkpoint_dir, a damaged only checkpoint): see `refuse_lost_history`.
+  experiments): that folder is locked too, and belongs to one out_dir (`claim_run_folder`;
+  its owner file is written by the first save, `adopt_checkpoint_folder`).
 """
 
 from __future__ import annotations
@@ -25,15 +22,13 @@ import socket
 from datetime import datetime, timezone
 from pathlib import Path
 
-from errors import CheckpointError, ConfigError, first_line
+from errors import ConfigError, first_line
 from training import storage
-from training.checkpoint import CheckpointTooNewError, list_checkpoints, load_checkpoint, remove_stale_temp_files
-from training.run_logger import LOG_NAME, read_log
-from training.storage import Location, name_of, parent_of
+from training.checkpoint import remove_stale_temp_files
+from training.storage import Location, name_of
 
 LOCK_NAME = ".lock"
 OWNER_NAME = "owner.json"  # in a checkpoint_dir outside out_dir: the run folder it belongs to
-RUN_RECORD = "run.json"  # written by the trainer at every launch (training/provenance.py)
 
 
 def claim_run_folder(out_dir: str | Path, checkpoints: Location, warn) -> list[FolderLock]:
@@ -150,87 +145,3 @@ class FolderLock:
                 self.folder.rmdir()
             except OSError:
                 pass
-
-
-def recorded_run_id(out_dir: str | Path) -> str | None:
-    """The run_id in out_dir/run.json; None without one (no run yet, or a folder of older code)."""
-    try:
-        record = json.loads((Path(out_dir) / RUN_RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    return record.get("run_id") if isinstance(record, dict) else None
-
-
-def check_one_history(out_dir: str | Path, checkpoints: Location, chosen: tuple[Location, dict] | None) -> None:
-    """Refuse to go on when out_dir (with its checkpoint folder), or out_dir and the checkpoint chosen
-    to resume, hold more than one run.
-
-    What names a run: run.json's run_id (every launch writes it), and each readable checkpoint's
-    run_id. They must all agree, with each other and with the chosen checkpoint. A chosen
-    checkpoint from another folder into an out_dir whose log cannot be attributed to any run
-    (written by older code) is refused too: its records would mix with the new ones.
-    """
-    out_dir = Path(out_dir)
-    owners: dict[str, str] = {}  # run_id -> what carries it, for the message
-    recorded = recorded_run_id(out_dir)
-    if recorded:
-        owners[recorded] = f"{RUN_RECORD} and {LOG_NAME}"
-    for step, path in list_checkpoints(checkpoints):
-        try:
-            run_id = load_checkpoint(path).get("run_id")  # metadata only: the tensors stay on disk
-        except CheckpointTooNewError:
-            raise
-        except CheckpointError:
-            continue  # damaged: never chosen, and set aside when it would be
-        if run_id:
-            owners.setdefault(run_id, f"{name_of(checkpoints)}/{name_of(path)}")
-    if len(owners) > 1:
-        raise ConfigError(f"resume: {out_dir} holds more than one run ({describe(owners)}); one folder holds one "
-                          f"line of history: move the other run's files out, or give this run another out_dir")
-    if chosen is None:
-        return
-    path, state = chosen
-    theirs = state.get("run_id")
-    ours = next(iter(owners), None)
-    if ours is not None and theirs != ours:
-        raise ConfigError(f"resume: {path} belongs to run {short(theirs)}, but {out_dir} holds run {short(ours)} "
-                          f"({owners[ours]}); continue that run with --resume auto, or give this run another out_dir")
-    if ours is None and (out_dir / LOG_NAME).exists() and str(parent_of(path)) != str(checkpoints):
-        raise ConfigError(f"resume: {out_dir} holds a {LOG_NAME} of another run; resuming {path} there would mix "
-                          f"their records: give this run another out_dir")
-
-
-def describe(owners: dict[str, str]) -> str:
-    return ", ".join(f"run {short(run_id)} in {where}" for run_id, where in owners.items())
-
-
-def short(run_id: str | None) -> str:
-    return run_id[:8] if run_id else "(unnamed)"
-
-
-def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> None:
-    """Before a fresh start into out_dir (resume auto found no checkpoint to continue): refuse one
-    that would replace the log of a run that saved checkpoints this launch cannot see.
-
-    That happens when checkpoint_dir was changed or mistyped on a relaunch, or when the run's
-    only checkpoint is damaged (set aside as `.unreadable`): starting over would truncate
-    log.jsonl and rewrite run.json under a new run id. The log's `checkpoint` records say what
-    was saved, and where. A launch that saved none (it crashed before its first checkpoint) has
-    nothing to continue: it starts over, with a warning.
-    """
-    log = Path(out_dir) / LOG_NAME
-    if not log.exists():
-        return
-    records = read_log(log)
-    saved = [r for r in records if r.get("kind") == "checkpoint"]
-    aside = sorted(name for name in storage.list_names(checkpoints) if name.endswith(".unreadable"))
-    if saved or aside:
-        found = [f"its log records checkpoint {saved[-1].get('path')}"] if saved else []
-        found += [f"{checkpoints} holds {', '.join(aside)} (set aside as unreadable)"] if aside else []
-        raise ConfigError(f"resume: {out_dir} holds a run that saved checkpoints ({'; '.join(found)}), but there is "
-                          f"none to resume in {checkpoints}; starting over would replace its log: point "
-                          f"--checkpoint_dir or --resume at its checkpoints, or give this run another out_dir")
-    steps = [r["step"] for r in records if r.get("kind") == "train"]
-    if steps:
-        warn(f"{out_dir} holds the log of a launch that saved no checkpoint (steps {min(steps)}-{max(steps)}): "
-             f"starting that run over, and its log with it")

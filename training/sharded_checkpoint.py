@@ -17,11 +17,14 @@ first save. Retention deletes the commit file first, so a half-deleted folder is
 Asynchronous saves (`dcp.async_save`) block the loop only while the state is copied off the
 device; the files are written by a background thread, whose collectives go over a process group
 of their own (gloo), apart from the training's.
+
+`ShardedFormat`, at the end, is this format behind the interface of training/checkpoint_format.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from concurrent.futures import Future
 
@@ -29,22 +32,18 @@ import torch
 
 from errors import CheckpointError, first_line
 from training import storage
+from training.checkpoint_format import FORMAT_VERSION, TENSOR_ENTRIES, CheckpointFormat, TrainingState
 from training.storage import Location
 
 COMMIT_NAME = "checkpoint.json"
 DCP_METADATA = ".metadata"
-TENSOR_ENTRIES = ("model", "optimizer")  # in the DCP files; everything else is in the commit file
+_NAME = re.compile(r"^step_(\d{8})$")
 
 # DCP warns, on every save and load without a process group, that it "assumes the intent is to
 # save/load in a single process": one process (sample.py, a one-GPU run) is exactly that intent
 # (worded "is disabled, unavailable or ..." by save and load, "is unavailable or ..." by the whole-state read)
 warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized",
                         category=UserWarning)
-
-
-def is_sharded_checkpoint(location: Location) -> bool:
-    """A step folder (complete or not); a file checkpoint is a `.pt` file."""
-    return storage.is_dir(location)
 
 
 def is_complete(location: Location) -> bool:
@@ -177,8 +176,8 @@ def uncommit(location: Location) -> None:
     storage.remove(storage.join(location, COMMIT_NAME))
 
 
-def read_metadata(location: Location) -> dict:
-    """The commit file's entries, plus `sharded`, `tensor_entries` (what the DCP files hold) and `location`.
+def read_commit(location: Location) -> dict:
+    """The commit file's entries, plus `tensor_entries`: the TENSOR_ENTRIES that the DCP files hold.
 
     Checks that every file DCP's index refers to is there and long enough, so a checkpoint whose
     parts were truncated or lost (a copy that failed half-way) is refused here, before any rank
@@ -203,10 +202,10 @@ def read_metadata(location: Location) -> dict:
     if problem is not None:
         raise CheckpointError(f"{location}: {problem}")
     entries = sorted({key.split(".", 1)[0] for key in index.state_dict_metadata})
-    return {**metadata, "sharded": True, "tensor_entries": entries, "location": location}
+    return {**metadata, "tensor_entries": entries}
 
 
-def read_full_state(location: Location) -> dict:
+def read_tensors(location: Location) -> dict:
     """The whole model and optimizer in this process, as saved: {"model": {name: tensor},
     "optimizer": {"state": {name: {...}}, "param_groups": [...]}} (parameters by name, a tied
     weight under its first name only). For consolidation and inspection: it holds everything."""
@@ -252,3 +251,79 @@ def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                               f"({first_line(_first_failure(e))})") from None
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=adapt_optimizer(state["optimizer"]))
+
+
+class ShardedFormat(CheckpointFormat):
+    """A `step_XXXXXXXX/` folder, local or at any URL; every URL is read as one."""
+
+    name = "sharded"
+    writes_in_background = True
+
+    def path(self, folder: Location, step: int) -> Location:
+        return storage.join(folder, f"step_{step:08d}")
+
+    def step_of(self, name: str) -> int | None:
+        m = _NAME.match(name)
+        return int(m.group(1)) if m else None
+
+    def is_complete(self, path: Location) -> bool:
+        return is_complete(path)
+
+    def is_leftover(self, path: Location) -> bool:
+        return self.step_of(storage.name_of(path)) is not None and not is_complete(path)
+
+    def delete(self, path: Location) -> None:
+        uncommit(path)  # first: a deletion cut short leaves no 'complete' half
+        storage.remove(path)
+
+    def save(self, run: TrainingState, path: Location, metadata: dict, asynchronous: bool = False,
+             process_group=None) -> Future | None:
+        return start_save(run.model, run.optimizer, path, asynchronous, process_group)
+
+    def commit(self, path: Location, metadata: dict, world_size: int) -> None:
+        check_parts(path, world_size)
+        commit(path, metadata)
+
+    def read_metadata(self, path: Location) -> dict:
+        """The commit file's entries. A URL to a file is said to be one: file checkpoints are written
+        locally only, and reading a commit file "inside" a file says "Not a directory"."""
+        url_to_a_file = CheckpointError(f"{path} is a URL to a file; URLs hold sharded checkpoints (step_XXXXXXXX "
+                                        f"folders) only: give the file's local path")
+        if storage.is_url(path) and storage.name_of(path).endswith(".pt"):  # known before any I/O
+            raise url_to_a_file
+        try:
+            state = read_commit(path)
+        except CheckpointError:
+            if storage.is_url(path) and _names_a_file(path):
+                raise url_to_a_file from None
+            raise
+        if "step" not in state:
+            raise CheckpointError(f"{path}: not a gpt2-repro checkpoint (no step entry)")
+        return state
+
+    def holds(self, state: dict, key: str) -> bool:
+        """The model and optimizer are in the DCP files: there when DCP's index lists them."""
+        return key in state.get("tensor_entries", ()) if key in TENSOR_ENTRIES else key in state
+
+    def load_into(self, run: TrainingState, path: Location, state: dict, adapt_optimizer) -> None:
+        load_training_state(run.model, run.optimizer, path, adapt_optimizer)
+
+    def read_model(self, model: torch.nn.Module, path: Location, state: dict) -> None:
+        load_model(model, path)
+
+    def read_full_state(self, path: Location, state: dict) -> dict:
+        self.require_entries(state, dict.fromkeys(TENSOR_ENTRIES, dict), path, "consolidation")
+        full = read_tensors(path)
+        model = dict(full["model"])
+        if "transformer.wte.weight" in model:  # GPT's tied weight (model.py): one tensor under both names, as in a file
+            model["lm_head.weight"] = model["transformer.wte.weight"]
+        entries = {key: value for key, value in state.items() if key != "tensor_entries"}
+        return {**entries, "model": model, "optimizer": full["optimizer"], "format_version": FORMAT_VERSION}
+
+
+def _names_a_file(url: str) -> bool:
+    """Whether a URL names a file (not a folder); False when that cannot be told."""
+    try:
+        return storage.exists(url) and not storage.is_dir(url)
+    except OSError:
+        return False
