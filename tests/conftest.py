@@ -17,10 +17,31 @@ import numpy as np
 import pytest
 import torch
 
+import slowness
 from data.shards import shard_name, write_shard
-from launch import GRACE_S, launch
+from launch import launch
+from slowness import guard
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# The test run's hang guards, scaled to this machine (tests/slowness.py)
+@pytest.hookimpl(tryfirst=True)  # before pytest-timeout reads its per-test limit
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the process that runs pytest (xdist's controller, or the only one)
+        if slowness.ENV not in os.environ:
+            # pytest-xdist's -n (already resolved from "auto"): workers that share a core run slower
+            workers = config.getoption("numprocesses", None) if config.getoption("dist", "no") != "no" else None
+            os.environ[slowness.ENV] = str(slowness.calibrate(workers or 1))
+    # pyproject.toml's per-test limit is for the reference machine; an explicit --timeout or PYTEST_TIMEOUT is kept
+    if config.getoption("timeout", None) is None and "PYTEST_TIMEOUT" not in os.environ:
+        try:
+            base = float(config.getini("timeout") or 0)
+        except ValueError:  # pytest-timeout is not installed
+            base = 0
+        if base > 0:
+            config.option.timeout = guard(base)
+
 
 # A model small enough that a training step takes milliseconds on a CPU core. Its vocabulary is
 # small too (TINY_VOCAB): GPT-2's 50,304-row lm_head would be 95% of a step's work. Runs that
@@ -67,7 +88,7 @@ def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
 
 def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, timeout: float = 300,
                 script: str = "train_gpt2.py", extra_env: dict | None = None, torchrun_args=(),
-                cwd: Path = REPO, torchrun: bool = False, grace: float = GRACE_S):
+                cwd: Path = REPO, torchrun: bool = False, grace: float | None = None):
     """Run the trainer (or another entry point) as a user would: one process, or nproc ranks.
 
     By default the ranks are forked from a warm process with torchrun's environment (tests/launch.py:
@@ -75,7 +96,8 @@ def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, t
     torchrun_args, runs `python -m torch.distributed.run` itself (its agent, restarts, signals and
     failure report are then part of what is tested). Either way the result has returncode,
     stdout and stderr, and, from a fork launch, each rank's exit code in `exitcodes` (a rank
-    still running `grace` seconds after another failed is killed: -9).
+    still running `grace` seconds after another failed is killed: -9; default launch.GRACE_S).
+    `timeout` is a hang guard in seconds on the reference machine (tests/slowness.py).
     """
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", PYTHONPATH=str(REPO),
                PYTHONFAULTHANDLER="1", **(extra_env or {}))
@@ -129,13 +151,15 @@ def kill_all(pids: list[int]) -> None:
 
 
 def run_and_reap(cmd: list[str], env: dict, timeout: float, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """Run cmd; on a timeout it and every process it started are killed, and the test fails.
+    """Run cmd; on a timeout (guard(timeout): seconds on the reference machine) it and every process it
+    started are killed, and the test fails.
 
     A hung launch must not leave workers behind (they would hold the CPU for the rest of the
     suite), and a finished one must have left none: the test fails if any of its processes
     outlives it.
     """
     token = uuid.uuid4().hex
+    timeout = guard(timeout)
     proc = subprocess.Popen(cmd, cwd=cwd, env={**env, LAUNCH_TOKEN: token}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -143,7 +167,7 @@ def run_and_reap(cmd: list[str], env: dict, timeout: float, cwd: Path = REPO) ->
     except subprocess.TimeoutExpired:
         kill_all(launched_processes(token))
         stdout, stderr = proc.communicate()
-        raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout} s (killed)\n{stdout[-3000:]}\n"
+        raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout:.0f} s (killed)\n{stdout[-3000:]}\n"
                              f"{stderr[-5000:]}") from None
     left = launched_processes(token)
     if left:
