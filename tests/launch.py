@@ -13,6 +13,7 @@ signal forwarding, its failure report) is tested through real torchrun launches.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -93,7 +94,13 @@ def run_rank(target: str, argv: list[str], env: dict[str, str], stdout: str, std
 
     module, function = target.split(":")
     main = getattr(importlib.import_module(module), function)
-    sys.exit(run_cli(main, argv))
+    try:
+        code = run_cli(main, argv)
+    finally:
+        # A script's process runs its atexit handlers as it ends; a forked rank ends in os._exit, which
+        # skips them. wandb removes its temp folders ($TMPDIR/tmp*wandb-media, tmp*wandb-artifacts) in one.
+        atexit._run_exitfuncs()
+    sys.exit(code)
 
 
 def launch(argv: list[str], nproc: int | None = None, *, target: str = "train_gpt2:main", extra_env: dict | None = None,
