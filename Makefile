@@ -6,10 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 # Without an NVIDIA GPU, take PyTorch's CPU wheel (about 200 MB) rather than PyPI's CUDA build
-# (several GB). Pip falls back to the default index when the CPU index cannot be reached.
+# (several GB). Its index is asked first (scripts/torch_index.py, at most 5 s): where it cannot be
+# reached, one line says so and torch comes from pip's configured index alone, without pip's
+# screen of retry warnings. With an NVIDIA GPU, PyPI's CUDA build. TORCH_INDEX=... overrides both.
 HAS_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 ifeq ($(HAS_NVIDIA)$(shell uname -s),Linux)
-TORCH_INDEX ?= --extra-index-url https://download.pytorch.org/whl/cpu --retries 1
+TORCH_INDEX ?= $$($(PYTHON) scripts/torch_index.py https://download.pytorch.org/whl/cpu)
 endif
 # glibc returns every large tensor's memory to the OS and faults it back in on the next step;
 # keeping it mapped makes CPU training (the demo) about 1.7x faster.
@@ -35,9 +37,9 @@ demo: install
 # Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once.
 XDIST := -n 2 --dist loadfile
 
-# everything (CI); about 4 minutes on 2 CPU cores
+# everything (CI); about 4 minutes on 2 CPU cores. The 10 slowest tests are listed, so growth shows.
 test: install lint
-	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST)
+	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10
 
 # the inner loop: no test that starts a process (trainer, torchrun, prep); about 40 seconds
 test-fast: install

@@ -6,21 +6,140 @@ Tests never touch the network: corpora are generated here. Multi-process runs go
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import multiprocessing
+import multiprocessing.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+import slowness
 from data.shards import shard_name, write_shard
-from launch import GRACE_S, launch
+from launch import launch
+from slowness import guard
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# The test run: its hang guards scaled to this machine (tests/slowness.py), and a $TMPDIR of its own
+# that must be empty at the end, as must the working tree be of new files.
+RUN_TMPDIR = "GPT2_REPRO_TEST_TMPDIR"  # a test run's $TMPDIR; a run inside it (gpu_check's) leaves the working tree to it
+# pytest's basetemp (tmp_path), torchrun's log folders (PET_LOG_DIR), and Inductor's cache (a link, see below)
+EXPECTED = ("pytest", "torchrun", f"torchinductor_{getpass.getuser()}")
+
+
+@dataclass
+class RunFiles:
+    tmpdir: str  # this run's $TMPDIR
+    tree: set[str] | None  # the working tree's untracked and ignored entries at the start (None: not checked)
+    left: list[str] = field(default_factory=list)  # what the tests left behind, found at the end
+    kept: bool = False  # the run failed: its basetemp stays
+
+
+RUN_FILES = pytest.StashKey[RunFiles]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-timeout reads its per-test limit and tmpdir its basetemp
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the process that runs pytest (xdist's controller, or the only one)
+        if slowness.ENV not in os.environ:
+            # pytest-xdist's -n (already resolved from "auto"): workers that share a core run slower
+            workers = config.getoption("numprocesses", None) if config.getoption("dist", "no") != "no" else None
+            os.environ[slowness.ENV] = str(slowness.calibrate(workers or 1))
+        config.stash[RUN_FILES] = start_private_tmpdir(config)
+    # pyproject.toml's per-test limit is for the reference machine; an explicit --timeout or PYTEST_TIMEOUT is kept
+    if config.getoption("timeout", None) is None and "PYTEST_TIMEOUT" not in os.environ:
+        try:
+            base = float(config.getini("timeout") or 0)
+        except ValueError:  # pytest-timeout is not installed
+            base = 0
+        if base > 0:
+            config.option.timeout = guard(base)
+
+
+def start_private_tmpdir(config) -> RunFiles:
+    """$TMPDIR/gpt2-repro-tests-XXXX for this run: the xdist workers (started later) and every process
+    they launch inherit it; pytest's basetemp is in it, and torchrun's log folders (which torch never
+    deletes). Outermost, it notes the working tree's files (a run inside another leaves that to it)."""
+    original = tempfile.gettempdir()
+    private = tempfile.mkdtemp(prefix="gpt2-repro-tests-")
+    # Inductor keeps compiled kernels and precompiled headers in $TMPDIR/torchinductor_$USER to reuse them
+    # across runs (the headers there even when TORCHINDUCTOR_CACHE_DIR says otherwise): a link keeps them there
+    cache = os.path.join(original, EXPECTED[2])
+    os.makedirs(cache, exist_ok=True)
+    os.symlink(cache, os.path.join(private, EXPECTED[2]))
+    tree = working_tree_files() if RUN_TMPDIR not in os.environ else None
+    os.environ.update({"TMPDIR": private, RUN_TMPDIR: private, "PET_LOG_DIR": os.path.join(private, "torchrun")})
+    tempfile.tempdir = private
+    if config.option.basetemp is None:
+        config.option.basetemp = os.path.join(private, "pytest")
+    return RunFiles(private, tree)
+
+
+def working_tree_files() -> set[str] | None:
+    """git status's untracked and ignored entries (folders collapsed), but Python's bytecode caches."""
+    try:
+        proc = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None  # not a git checkout (an unpacked release): nothing to compare
+    return {line[3:] for line in proc.stdout.splitlines() if line[:2] in ("??", "!!") and "__pycache__" not in line}
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist has stopped its workers, which clean up as they exit
+def pytest_sessionfinish(session):
+    """Fail the run on anything left in its $TMPDIR (removed) or new in the working tree (kept: it may be
+    yours); remove the $TMPDIR, but for pytest's basetemp when a test failed (kept for inspection)."""
+    run = session.config.stash.get(RUN_FILES, None)
+    if run is None:
+        return
+    # Without xdist the tests ran in this process, whose multiprocessing folder (the forkserver's socket) is
+    # removed as the process exits (multiprocessing's finalizer of exitpriority -100)
+    own = multiprocessing.current_process()._config.get("tempdir")
+    run.left = sorted(path for path in (os.path.join(run.tmpdir, name) for name in os.listdir(run.tmpdir)
+                                        if name not in EXPECTED) if path != own)
+    for path in run.left:
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else os.unlink(path)
+    tree = working_tree_files() if run.tree is not None else None
+    run.left += sorted(f"{REPO / name} (in the working tree)" for name in (tree or set()) - (run.tree or set()))
+    shutil.rmtree(os.path.join(run.tmpdir, "torchrun"), ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(run.tmpdir, EXPECTED[2]))
+    if run.left and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.exitstatus == pytest.ExitCode.OK:
+        if own and os.path.isdir(own):  # this $TMPDIR goes after it
+            multiprocessing.util.Finalize(None, shutil.rmtree, (run.tmpdir, True), exitpriority=-200)
+        else:
+            shutil.rmtree(run.tmpdir, ignore_errors=True)
+    else:
+        run.kept = True
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    run = config.stash.get(RUN_FILES, None)
+    if run is None:
+        return
+    if run.left:
+        terminalreporter.section("files the tests left behind: the run fails", red=True)
+        for path in run.left:
+            terminalreporter.line(path, red=True)
+    if run.kept:
+        terminalreporter.line(f"this run's $TMPDIR, kept for inspection: {run.tmpdir}")
+
 
 # A model small enough that a training step takes milliseconds on a CPU core. Its vocabulary is
 # small too (TINY_VOCAB): GPT-2's 50,304-row lm_head would be 95% of a step's work. Runs that
@@ -67,7 +186,7 @@ def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
 
 def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, timeout: float = 300,
                 script: str = "train_gpt2.py", extra_env: dict | None = None, torchrun_args=(),
-                cwd: Path = REPO, torchrun: bool = False, grace: float = GRACE_S):
+                cwd: Path = REPO, torchrun: bool = False, grace: float | None = None):
     """Run the trainer (or another entry point) as a user would: one process, or nproc ranks.
 
     By default the ranks are forked from a warm process with torchrun's environment (tests/launch.py:
@@ -75,7 +194,8 @@ def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, t
     torchrun_args, runs `python -m torch.distributed.run` itself (its agent, restarts, signals and
     failure report are then part of what is tested). Either way the result has returncode,
     stdout and stderr, and, from a fork launch, each rank's exit code in `exitcodes` (a rank
-    still running `grace` seconds after another failed is killed: -9).
+    still running `grace` seconds after another failed is killed: -9; default launch.GRACE_S).
+    `timeout` is a hang guard in seconds on the reference machine (tests/slowness.py).
     """
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", PYTHONPATH=str(REPO),
                PYTHONFAULTHANDLER="1", **(extra_env or {}))
@@ -129,13 +249,15 @@ def kill_all(pids: list[int]) -> None:
 
 
 def run_and_reap(cmd: list[str], env: dict, timeout: float, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """Run cmd; on a timeout it and every process it started are killed, and the test fails.
+    """Run cmd; on a timeout (guard(timeout): seconds on the reference machine) it and every process it
+    started are killed, and the test fails.
 
     A hung launch must not leave workers behind (they would hold the CPU for the rest of the
     suite), and a finished one must have left none: the test fails if any of its processes
     outlives it.
     """
     token = uuid.uuid4().hex
+    timeout = guard(timeout)
     proc = subprocess.Popen(cmd, cwd=cwd, env={**env, LAUNCH_TOKEN: token}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -143,7 +265,7 @@ def run_and_reap(cmd: list[str], env: dict, timeout: float, cwd: Path = REPO) ->
     except subprocess.TimeoutExpired:
         kill_all(launched_processes(token))
         stdout, stderr = proc.communicate()
-        raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout} s (killed)\n{stdout[-3000:]}\n"
+        raise AssertionError(f"{' '.join(cmd)} did not finish in {timeout:.0f} s (killed)\n{stdout[-3000:]}\n"
                              f"{stderr[-5000:]}") from None
     left = launched_processes(token)
     if left:

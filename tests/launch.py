@@ -13,6 +13,7 @@ signal forwarding, its failure report) is tested through real torchrun launches.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -25,11 +26,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slowness import guard
+
 REPO = Path(__file__).resolve().parents[1]
 # Imported once in the forkserver: what every rank would otherwise import itself.
 PRELOAD = ["torch", "torch.optim", "torch._dynamo", "torch.distributed", "torch.distributed.fsdp",
            "torch.distributed.checkpoint.state_dict", "numpy", "yaml", "tiktoken", "train_gpt2"]
-GRACE_S = 10.0  # after one rank fails, how long the others get to end on their own before they are killed
+GRACE_S = 10.0  # after one rank fails, how long the others get to end on their own before they are killed (guard()ed)
 
 _context = None
 
@@ -91,18 +94,26 @@ def run_rank(target: str, argv: list[str], env: dict[str, str], stdout: str, std
 
     module, function = target.split(":")
     main = getattr(importlib.import_module(module), function)
-    sys.exit(run_cli(main, argv))
+    try:
+        code = run_cli(main, argv)
+    finally:
+        # A script's process runs its atexit handlers as it ends; a forked rank ends in os._exit, which
+        # skips them. wandb removes its temp folders ($TMPDIR/tmp*wandb-media, tmp*wandb-artifacts) in one.
+        atexit._run_exitfuncs()
+    sys.exit(code)
 
 
 def launch(argv: list[str], nproc: int | None = None, *, target: str = "train_gpt2:main", extra_env: dict | None = None,
-           timeout: float = 300, cwd: Path = REPO, grace: float = GRACE_S) -> Launched:
+           timeout: float = 300, cwd: Path = REPO, grace: float | None = None) -> Launched:
     """Run target(argv) as `python SCRIPT argv` (nproc None) or as torchrun's nproc workers would.
 
     The ranks see this process's environment, with extra_env on top.
     Raises AssertionError (after killing every rank) when the ranks do not all end in `timeout`
-    seconds. A rank that fails leaves the others `grace` seconds to end (they may be waiting for
-    it in a collective), then they are killed, as torchrun tears a failed group down.
+    seconds on the reference machine (a hang guard: guard() scales it to this one). A rank that
+    fails leaves the others `grace` seconds to end (they may be waiting for it in a collective;
+    default GRACE_S, guard()ed), then they are killed, as torchrun tears a failed group down.
     """
+    timeout, grace = guard(timeout), guard(GRACE_S) if grace is None else grace
     script = target.split(":")[0].replace(".", "/") + ".py"
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
@@ -119,7 +130,7 @@ def launch(argv: list[str], nproc: int | None = None, *, target: str = "train_gp
         texts = [(read(out), read(err)) for out, err in outputs]
     stdout, stderr = "".join(t[0] for t in texts), "".join(t[1] for t in texts)
     if killed == "timeout":
-        raise AssertionError(f"{script} {' '.join(argv)} did not finish in {timeout} s (killed)\n"
+        raise AssertionError(f"{script} {' '.join(argv)} did not finish in {timeout:.0f} s (killed)\n"
                              f"{stdout[-3000:]}\n{stderr[-5000:]}")
     exitcodes = [p.exitcode for p in procs]
     returncode = next((code for code in exitcodes if code != 0), 0)

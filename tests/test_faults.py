@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint import list_checkpoints
 from training.run_logger import read_log
@@ -82,6 +83,7 @@ SIGNAL_PAUSE = 0.1  # step_pause for runs signalled mid-run: their 12 steps take
 
 
 def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    timeout = guard(timeout)  # a hang guard (tests/slowness.py)
     deadline = time.time() + timeout
     while time.time() < deadline:
         if (out / "log.jsonl").exists() and any(
@@ -90,7 +92,7 @@ def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float =
         if proc.poll() is not None:
             raise AssertionError(f"run ended early: {proc.communicate()}")
         time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached in {timeout}s")
+    raise AssertionError(f"step {step} not reached in {timeout:.0f}s")
 
 
 def children(pid: int) -> list[int]:
@@ -114,7 +116,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight,
     proc = start_torchrun(args, step_pause=SIGNAL_PAUSE)
     wait_for_step(out, 3, proc)
     proc.send_signal(signal.SIGTERM)  # what SLURM / the cloud sends to the launcher
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=guard(120))
     assert "SIGTERM received: saved step" in stdout, stdout + stderr
     # torchrun itself exits 1 and prints its SignalException, although both workers exited 0
     # after the checkpoint: docs/OPERATIONS.md's failure table says so
@@ -135,7 +137,7 @@ def test_worker_killed_under_max_restarts_recovers_and_matches(data, straight, t
     workers = children(proc.pid)
     assert len(workers) == 2, workers
     os.kill(max(workers), signal.SIGKILL)  # a GPU falls off the bus
-    stdout, stderr = proc.communicate(timeout=180)
+    stdout, stderr = proc.communicate(timeout=guard(180))
     assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
     assert "resumed from" in stdout
     assert_same_run(out, straight)
@@ -186,7 +188,7 @@ def test_full_disk_keeps_previous_checkpoint_and_the_run_resumes(data, straight,
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
     proc = subprocess.run(torchrun_cmd(args), cwd=REPO, env=env_for_workers(), capture_output=True, text=True,
-                          timeout=180, preexec_fn=small_files_only)
+                          timeout=guard(180), preexec_fn=small_files_only)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2, proc.stderr[-3000:]
     assert "step_00000006.pt: could not write checkpoint (File too large); earlier checkpoints are intact" in errors[0]
@@ -319,7 +321,7 @@ def test_rank_zero_write_failures_reach_every_rank_as_one_line(data, tmp_path):
 
     out = tmp_path / "full_log"
     proc = subprocess.run(torchrun_cmd(base_args(data, out, **{**ARGS, "checkpoint_interval": 0})), cwd=REPO,
-                          env=env_for_workers(), capture_output=True, text=True, timeout=120, preexec_fn=small_files_only)
+                          env=env_for_workers(), capture_output=True, text=True, timeout=guard(120), preexec_fn=small_files_only)
     errors = error_lines(proc.stderr)
     assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]
     assert "log.jsonl: could not append a record (File too large)" in errors[0]
@@ -338,7 +340,7 @@ def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path)
     proc = start_torchrun(args)
     wait_for_step(out, 5, proc)
     proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=guard(120))
     assert "SIGTERM received: saved step 6; run the same command with --resume auto to resume" in stdout, stderr
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [6]
     records = read_log(out / "log.jsonl")
@@ -354,7 +356,7 @@ def test_sigusr1_to_a_plain_torchrun_stops_the_orphaned_workers_with_a_checkpoin
     wait_for_step(out, 3, proc)
     workers = children(proc.pid)
     proc.send_signal(signal.SIGUSR1)  # not in torchrun's default --signals-to-handle: it dies at once
-    stdout, stderr = proc.communicate(timeout=120)  # the pipes close when the workers are gone too
+    stdout, stderr = proc.communicate(timeout=guard(120))  # the pipes close when the workers are gone too
     assert proc.returncode == -signal.SIGUSR1
 
     def running(pid: int) -> bool:
@@ -363,7 +365,7 @@ def test_sigusr1_to_a_plain_torchrun_stops_the_orphaned_workers_with_a_checkpoin
         except OSError:
             return False
 
-    deadline = time.time() + 30
+    deadline = time.time() + guard(30)
     while any(map(running, workers)) and time.time() < deadline:  # the pipes close a moment before the exit
         time.sleep(0.1)
     assert not any(map(running, workers))
@@ -415,4 +417,4 @@ def test_a_hung_rank_fails_the_run_within_the_hang_timeout(data, tmp_path):
                        extra_env={"FAULT": "hang", "FAULT_STEP": "1", "FAULT_RANK": "1"})
     assert proc.returncode != 0 and "Timed out waiting 6000ms" in proc.stderr, proc.stderr[-3000:]
     assert proc.exitcodes[0] == 1 and proc.exitcodes[1] == -9  # rank 0 gave up; the hung rank 1 was killed
-    assert time.time() - started < 45  # start-up, one step, the 6 s timeout, the teardown
+    assert time.time() - started < guard(45)  # start-up, one step, the 6 s timeout, the teardown: not 30 minutes

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+from slowness import guard
 from test_faults import SIGNAL_PAUSE, children, env_for_workers, start_torchrun, wait_for_step
 from training.checkpoint import delete_checkpoint, list_checkpoints, read_full_state
 from training.run_logger import read_log
@@ -91,7 +92,7 @@ def test_sigterm_under_fsdp_saves_and_the_same_command_continues_bitwise(runs, d
     wait_for_step(out, 1, proc)
     assert len(children(proc.pid)) == 2
     proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=guard(120))
     assert "SIGTERM received: saved step" in stdout, stderr[-3000:]
     assert "in the background" not in stdout  # a save the process exits after is written at once
     assert 1 < [s for s, _ in list_checkpoints(out / "checkpoints")][-1] < STEPS
@@ -121,7 +122,7 @@ def test_checkpoints_written_under_fsdp_serve_every_reader(runs, tmp_path):
     assert fsdp["optimizer"]["state"].keys() == ddp["optimizer"]["state"].keys()
     sampled = subprocess.run([sys.executable, str(REPO / "sample.py"), "--ckpt", str(ckpt), "--prompt", "!",
                               "--num_samples", "1", "--max_new_tokens", "4", "--device", "cpu"],
-                             cwd=REPO, capture_output=True, text=True, timeout=120, env=env_for_workers())
+                             cwd=REPO, capture_output=True, text=True, timeout=guard(120), env=env_for_workers())
     assert sampled.returncode == 0 and "--- sample 0" in sampled.stdout, sampled.stderr[-2000:]
 
 

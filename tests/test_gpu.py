@@ -9,14 +9,16 @@ on them (`GPU_CHECK_DRY_RUN=1 python -m pytest -m gpu tests/test_gpu.py`).
 Real tokens: the repository's own text (README, docs, code), tokenized with data/tokenizer.py
 into shards by write_corpus_shards, which scripts/gpu_check.sh also uses for its benchmarks.
 
-The last test (marked slow, not gpu) runs scripts/gpu_check.sh's own dry run on the CPU.
+The last tests (marked slow, not gpu) run scripts/gpu_check.sh's own dry run on the CPU, a part each.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ import pytest
 import torch
 
 from conftest import GPT2_VOCAB, REPO, base_args, build_tiny_run, load_weights, run_trainer, train_losses
+from slowness import guard
 from data.shards import shard_name, write_shard
 from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, tokenize_document
 
@@ -264,7 +267,7 @@ def test_sample_py_with_kv_cache_equals_greedy_decoding_without_it(compiled_run,
     prompt, new_tokens = "The trainer resumes", 24
     proc = subprocess.run([sys.executable, str(REPO / "sample.py"), "--ckpt", str(out), "--prompt", prompt,
                            "--max_new_tokens", str(new_tokens), "--num_samples", "2", "--temperature", "0",
-                           "--device", DEVICE], cwd=REPO, capture_output=True, text=True, timeout=180)
+                           "--device", DEVICE], cwd=REPO, capture_output=True, text=True, timeout=guard(180))
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     model, _ = load_model(str(out), torch.device(DEVICE))
@@ -287,7 +290,7 @@ def test_a_cuda_checkpoint_exports_and_loads_in_transformers_with_the_same_logit
     out, _ = compiled_run
     hf_dir = tmp_path / "hf"
     proc = subprocess.run([sys.executable, str(REPO / "export_hf.py"), str(out), str(hf_dir)], cwd=REPO,
-                          env=dict(os.environ, **OFFLINE_ENV), capture_output=True, text=True, timeout=180)
+                          env=dict(os.environ, **OFFLINE_ENV), capture_output=True, text=True, timeout=guard(180))
     assert proc.returncode == 0, proc.stderr[-3000:]
     hf = GPT2LMHeadModel.from_pretrained(hf_dir).to(DEVICE).eval()
     ours, _ = load_model(str(out), torch.device(DEVICE))
@@ -314,7 +317,7 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     from training.config import parse_args
 
     listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-"], env=dict(os.environ, BENCH_LIST="1"),
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=guard(60))
     assert listing.returncode == 0, listing.stderr
     launches = {}
     for line in listing.stdout.splitlines():
@@ -371,60 +374,112 @@ raise SystemExit("the reference's top-level training code ran")
 """
 
 
-@pytest.mark.slow
-def test_gpu_check_dry_run_writes_results_summary_and_numerics(tmp_path):
-    """scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the tests, speed, reference and checkpoint
-    parts, a budget that skips every part, and --report merging the two.
+# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1), one test per part: tests, speed, reference and
+# checkpoint, each its own call into its own results folder as on a lent GPU; then a budget that skips
+# every part, and --report merging them all. The tests part runs every `gpu` test above on the tiny
+# model: CI has no GPU, so this is what keeps them in step with the code they call.
+DRY_RUN_SPEED = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the part short
+DRY_RUN_PARTS = ("tests", "speed", "reference", "checkpoint")
 
-    The tests part runs every `gpu` test above on the tiny model: CI has no GPU, so this is what
-    keeps them in step with the code they call (about 30 s)."""
-    import json
-    import tarfile
 
-    reference = tmp_path / "ref" / "train_gpt2.py"
+@pytest.fixture(scope="module")
+def gpu_check(tmp_path_factory):
+    """gpu_check(name, *args, report=False, **env): `scripts/gpu_check.sh RESULTS *args` (or `--report RESULTS
+    *args`, each a name) in the dry run, RESULTS this module's folder `name`, run once per name (the --report
+    test reuses the parts' results) -> (RESULTS, the finished process)."""
+    root = tmp_path_factory.mktemp("gpu_check")
+    reference = root / "ref" / "train_gpt2.py"
     reference.parent.mkdir()
     reference.write_text(REFERENCE_STAND_IN)
     env = dict(os.environ, GPU_CHECK_DRY_RUN="1", GPU_REFERENCE=str(reference), PYTHON=sys.executable,
-               MALLOC_MMAP_THRESHOLD_="17179869184", MALLOC_TRIM_THRESHOLD_="17179869184")
+               MALLOC_MMAP_THRESHOLD_="17179869184", MALLOC_TRIM_THRESHOLD_="17179869184",
+               BENCH_ONLY=" ".join(DRY_RUN_SPEED + ["reference-*"]))
     env.pop("OUT", None)
+    done = {}
 
-    def gpu_check(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
-        proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args], cwd=tmp_path,
-                              env={**env, **extra_env}, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        return proc
+    def run(name: str, *args: str, report: bool = False, **extra_env: str) -> tuple[Path, subprocess.CompletedProcess]:
+        if name not in done:
+            # gpu_check.sh works from the repository root: every folder it is given is absolute
+            args = ["--report", str(root / name), *(str(root / a) for a in args)] if report else [str(root / name), *args]
+            proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), *args], cwd=root,
+                                  env={**env, **extra_env}, capture_output=True, text=True, timeout=guard(300))
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            done[name] = root / name, proc
+        return done[name]
 
-    ran, skipped, merged = tmp_path / "ran", tmp_path / "skipped", tmp_path / "merged"
-    speed = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the test short
-    proc = gpu_check(str(ran), "tests", "speed", "reference", "checkpoint", BENCH_ONLY=" ".join(speed + ["reference-*"]))
-    assert sorted(p.name for p in ran.iterdir()) == [
+    return run
+
+
+def dry_run_part(gpu_check, part: str) -> tuple[Path, dict, set[str]]:
+    """One part in a call of its own, its results folder checked as every call's is
+    -> (the folder, its results.json, the names in its details.tar.gz)."""
+    out, proc = gpu_check(part, part)
+    assert sorted(p.name for p in out.iterdir()) == [
         "details.tar.gz", "gpu_check.log", "numerics.json", "results.json", "summary.md"]
-    assert proc.stdout.endswith((ran / "summary.md").read_text())  # the summary is printed last
-    results = json.loads((ran / "results.json").read_text())
-    assert [(p["part"], p["status"]) for p in results["parts"]] == [("tests", "ok"), ("speed", "ok"),
-                                                                     ("reference", "ok"), ("checkpoint", "ok")]
+    assert proc.stdout.endswith((out / "summary.md").read_text())  # the summary is printed last
+    results = json.loads((out / "results.json").read_text())
+    assert [(p["part"], p["status"]) for p in results["parts"]] == [(part, "ok")]
+    assert results["environment"][0]["dry_run"] and not results["failed"] and not results["skipped"]
+    with tarfile.open(out / "details.tar.gz") as tar:
+        details = set(tar.getnames())
+    assert {"parts.tsv", "environment.json"} <= details
+    return out, results, details
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_tests_part_runs_every_gpu_test_and_they_pass(gpu_check):
+    """The `gpu` tests above through gpu_check.sh's pytest: the longest part (about 60 s of CPU)."""
+    _, results, _ = dry_run_part(gpu_check, "tests")
     gpu_tests = [name for name, test in globals().items() if name.startswith("test_") and "gpu" in
                  {mark.name for mark in getattr(test, "pytestmark", [])}]
     assert len(gpu_tests) == 6 and sorted(t["test"] for t in results["tests"]) == sorted(gpu_tests)
     assert all(t["outcome"] == "passed" for t in results["tests"]), results["tests"]
-    assert [r["label"] for r in results["rows"]] == [*speed, "reference-build-nanogpt-b64"]
-    assert results["environment"][0]["dry_run"] and not results["failed"] and not results["skipped"]
-    (numerics,) = json.loads((ran / "numerics.json").read_text())  # the reference ran on other tokens
-    assert [r["label"] for r in numerics["rows"]] == speed and all(r["within_tolerance"] for r in numerics["rows"])
-    with tarfile.open(ran / "details.tar.gz") as tar:
-        assert {"124m-compile-plain-b64.json", "124m-compile-plain-b64.log", "reference-build-nanogpt-b64.log",
-                "parts.tsv", "environment.json"} <= set(tar.getnames())
-    assert "1.000x" in (ran / "summary.md").read_text()  # the reference's own row, and ratios beside it
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_speed_part_benches_the_variants_and_compares_their_losses(gpu_check):
+    out, results, details = dry_run_part(gpu_check, "speed")
+    assert [r["label"] for r in results["rows"]] == DRY_RUN_SPEED
+    (numerics,) = json.loads((out / "numerics.json").read_text())
+    assert [r["label"] for r in numerics["rows"]] == DRY_RUN_SPEED and all(r["within_tolerance"] for r in numerics["rows"])
+    assert {"124m-compile-plain-b64.json", "124m-compile-plain-b64.log"} <= details
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_reference_part_runs_the_reference_loop(gpu_check):
+    out, results, details = dry_run_part(gpu_check, "reference")
+    assert [r["label"] for r in results["rows"]] == ["reference-build-nanogpt-b64"]
+    assert "reference-build-nanogpt-b64.log" in details
+    assert "1.000x" in (out / "summary.md").read_text()  # the reference's own row
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_checkpoint_part_saves_and_loads_in_every_format(gpu_check):
+    out, results, _ = dry_run_part(gpu_check, "checkpoint")
     saves, loads = results["checkpoint"][:3], results["checkpoint"][3:]
     assert [c["label"] for c in results["checkpoint"]] == [
         f"checkpoint-tiny-{v}" for v in ("file", "sharded", "sharded-async", "load-file", "load-sharded")]
     assert all(c["total_s"] >= c["blocking_s"] > 0 and c["bytes_on_disk"] > 0 for c in saves)
-    assert all(c["load_s"] > 0 for c in loads) and "| checkpoint-tiny-load-file |" in (ran / "summary.md").read_text()
+    assert all(c["load_s"] > 0 for c in loads) and "| checkpoint-tiny-load-file |" in (out / "summary.md").read_text()
 
-    gpu_check(str(skipped), "tests", "presets", GPU_CHECK_BUDGET_S="1")
+
+@pytest.mark.slow
+def test_gpu_check_skips_every_part_a_spent_budget_leaves_no_time_for(gpu_check):
+    skipped, _ = gpu_check("skipped", "tests", "presets", GPU_CHECK_BUDGET_S="1")
     parts = json.loads((skipped / "results.json").read_text())["parts"]
     assert [p["part"] for p in parts] == ["tests", "presets"] and all(p["status"].startswith("skipped") for p in parts)
 
-    gpu_check("--report", str(merged), str(ran), str(skipped))
+
+@pytest.mark.slow
+def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
+    """--report over the part calls above (run here if this test runs alone) and the skipped one."""
+    for part in DRY_RUN_PARTS:
+        dry_run_part(gpu_check, part)
+    gpu_check("skipped", "tests", "presets", GPU_CHECK_BUDGET_S="1")
+    merged, _ = gpu_check("merged", *DRY_RUN_PARTS, "skipped", report=True)
+    results = json.loads((merged / "results.json").read_text())
+    assert [(p["part"], p["status"]) for p in results["parts"]][:4] == [(part, "ok") for part in DRY_RUN_PARTS]
+    assert [r["label"] for r in results["rows"]] == [*DRY_RUN_SPEED, "reference-build-nanogpt-b64"]
     summary = (merged / "summary.md").read_text()
     assert "speed ok" in summary and "reference ok" in summary and "tests skipped" in summary
+    assert "1.000x" in summary  # the reference's row, with ratios beside the speed rows

@@ -22,6 +22,7 @@ import torch
 from torch.nn import functional as F
 
 from conftest import REPO
+from slowness import guard
 from launch import launch
 from data.tokenizer import EOT_TOKEN, get_tokenizer
 from errors import DataError
@@ -242,7 +243,7 @@ def test_offline_without_cache_skips_with_one_warning(tmp_path, capsys, monkeypa
 def test_prep_script_fetches_into_the_cache(tmp_path, fixture_file, capsys, monkeypatch):
     env = dict(os.environ, GPT2_REPRO_CACHE=str(tmp_path / "root"), NO_PROXY="*", no_proxy="*")
     proc = subprocess.run([sys.executable, str(REPO / "prep" / "hellaswag.py"), "--url", fixture_file.as_uri()],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=guard(120))
     assert proc.returncode == 0, proc.stderr
     cached = tmp_path / "root" / "hellaswag" / VAL_FILENAME
     assert f"13 examples in {cached}" in proc.stdout

@@ -21,6 +21,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers/huggingface_hub read i
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer  # noqa: E402
+from slowness import guard
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel  # noqa: E402
@@ -74,7 +75,7 @@ def exported(tmp_path_factory, shards) -> tuple[Path, Path]:
     run_trainer(base_args(shards, run, max_steps=3, checkpoint_interval=3, eval_interval=3, vocab_size=GPT2_VOCAB))
     out = root / "hf"
     proc = subprocess.run([sys.executable, str(REPO / "export_hf.py"), str(run), str(out)], cwd=REPO,
-                          env=dict(os.environ, **OFFLINE_ENV), capture_output=True, text=True, timeout=120)
+                          env=dict(os.environ, **OFFLINE_ENV), capture_output=True, text=True, timeout=guard(120))
     assert proc.returncode == 0, proc.stderr
     return run, out
 
@@ -220,7 +221,7 @@ def test_exported_tokenizer_matches_tiktoken(exported):
 @pytest.mark.slow
 def test_export_of_a_missing_checkpoint_is_a_one_line_error(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "export_hf.py"), str(tmp_path / "nope.pt"), str(tmp_path / "o")],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+                          cwd=REPO, capture_output=True, text=True, timeout=guard(60))
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: {tmp_path / 'nope.pt'}: no such checkpoint"
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+from slowness import guard
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -36,7 +37,7 @@ def run_two_nodes(args: list[str], cwds: tuple[Path, Path] = (REPO, REPO)) -> li
         for rank, cwd in enumerate(cwds)
     ]
     for node in nodes:
-        node.outputs = node.communicate(timeout=240)
+        node.outputs = node.communicate(timeout=guard(240))
     return nodes
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from slowness import guard
 from data.manifest import data_fingerprint, file_sha256, prep_files
 from data.shards import ShardWriter, find_shards, open_shard
 from data.tokenizer import EOT_TOKEN, get_tokenizer
@@ -95,7 +96,7 @@ def prep_here(inputs, out, shard_size, val_size=None):
 
 def run_prep(inputs, out, *extra, check=True, env=None):
     proc = subprocess.run(prep_cmd(inputs, out, *extra), capture_output=True, text=True, env=env or prep_env(),
-                          timeout=300)
+                          timeout=guard(300))
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -359,7 +360,7 @@ def test_hellaswag_prep_errors_are_one_line(tmp_path):
 
     def fetch(*extra):
         return subprocess.run([sys.executable, str(REPO / "prep" / "hellaswag.py"), "--out", str(out), *extra],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=guard(120))
 
     proc = fetch("--url", (tmp_path / "nowhere.jsonl").as_uri(), "--timeout", "5")
     assert proc.returncode == 2 and proc.stderr.startswith("error: could not download") and proc.stderr.count("\n") == 1
@@ -374,7 +375,7 @@ def test_prep_benchmark_times_prep_and_a_reference(tmp_path):
     reference = f"{sys.executable} {REPO / 'prep' / 'fineweb.py'} --input {{input}} --out {{out}} --num_proc {{num_proc}}"
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_prep.py"), "--corpus_mb", "0.2", "--num_proc",
                            "1", "--repeat", "1", "--workdir", str(tmp_path), "--json", str(tmp_path / "r.json"),
-                           "--reference", reference], capture_output=True, text=True, timeout=300, env=prep_env())
+                           "--reference", reference], capture_output=True, text=True, timeout=guard(300), env=prep_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "r.json").read_text())
     assert [r["prep"] for r in results["runs"]] == ["prep/fineweb.py", reference]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from slowness import guard
 from data.shards import find_shards
 from data.tokenizer import EOT_TOKEN
 from test_prep import (
@@ -155,13 +156,13 @@ def test_a_killed_worker_ends_prep_with_an_error_not_a_hang(tmp_path):
         proc = subprocess.Popen(prep_cmd([jsonl], out, "--shard_size", "50000", "--num_proc", "2"), env=prep_env(),
                                 stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + guard(60)
         while not (list(out.glob("*.npy")) and worker_pids(proc.pid)):
             assert proc.poll() is None and time.monotonic() < deadline, "prep ended before a worker could be killed"
             time.sleep(0.01)
         os.kill(worker_pids(proc.pid)[0], signal.SIGKILL)
         try:
-            returncode = proc.wait(timeout=60)
+            returncode = proc.wait(timeout=guard(60))
         except subprocess.TimeoutExpired:
             pytest.fail("prep hangs after one of its workers was killed")
     finally:
@@ -220,7 +221,7 @@ def test_a_worker_killed_while_sending_its_result_ends_prep_with_an_error_not_a_
     would wait for the rest of it, and on the lock the dead worker held, for ever."""
     try:
         proc = subprocess.run([sys.executable, str(REPO / "tests" / "dying_worker.py")], capture_output=True, text=True,
-                              timeout=30, start_new_session=True)
+                              timeout=guard(30), start_new_session=True)
     except subprocess.TimeoutExpired:
         pytest.fail("prep's worker pool hangs on a result a killed worker left half-sent")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from slowness import guard
 from test_prep import (
     all_tokens, folder_bytes, make_docs, prep_cmd, prep_env, run_prep, running, tokens_of, worker_pids, write_jsonl,
     write_parquet,
@@ -59,13 +60,13 @@ def interrupt(cmd, out, sig, log, min_shards=10):
         proc = subprocess.Popen(cmd, env=prep_env(), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
                                 preexec_fn=as_a_terminal_starts_it)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + guard(60)
         while len(recorded_shards(out)) < min_shards:
             assert proc.poll() is None and time.monotonic() < deadline, "prep ended before it could be interrupted"
             time.sleep(0.005)
         workers = worker_pids(proc.pid)
         os.killpg(proc.pid, sig) if sig == signal.SIGINT else os.kill(proc.pid, sig)
-        return proc.wait(timeout=60), log.read_text(), workers
+        return proc.wait(timeout=guard(60)), log.read_text(), workers
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -96,7 +97,7 @@ def test_an_interrupted_prep_continues_and_ends_with_the_uninterrupted_bytes(tmp
     assert returncode == code and "Traceback" not in stderr, stderr[-3000:]
     if sig == signal.SIGINT:
         assert stderr.rstrip().endswith("interrupted")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + guard(10)
     while any(map(running, workers)):  # no worker outlives the main process, even one killed by SIGKILL
         if time.monotonic() > deadline:
             for pid in filter(running, workers):

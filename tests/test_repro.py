@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import REPO, base_args, train_losses
+from slowness import guard
 
 sys.path.insert(0, str(REPO / "scripts"))
 
@@ -152,7 +153,7 @@ def test_repro_check_dry_run_finds_deterministic_cpu_runs_and_resumes_bitwise(tm
     env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "repro_check.py"), "--data_dir", str(data),
                            "--out", str(tmp_path / "out"), "--dry_run", "--steps", "4", "--stages", "runs"],
-                          capture_output=True, text=True, timeout=240, env=env)
+                          capture_output=True, text=True, timeout=guard(240), env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "repro.json").read_text())
     assert [run["mode"] for run in report["runs"]] == ["default", "deterministic"]

@@ -20,6 +20,7 @@ import torch
 
 import train_gpt2
 from conftest import REPO, base_args, make_shards, run_trainer, train_losses
+from slowness import guard
 from errors import ConfigError, run_cli
 from training import checkpoint as ckpt
 from training.run_folder import LOCK_NAME, FolderLock
@@ -121,7 +122,7 @@ def test_a_second_launch_into_a_busy_folder_is_refused_and_the_first_goes_on(dat
     first = subprocess.Popen([sys.executable, str(REPO / "train_gpt2.py"), *args], cwd=REPO, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 60
+        deadline = time.time() + guard(60)
         while not ((out / "log.jsonl").exists() and any(r["kind"] == "train" for r in read_log(out / "log.jsonl"))):
             assert time.time() < deadline and first.poll() is None, "the first launch never trained"
             time.sleep(0.05)
@@ -130,7 +131,7 @@ def test_a_second_launch_into_a_busy_folder_is_refused_and_the_first_goes_on(dat
         assert second.stderr.strip() == (f"error: out_dir: {out} is in use by another launch (pid {first.pid} on "
                                           + second.stderr.split(f"pid {first.pid} on ", 1)[1].strip())
         first.send_signal(signal.SIGTERM)  # the first run is untouched: it saves and stops as usual
-        stdout, _ = first.communicate(timeout=120)
+        stdout, _ = first.communicate(timeout=guard(120))
         assert first.returncode == 0 and "SIGTERM received: saved step" in stdout
     finally:
         first.kill()
