@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from data.shards import shard_name, write_shard
-from errors import ArgumentParser, ConfigError, run_cli
+from common.errors import ArgumentParser, ConfigError, run_cli
 
 
 def generate_shards(folder: Path, train_tokens: int, val_tokens: int, vocab: int = 50257, seed: int = 0) -> Path:
@@ -45,7 +45,7 @@ def generate_shards(folder: Path, train_tokens: int, val_tokens: int, vocab: int
 
 def summarize(log_path: Path, warmup: int) -> dict:
     """Figures from the trainer's log.jsonl: the steps after the warm-up, and the first step."""
-    from training.run_logger import read_log
+    from training.observe.logger import read_log
 
     records = read_log(log_path)
     train = [r for r in records if r["kind"] == "train"]
@@ -77,8 +77,8 @@ def describe_run(cfg, world_size: int) -> dict:
     import torch
 
     from model import GPT
-    from training.distributed import local_rank
-    from training.runtime import resolve_runtime
+    from training.distributed.process_group import local_rank
+    from training.train.runtime import resolve_runtime
 
     runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops, local_rank())
     with torch.device("meta"):
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
     args, trainer_args = split_args(argv)
 
     import train_gpt2
-    from training.config import parse_args
+    from training.train.config import parse_args
 
     rank = int(os.environ.get("RANK", 0))
     work = Path(tempfile.mkdtemp(prefix=f"gpt2-bench-rank{rank}-"))

@@ -15,9 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from errors import ArgumentParser, ConfigError, run_cli
-from training import storage
-from training.checkpoint import consolidate, step_of
+from common.errors import ArgumentParser, ConfigError, run_cli
+from training.checkpoint import storage
+from training.checkpoint.folder import consolidate, step_of
 
 
 def main(argv: list[str]) -> int:

@@ -34,11 +34,11 @@ import sys
 from pathlib import Path
 
 from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer
-from errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
-from training import storage
-from training.checkpoint import CHECKPOINT_DIR, read_model
-from training.run_logger import write_text_file
-from training.runtime import resolve_runtime
+from common.errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
+from training.checkpoint import storage
+from training.checkpoint.folder import CHECKPOINT_DIR, read_model
+from training.observe.logger import write_text_file
+from training.train.runtime import resolve_runtime
 
 RESULTS_DIR = "lm_eval"  # inside the run folder
 WANDB_PREFIX = "lm_eval"

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import sys
 
-from errors import ArgumentParser, WriteError, run_cli
+from common.errors import ArgumentParser, WriteError, run_cli
 from hf_interop.export import export_hf
-from training.checkpoint import WEIGHTS_ENTRIES, read_full_state, require_entries, resolve_checkpoint
+from training.checkpoint.folder import WEIGHTS_ENTRIES, read_full_state, require_entries, resolve_checkpoint
 
 
 def main(argv: list[str]) -> int:

@@ -38,10 +38,10 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from errors import ArgumentParser, DataError, WriteError, run_cli  # noqa: E402
+from common.errors import ArgumentParser, DataError, WriteError, run_cli  # noqa: E402
 from evals.base import TRAIN_LOSS, Series  # noqa: E402
 from evals.periodic import EVALUATORS  # noqa: E402
-from training.run_logger import LOG_NAME, read_log  # noqa: E402
+from training.observe.logger import LOG_NAME, read_log  # noqa: E402
 
 GPT2_VAL_LOSS = 3.29
 # HellaSwag acc_norm (%) by GPT-2 size: the preset, its shape (n_layer, n_embd), and the

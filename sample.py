@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import get_tokenizer
-from errors import ArgumentParser, ConfigError, run_cli
+from common.errors import ArgumentParser, ConfigError, run_cli
 from hf_interop.convert import load_hf_gpt2
 from model import GPT, PRESETS
-from training.checkpoint import read_model
-from training.runtime import pick_device
+from training.checkpoint.folder import read_model
+from training.train.runtime import pick_device
 from evals.samples import encode_prompt
 
 

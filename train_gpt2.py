@@ -10,16 +10,16 @@ collective (the step's all-reduce, val loss, HellaSwag, checkpoint agreement) is
 all ranks, and an error that only one rank can see is shared with the others before they go
 on, so every rank stops with the same one-line message instead of hanging.
 
-The pieces: training/run.py builds the run (data, model, optimizer, the checkpoint it
-resumes); training/step.py is one optimizer step's math, and training/lockstep.py the ranks'
+The pieces: training/train/run.py builds the run (data, model, optimizer, the checkpoint it
+resumes); training/train/step.py is one optimizer step's math, and training/train/lockstep.py the ranks'
 agreement around it. The loop below calls components that decide their own timing: evals/
-(val loss, HellaSwag, samples, each at its interval), training/checkpointer.py (when a
-checkpoint is due, saves in the background, a failed save's retry), training/preemption.py
-(the stop vote), training/recovery.py (the data feed, and rollbacks), training/diagnostics.py
-(profiler, memory snapshots, rank timings); training/run_logger.py is rank 0's console, files,
+(val loss, HellaSwag, samples, each at its interval), training/checkpoint/checkpointer.py (when a
+checkpoint is due, saves in the background, a failed save's retry), training/distributed/preemption.py
+(the stop vote), training/train/recovery.py (the data feed, and rollbacks), training/observe/diagnostics.py
+(profiler, memory snapshots, rank timings); training/observe/logger.py is rank 0's console, files,
 W&B and TensorBoard.
 
-Exit codes (errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
+Exit codes (common/errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
 configuration or input; 3 the loss went NaN/inf (the update was not applied), or spikes went on
 past max_rollbacks rollbacks; 1 anything else
 (e.g. a checkpoint write failed). Under torchrun the shell sees torchrun's own status.
@@ -36,27 +36,27 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import get_tokenizer
-from errors import ConfigError, run_cli
+from common.errors import ConfigError, run_cli
 from evals.periodic import PeriodicEvaluation
-from training.checkpoint import checkpoints_folder
-from training.checkpointer import Checkpointer
-from training.config import TrainConfig, config_yaml, parse_args, usage
-from training.context import Context
-from training.diagnostics import Diagnostics
-from training.distributed import (DistEnv, barrier, local_rank, run_on_all_ranks,
+from training.checkpoint.folder import checkpoints_folder
+from training.checkpoint.checkpointer import Checkpointer
+from training.train.config import TrainConfig, config_yaml, parse_args, usage
+from training.train.context import Context
+from training.observe.diagnostics import Diagnostics
+from training.distributed.process_group import (DistEnv, barrier, local_rank, run_on_all_ranks,
                                   set_collective_timeout, setup_distributed, teardown_distributed)
-from training.lockstep import Lockstep, StepResult
-from training.metrics import model_flops_utilization, process_start_time
-from training.parallel import local_state_bytes, make_strategy
-from training.preemption import PreemptionFlag, StopVote
-from training.provenance import provenance
-from training.recovery import Recovery
-from training.run import Run, build_run
-from training.run_folder import claim_run_folder, release_all
-from training.run_logger import TENSORBOARD_MISSING, RunLogger, format_train_line
-from training.runtime import resolve_runtime, deterministic_kernels
-from training.spikes import RollbackRequested
-from training.storage import filesystem, is_url, require_shared
+from training.train.lockstep import Lockstep, StepResult
+from training.observe.metrics import model_flops_utilization, process_start_time
+from training.distributed.strategies import local_state_bytes, make_strategy
+from training.distributed.preemption import PreemptionFlag, StopVote
+from training.observe.provenance import provenance
+from training.train.recovery import Recovery
+from training.train.run import Run, build_run
+from training.checkpoint.run_folder import claim_run_folder, release_all
+from training.observe.logger import TENSORBOARD_MISSING, RunLogger, format_train_line
+from training.train.runtime import resolve_runtime, deterministic_kernels
+from training.train.spikes import RollbackRequested
+from training.checkpoint.storage import filesystem, is_url, require_shared
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first evals: ranks wait on each other
 
@@ -83,7 +83,7 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
     logger = RunLogger(enabled=env.master_process)
     locks = []
     try:
-        strategy = make_strategy(cfg.strategy, env, runtime)  # ddp, or FSDP's sharding (training/parallel.py)
+        strategy = make_strategy(cfg.strategy, env, runtime)  # ddp, or FSDP's sharding (distributed/strategies.py)
         checkpoints = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
         require_shared(checkpoints, env.world_size)  # every rank's part must land where rank 0 sees it
         # one launch at a time per out_dir (and checkpoint folder): rank 0 holds the locks until the end

@@ -23,7 +23,7 @@ themselves in an order seeded by (seed, epoch): global row j of epoch e is the r
 permutation_e[j]. The position is still a pure function of the step, on any world size.
 
 The loaders' `rank` r and `world_size` W are the data-parallel ones, the strategy's dp_rank and
-dp_size (training/parallel.py): the same as the process's rank and world size wherever every
+dp_size (training/distributed/strategies.py): the same as the process's rank and world size wherever every
 rank is its own replica, as under ddp and fsdp.
 """
 
@@ -39,7 +39,7 @@ import torch
 
 from data.shards import check_token_range, find_shards, open_shard
 from data.tokenizer import EOT_TOKEN
-from errors import ConfigError, DataError
+from common.errors import ConfigError, DataError
 
 
 def document_row_starts(tokens: np.ndarray, seq_len: int, doc_token: int) -> np.ndarray:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from atomic_file import atomic_write
+from common.atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN
-from errors import DataError
+from common.errors import DataError
 
 MANIFEST_FORMAT = 1
 

@@ -12,9 +12,9 @@ from typing import Callable
 
 import numpy as np
 
-from atomic_file import atomic_write
+from common.atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN
-from errors import DataError
+from common.errors import DataError
 
 SHARD_DTYPE = np.uint16  # GPT-2 ids are < 50257 < 2**16
 SMALL_CORPUS_VAL_FRACTION = 0.1  # share of a corpus smaller than one shard that goes to val

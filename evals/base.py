@@ -1,6 +1,6 @@
 """What an evaluation is to the trainer: a name, when it runs, the records it logs, what it plots.
 
-An evaluation is one `Evaluator` subclass plus its config keys (training/config.py), listed in
+An evaluation is one `Evaluator` subclass plus its config keys (training/train/config.py), listed in
 evals/periodic.py's EVALUATORS. Every rank builds the same evaluators from the config and calls
 `evaluate` at the same steps, so an evaluation may contain collectives (every rank reaches
 them); under FSDP every forward is one, so a rank with less to do joins the others' forwards

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import torch
 
-from atomic_file import atomic_write
+from common.atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN
-from errors import DataError, print_warning
+from common.errors import DataError, print_warning
 from evals.base import Evaluator, Series, in_lockstep
-from training.distributed import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
+from training.distributed.process_group import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_FILENAME = "hellaswag_val.jsonl"

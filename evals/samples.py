@@ -9,7 +9,7 @@ import torch
 
 from data.tokenizer import EOT_TOKEN
 from evals.base import Evaluator
-from training.distributed import DistEnv, run_on_all_ranks
+from training.distributed.process_group import DistEnv, run_on_all_ranks
 
 
 class Samples(Evaluator):

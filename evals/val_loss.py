@@ -9,7 +9,7 @@ import torch
 
 from data.loader import ValLoader
 from evals.base import Evaluator, Series, in_lockstep
-from training.distributed import DistEnv, all_reduce_sum
+from training.distributed.process_group import DistEnv, all_reduce_sum
 
 
 class ValLoss(Evaluator):

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE
-from errors import DataError, first_line
+from common.errors import DataError, first_line
 from model import GPT, PRESETS, GPTConfig
 
 # Where the presets live on the Hub (the historic un-namespaced names redirect there).

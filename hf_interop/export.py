@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from atomic_file import atomic_write
+from common.atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN, GPT2_VOCAB_SIZE, load_bpe_ranks
 from hf_interop.convert import HFInteropError, hf_config_from_gpt, ours_to_hf, param_names
 from model import GPTConfig

@@ -58,7 +58,7 @@ from data.manifest import (  # noqa: E402
 )
 from data.shards import ShardWriter, open_shard  # noqa: E402
 from data.tokenizer import BPE_RANKS_SHA256, EOT_TOKEN, get_tokenizer  # noqa: E402
-from errors import ArgumentParser, ConfigError, DataError, ReproError, print_warning, run_cli  # noqa: E402
+from common.errors import ArgumentParser, ConfigError, DataError, ReproError, print_warning, run_cli  # noqa: E402
 
 HUB_DATASET = "HuggingFaceFW/fineweb-edu"
 HUB_SUBSET = "sample-10BT"

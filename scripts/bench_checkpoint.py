@@ -14,7 +14,7 @@ Builds the model (float32, on --device: the CPU with gloo by default, or CUDA wi
 with FSDP (`--strategy fsdp`, the default on 2+ ranks) or whole on every rank (`ddp`, the default
 in one process), and its AdamW state (one step on zero gradients), then goes through the
 trainer's own code: a save is `Checkpointer.save` then `Checkpointer.wait`
-(training/checkpointer.py) of checkpoint step 1 into --dir (a temp folder, deleted afterwards,
+(training/checkpoint/checkpointer.py) of checkpoint step 1 into --dir (a temp folder, deleted afterwards,
 when not given); `--load PATH` builds a fresh model and optimizer and times
 `load_compatible_checkpoint` + `Run.load_state_dict`, on whatever number of ranks it is launched.
 Each invocation is its own processes, so the peak resident memory (ru_maxrss) is that method's.
@@ -44,15 +44,15 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import GPT, PRESETS  # noqa: E402
-from training.checkpoint import FORMATS  # noqa: E402
-from training.checkpointer import Checkpointer  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.distributed import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
-from training.parallel import STRATEGIES, make_strategy  # noqa: E402
-from training.resume import load_compatible_checkpoint  # noqa: E402
-from training.run import Run  # noqa: E402
-from training.run_logger import RunLogger  # noqa: E402
-from training.runtime import resolve_runtime  # noqa: E402
+from training.checkpoint.folder import FORMATS  # noqa: E402
+from training.checkpoint.checkpointer import Checkpointer  # noqa: E402
+from training.train.config import TrainConfig  # noqa: E402
+from training.distributed.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
+from training.distributed.strategies import STRATEGIES, make_strategy  # noqa: E402
+from training.checkpoint.resume import load_compatible_checkpoint  # noqa: E402
+from training.train.run import Run  # noqa: E402
+from training.observe.logger import RunLogger  # noqa: E402
+from training.train.runtime import resolve_runtime  # noqa: E402
 
 
 def peak_rss_gib() -> float:

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from data.tokenizer import get_tokenizer  # noqa: E402
-from errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
+from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
 
 
 def vocabulary_words() -> np.ndarray:

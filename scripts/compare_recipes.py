@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from training.run_logger import read_log  # noqa: E402
+from training.observe.logger import read_log  # noqa: E402
 
 SETTINGS = {  # (max_steps, arguments of both recipes)
     "cpu": (600, ["--config", "configs/demo.yaml"]),  # the demo: 600 steps of 2,048 tokens

@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: our model (FLOPs per token) and metrics
 
 from model import GPT as OurGPT, GPTConfig as OurConfig  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.metrics import detect_peak_flops, process_start_time  # noqa: E402
+from training.train.config import TrainConfig  # noqa: E402
+from training.observe.metrics import detect_peak_flops, process_start_time  # noqa: E402
 
 DEFAULT_REF = REPO / ".ref" / "build-nanogpt" / "train_gpt2.py"
 NEEDED = ("GPTConfig", "GPT", "DataLoaderLite", "get_lr")

@@ -45,8 +45,8 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
-from training.runtime import deterministic_kernels  # noqa: E402
+from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
+from training.train.runtime import deterministic_kernels  # noqa: E402
 
 MODES = {"default": [], "deterministic": ["--deterministic", "true"]}
 WARM_STEPS = 10  # ms/step is the median over the steps after these (the first ones compile and warm up)
@@ -80,20 +80,20 @@ def compare_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> d
 
 
 def train_losses(run: Path) -> dict[int, float]:
-    from training.run_logger import read_log
+    from training.observe.logger import read_log
 
     return {r["step"]: r["loss"] for r in read_log(run / "log.jsonl") if r["kind"] == "train"}
 
 
 def steady_ms(run: Path, warm_steps: int) -> float | None:
-    from training.run_logger import read_log
+    from training.observe.logger import read_log
 
     ms = [r["step_ms"] for r in read_log(run / "log.jsonl") if r["kind"] == "train" and r["step"] >= warm_steps]
     return statistics.median(ms) if ms else None
 
 
 def final_weights(run: Path, step: int) -> dict[str, torch.Tensor]:
-    from training.checkpoint import list_checkpoints, read_full_state
+    from training.checkpoint.folder import list_checkpoints, read_full_state
 
     (path,) = [p for s, p in list_checkpoints(run / "checkpoints") if s == step]
     return read_full_state(path)["model"]
@@ -260,7 +260,7 @@ def gradient_check(model: torch.nn.Module, forward: Callable, x: torch.Tensor, y
 def gradient_checks(shape: dict, device: torch.device, compiled_too: bool, seed: int = 1337) -> list[dict]:
     """gradient_check on the model at its shapes, eager, then compiled where asked (and configured)."""
     from model import GPT, GPTConfig
-    from training.runtime import resolve_runtime
+    from training.train.runtime import resolve_runtime
 
     runtime = resolve_runtime(str(device), shape["dtype"], shape["compile"], 0)
     g = torch.Generator(device=device).manual_seed(seed)

@@ -276,26 +276,26 @@ def run_and_reap(cmd: list[str], env: dict, timeout: float, cwd: Path = REPO) ->
 
 def load_weights(out_dir: Path, step: int) -> dict[str, torch.Tensor]:
     """The model of checkpoint `step` in out_dir, whichever its format (as saved: float64 stays float64)."""
-    from training.checkpoint import list_checkpoints, read_full_state
+    from training.checkpoint.folder import list_checkpoints, read_full_state
 
     (path,) = [p for s, p in list_checkpoints(Path(out_dir) / "checkpoints") if s == step]
     return read_full_state(path)["model"]
 
 
 def train_losses(out_dir: Path) -> dict[int, float]:
-    from training.run_logger import read_log
+    from training.observe.logger import read_log
 
     return {r["step"]: r["loss"] for r in read_log(Path(out_dir) / "log.jsonl") if r["kind"] == "train"}
 
 
 def build_tiny_run(data_dir: Path, out_dir: Path, **overrides):
     """A run of the tiny model built in this process (one rank, no process group): cfg, env, runtime, run."""
-    from training.config import parse_args
-    from training.distributed import DistEnv
-    from training.parallel import make_strategy
-    from training.run import build_run
-    from training.run_logger import RunLogger
-    from training.runtime import resolve_runtime
+    from training.train.config import parse_args
+    from training.distributed.process_group import DistEnv
+    from training.distributed.strategies import make_strategy
+    from training.train.run import build_run
+    from training.observe.logger import RunLogger
+    from training.train.runtime import resolve_runtime
 
     cfg = parse_args(base_args(data_dir, out_dir, **overrides))
     runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops)

@@ -36,7 +36,7 @@ def small() -> np.ndarray:
 
 
 if __name__ == "__main__":
-    from errors import ReproError
+    from common.errors import ReproError
     from prep import fineweb
 
     jobs = [(0, killed_while_sending, ()), *((k, small, ()) for k in range(1, 6))]

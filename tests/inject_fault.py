@@ -29,7 +29,7 @@ import time
 import torch
 
 import train_gpt2  # the repository is on PYTHONPATH (tests/conftest.py's run_trainer)
-from errors import DataError, run_cli
+from common.errors import DataError, run_cli
 
 FAULT = os.environ["FAULT"]
 FAULT_STEP = int(os.environ.get("FAULT_STEP", -1))

@@ -90,7 +90,7 @@ def run_rank(target: str, argv: list[str], env: dict[str, str], stdout: str, std
     import torch
 
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-    from errors import run_cli
+    from common.errors import run_cli
 
     module, function = target.split(":")
     main = getattr(importlib.import_module(module), function)

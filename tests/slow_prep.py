@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from errors import run_cli  # noqa: E402
+from common.errors import run_cli  # noqa: E402
 from prep import fineweb  # noqa: E402
 
 PAUSE_S = float(os.environ.get("PREP_PAUSE", "0.05"))

@@ -78,7 +78,7 @@ def test_bad_data_fails_cleanly_on_every_rank(tmp_path, damage, extra, message):
 
 @pytest.mark.parametrize("damage,overrides,message", IN_PROCESS_CASES, ids=[c[2][:40] for c in IN_PROCESS_CASES])
 def test_bad_data_is_one_error_naming_the_file_or_key(tmp_path, damage, overrides, message):
-    from errors import ReproError
+    from common.errors import ReproError
 
     data = make_shards(tmp_path / "shards")
     if damage:
@@ -102,7 +102,7 @@ CONFIG_CASES = [
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path, extra, message, capfd):
     """`python train_gpt2.py ARGS` in this process: main through run_cli, as its __main__ does."""
     import train_gpt2
-    from errors import run_cli
+    from common.errors import run_cli
 
     assert run_cli(train_gpt2.main, base_args(tmp_path, tmp_path / "out") + extra) == 2
     stderr = capfd.readouterr().err
@@ -141,7 +141,7 @@ def test_every_entry_point_answers_bad_input_with_one_line_and_exit_2(script, ar
 
     import torch
 
-    from errors import run_cli
+    from common.errors import run_cli
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert run_cli(importlib.import_module(script).main, argv) == 2
@@ -162,8 +162,8 @@ def tiny_checkpoint(tmp_path, drop: str | None, checkpoint_format: str = "file")
 
     import torch
 
-    from training.checkpointer import Checkpointer
-    from training.run_logger import RunLogger
+    from training.checkpoint.checkpointer import Checkpointer
+    from training.observe.logger import RunLogger
 
     data = make_shards(tmp_path / "shards")
     cfg, env, _, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
@@ -190,7 +190,7 @@ def tiny_checkpoint(tmp_path, drop: str | None, checkpoint_format: str = "file")
                                                     ("model_args", "sharded")])
 def test_resuming_a_checkpoint_without_an_entry_names_the_file_and_the_entry(tmp_path, drop, checkpoint_format, capfd):
     import train_gpt2
-    from errors import run_cli
+    from common.errors import run_cli
 
     data, path = tiny_checkpoint(tmp_path, drop, checkpoint_format)
     assert run_cli(train_gpt2.main, base_args(data, tmp_path / "out", resume=path)) == 2
@@ -202,7 +202,7 @@ def test_resuming_a_checkpoint_without_an_entry_names_the_file_and_the_entry(tmp
 def test_reading_a_checkpoint_without_model_args_names_the_file_and_the_entry(tmp_path, script, capfd):
     import importlib
 
-    from errors import run_cli
+    from common.errors import run_cli
 
     _, path = tiny_checkpoint(tmp_path, "model_args")
     argv = {"sample": ["--ckpt", str(path), "--device", "cpu"], "export_hf": [str(path), str(tmp_path / "hf")],
@@ -216,7 +216,7 @@ def test_reading_a_checkpoint_without_model_args_names_the_file_and_the_entry(tm
 def test_a_prompt_beyond_the_models_vocabulary_is_one_line(tmp_path, capfd):
     """The tiny model's 512 token ids: GPT-2's ids for "Hello" are not among them."""
     import sample
-    from errors import run_cli
+    from common.errors import run_cli
 
     _, path = tiny_checkpoint(tmp_path, drop=None)
     assert run_cli(sample.main, ["--ckpt", str(path), "--prompt", "Hello", "--device", "cpu"]) == 2

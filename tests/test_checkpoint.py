@@ -9,10 +9,8 @@ import stat
 import pytest
 import torch
 
-from training import checkpoint as ckpt
-from training import resume
-
-
+from training.checkpoint import folder as ckpt
+from training.checkpoint import resume
 def state(step: int, n_layer: int = 2) -> dict:
     return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {"state": {}, "param_groups": []},
             "step": step, "tokens_seen": step * 10, "config": {"seed": 1, "tags": ["a"]},
@@ -133,8 +131,8 @@ def test_a_run_resumed_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tmp_path)
     import gc
 
     from conftest import build_tiny_run, make_shards
-    from training.checkpointer import Checkpointer
-    from training.run_logger import RunLogger
+    from training.checkpoint.checkpointer import Checkpointer
+    from training.observe.logger import RunLogger
 
     data, out = make_shards(tmp_path / "shards"), tmp_path / "out"
     cfg, env, _, run = build_tiny_run(data, out, checkpoint_format="file")
@@ -157,9 +155,9 @@ def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd
     """URLs hold sharded checkpoints only; a file:// URL to a .pt file said "unreadable checkpoint.json (Not a
     directory)". Every reader goes through load_checkpoint, so each says what is wrong in the same line."""
     import sample
-    from errors import run_cli
+    from common.errors import run_cli
     from model import GPT, GPTConfig
-    from training.weights import load_initial_weights
+    from training.train.weights import load_initial_weights
 
     path = ckpt.checkpoint_path(tmp_path / "checkpoints", 1)
     ckpt.save_checkpoint(state(1), path)
@@ -189,7 +187,7 @@ def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd
 def test_a_run_with_a_relative_checkpoint_dir_is_found_from_another_folder(checkpoint_dir, tmp_path, monkeypatch):
     """sample.py, export_hf.py and eval_lm.py --ckpt RUN_FOLDER read config.yaml's checkpoint_dir; a relative one
     was resolved against the tool's working directory, not the trainer's."""
-    from training.config import config_yaml, parse_args
+    from training.train.config import config_yaml, parse_args
 
     launched, elsewhere = tmp_path / "launched", tmp_path / "elsewhere"
     launched.mkdir()
@@ -241,7 +239,7 @@ def test_a_checkpoint_of_format_2_keyed_by_index_is_converted_on_read_and_resume
 
     import train_gpt2
     from conftest import base_args, make_shards, train_losses
-    from errors import run_cli
+    from common.errors import run_cli
 
     data, straight, legacy = make_shards(tmp_path / "shards"), tmp_path / "straight", tmp_path / "legacy"
     settings = dict(optimizer=optimizer, max_steps=6, checkpoint_interval=3, eval_interval=0, val_tokens=64)

@@ -15,13 +15,13 @@ import yaml
 
 from conftest import REPO
 import train_gpt2
-from errors import run_cli
-from training.config import (MAX_HANG_TIMEOUT_MINUTES, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
+from common.errors import run_cli
+from training.train.config import (MAX_HANG_TIMEOUT_MINUTES, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
                              parse_args, usage)
-from training.optimizers import OptimizerSettings
-from training.run_logger import LoggingSettings
-from training.schedule import ScheduleSettings, learning_rate
-from training.spikes import LongRunSettings
+from training.train.optimizers import OptimizerSettings
+from training.observe.logger import LoggingSettings
+from training.train.schedule import ScheduleSettings, learning_rate
+from training.train.spikes import LongRunSettings
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -192,7 +192,7 @@ def test_a_section_checks_its_own_keys(section, values, message):
 
 
 def test_the_rules_that_span_sections_are_trainconfigs():
-    from training.config import DataSettings
+    from training.train.config import DataSettings
 
     assert DataSettings(seq_len=2048).seq_len == 2048  # the data section alone cannot know block_size
     with pytest.raises(ConfigError, match="^seq_len: 2048 exceeds block_size 1024$"):
@@ -307,7 +307,7 @@ def test_a_relative_checkpoint_dir_is_stored_absolute(given, stored, tmp_path, m
 
 def test_every_key_is_classified_by_what_it_does_to_a_resumed_run():
     """A new key must say whether it changes the training math (the resume warning tells users which did)."""
-    from training.config import OTHER_KEYS, TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS
+    from training.train.config import OTHER_KEYS, TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS
 
     sets = [TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS, OTHER_KEYS]
     keys = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -327,7 +327,7 @@ class Warnings:
 
 
 def resume_warnings(saved: dict, **now) -> list[str]:
-    from training.run import warn_on_changed_settings
+    from training.train.run import warn_on_changed_settings
 
     logger = Warnings()
     warn_on_changed_settings(TrainConfig(**now), TrainConfig(**saved).to_dict(), logger)

@@ -1,4 +1,4 @@
-"""training/diagnostics.py: the profiler window, CUDA memory snapshots, the ranks' timings and stragglers.
+"""training/observe/diagnostics.py: the profiler window, CUDA memory snapshots, the ranks' timings and stragglers.
 
 In-process on one CPU rank, then two forked gloo ranks (tests/launch.py) without the trainer.
 """
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from launch import launch
-from training.config import TrainConfig
-from training.diagnostics import Diagnostics, MemorySnapshot, ProfileWindow, RankStats
-from training.distributed import DistEnv
-from training.run_logger import RunLogger, read_log
-from training.runtime import Runtime
+from training.train.config import TrainConfig
+from training.observe.diagnostics import Diagnostics, MemorySnapshot, ProfileWindow, RankStats
+from training.distributed.process_group import DistEnv
+from training.observe.logger import RunLogger, read_log
+from training.train.runtime import Runtime
 
 CPU_ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
 

@@ -19,10 +19,10 @@ import torch
 
 import train_gpt2
 from conftest import base_args, make_shards, run_trainer, train_losses
-from errors import run_cli
-from training import checkpoint as ckpt
-from training import sharded_checkpoint as sharded
-from training.run_logger import read_log
+from common.errors import run_cli
+from training.checkpoint import folder as ckpt
+from training.checkpoint import sharded_format as sharded
+from training.observe.logger import read_log
 
 RUN = dict(max_steps=12, checkpoint_interval=3, eval_interval=0, val_tokens=64)
 
@@ -86,7 +86,7 @@ def test_a_checkpoint_dir_shared_by_two_run_folders_is_refused_and_left_as_it_wa
 
 
 def test_a_checkpoint_dir_in_use_by_a_launch_is_refused(data, tmp_path, capfd):
-    from training.run_folder import FolderLock
+    from training.checkpoint.run_folder import FolderLock
 
     shared = tmp_path / "shared_ckpt"
     holder = FolderLock(shared, "checkpoint_dir", print)  # a launch of another out_dir, before its first save
@@ -327,7 +327,7 @@ def test_the_step_vote_carries_the_failed_save_without_another_sync(data, tmp_pa
     """The vote for a retry rides on the step's one all-reduce: no extra collective, no extra sync."""
     from conftest import build_tiny_run
     from data.loader import Prefetcher
-    from training.lockstep import Lockstep
+    from training.train.lockstep import Lockstep
 
     cfg, env, runtime, run = build_tiny_run(data, tmp_path / "out")
     batches = Prefetcher(run.train_loader, 0, cfg.max_steps, runtime.device)

@@ -23,8 +23,8 @@ import torch
 from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer, train_losses
 from slowness import guard
 from data.shards import shard_name, write_shard
-from training.checkpoint import list_checkpoints
-from training.run_logger import read_log
+from training.checkpoint.folder import list_checkpoints
+from training.observe.logger import read_log
 
 STEPS = 12
 ARGS = dict(max_steps=STEPS, checkpoint_interval=3, eval_interval=0, val_tokens=64)  # checkpoints 3, 6, 9, 12
@@ -216,7 +216,7 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(dat
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
 def test_preemption_signals_only_set_a_flag(sig):
-    from training.preemption import PreemptionFlag
+    from training.distributed.preemption import PreemptionFlag
 
     before = signal.getsignal(sig)
     flag = PreemptionFlag().install()

@@ -19,8 +19,8 @@ import torch
 from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer, train_losses
 from slowness import guard
 from test_faults import SIGNAL_PAUSE, children, env_for_workers, start_torchrun, wait_for_step
-from training.checkpoint import delete_checkpoint, list_checkpoints, read_full_state
-from training.run_logger import read_log
+from training.checkpoint.folder import delete_checkpoint, list_checkpoints, read_full_state
+from training.observe.logger import read_log
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 

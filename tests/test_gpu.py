@@ -131,7 +131,7 @@ def compiled_run(corpus, tmp_path_factory) -> tuple[Path, Path]:
 def train_in_process(data: Path, out: Path, steps: int, compile: bool) -> list[float]:
     """Per-step losses of `steps` trainer steps through the eager model or torch.compile of it (one GPU)."""
     from data.loader import Prefetcher
-    from training.lockstep import Lockstep
+    from training.train.lockstep import Lockstep
 
     cfg, env, runtime, run = build_tiny_run(data, out, **{**SETTINGS, "max_steps": steps, "loss_chunk_size": 0})
     model = torch.compile(run.model, backend=COMPILE_BACKEND) if compile else run.model
@@ -227,9 +227,9 @@ def test_hellaswag_in_a_compiled_run_matches_an_eager_eval_of_its_checkpoint(com
     from evals.hellaswag import HellaSwag
     from hellaswag_scores import per_example_scores
     from model import GPT, GPTConfig
-    from training.distributed import DistEnv
-    from training.run_logger import read_log
-    from training.runtime import resolve_runtime
+    from training.distributed.process_group import DistEnv
+    from training.observe.logger import read_log
+    from training.train.runtime import resolve_runtime
 
     out, fixture = compiled_run
     records = read_log(out / "log.jsonl")
@@ -314,7 +314,7 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     import bench
     import compare_recipes
     import repro_check
-    from training.config import parse_args
+    from training.train.config import parse_args
 
     listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-"], env=dict(os.environ, BENCH_LIST="1"),
                              capture_output=True, text=True, timeout=guard(60))

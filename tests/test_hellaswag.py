@@ -25,10 +25,10 @@ from conftest import REPO
 from slowness import guard
 from launch import launch
 from data.tokenizer import EOT_TOKEN, get_tokenizer
-from errors import DataError
+from common.errors import DataError
 from hellaswag_scores import per_example_scores
 from model import GPT, GPTConfig
-from training.distributed import DistEnv
+from training.distributed.process_group import DistEnv
 from evals.hellaswag import (
     VAL_FILENAME, HellaSwagDataError, HellaSwag, collate, default_cache_dir, download_val, fetch_val,
     read_examples, render_rows,

@@ -97,7 +97,7 @@ def test_sample_py_reads_a_hugging_face_folder_like_a_checkpoint(hf_model, capfd
     """`sample.py --ckpt FOLDER` (or a preset name): the same greedy text as our GPT loaded from it."""
     import sample
     from data.tokenizer import get_tokenizer
-    from errors import run_cli
+    from common.errors import run_cli
 
     _, folder = hf_model
     argv = ["--ckpt", str(folder), "--device", "cpu", "--num_samples", "1", "--max_new_tokens", "5",

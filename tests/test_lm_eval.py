@@ -18,12 +18,12 @@ import torch
 
 from conftest import GPT2_VOCAB, REPO, base_args, make_shards, run_trainer
 from data.tokenizer import EOT_TOKEN, get_tokenizer
-from errors import ConfigError, run_cli
+from common.errors import ConfigError, run_cli
 from evals.hellaswag import HellaSwag, read_examples
 from hellaswag_scores import per_example_scores
 from model import GPT, GPTConfig
-from training.distributed import DistEnv
-from training.run_logger import read_log
+from training.distributed.process_group import DistEnv
+from training.observe.logger import read_log
 
 pytest.importorskip("lm_eval")
 

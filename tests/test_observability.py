@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
-from training.metrics import model_flops_utilization, peak_flops_for
-from training.run_logger import LOG_ONLY_KINDS, RunLogger, read_log
+from training.observe.metrics import model_flops_utilization, peak_flops_for
+from training.observe.logger import LOG_ONLY_KINDS, RunLogger, read_log
 
 
 def hellaswag_fixture(path: Path, n: int = 11) -> Path:
@@ -182,7 +182,7 @@ def test_a_rank_ending_without_atexit_leaves_nothing_of_wandb_in_the_temp_dir(tm
     temp.mkdir()
     out = tmp_path / "run"
     script = ("import os\n"
-              "from training.run_logger import RunLogger\n"
+              "from training.observe.logger import RunLogger\n"
               f"logger = RunLogger(enabled=True)\n"
               f"logger.open_run_folder({str(out)!r}, 0, {{}})\n"
               f"logger.start_wandb('test', '', 'offline', {{}}, [], None, {str(out)!r})\n"

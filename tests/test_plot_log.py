@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 import plot_log
-from errors import DataError
+from common.errors import DataError
 from launch import launch
 from model import PRESETS
-from training.config import parse_args
+from training.train.config import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 HEIGHT, PANEL_WIDTH = 450, 600  # plot_log.PANEL_SIZE * plot_log.DPI

@@ -311,7 +311,7 @@ def test_data_fingerprint_follows_the_manifest_or_shard_names_and_sizes(tmp_path
 
 
 def test_data_fingerprint_names_a_damaged_manifest(tmp_path):
-    from errors import DataError
+    from common.errors import DataError
 
     (tmp_path / "x_manifest.json").write_text("{not json")
     with pytest.raises(DataError, match="x_manifest.json: unreadable"):

@@ -18,12 +18,12 @@ import torch
 
 from conftest import GPT2_VOCAB, REPO, base_args, build_tiny_run, make_shards, run_trainer, train_losses
 from data.loader import Prefetcher
-from errors import ConfigError, NonFiniteLossError
-from training.config import TrainConfig, parse_args
-from training.lockstep import Lockstep
-from training.optimizers import MuonWithAdamW, build_optimizer, split_parameters
-from training.run import with_current_settings
-from training.schedule import cooldown_start, learning_rate
+from common.errors import ConfigError, NonFiniteLossError
+from training.train.config import TrainConfig, parse_args
+from training.train.lockstep import Lockstep
+from training.train.optimizers import MuonWithAdamW, build_optimizer, split_parameters
+from training.train.run import with_current_settings
+from training.train.schedule import cooldown_start, learning_rate
 
 MODERN = dict(optimizer="muon", lr_schedule="wsd", cooldown_frac=0.5, cooldown_shape="1-sqrt")
 
@@ -31,7 +31,7 @@ MODERN = dict(optimizer="muon", lr_schedule="wsd", cooldown_frac=0.5, cooldown_s
 # --- the schedule ---------------------------------------------------------------------------------
 
 def cosine_as_it_was(step, warmup_steps, max_steps, max_lr, min_lr):
-    """training/schedule.py's learning_rate before lr_schedule existed, verbatim."""
+    """training/train/schedule.py's learning_rate before lr_schedule existed, verbatim."""
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if step >= max_steps:
@@ -100,7 +100,7 @@ def test_recipe_settings_are_checked_and_named(overrides, message):
 def test_muon_on_a_torch_without_it_is_one_line_naming_the_version_it_needs(monkeypatch, capfd):
     """requirements.txt allows torch 2.4; torch.optim.Muon came in 2.9. Refused before any work starts."""
     import train_gpt2
-    from errors import run_cli
+    from common.errors import run_cli
 
     monkeypatch.delattr(torch.optim, "Muon")
     with pytest.raises(ConfigError) as caught:
@@ -274,8 +274,8 @@ def test_a_checkpoint_resumes_only_with_the_optimizer_it_was_written_with(data, 
 @pytest.mark.slow
 def test_a_sharded_muon_checkpoint_consolidates_to_a_file_that_resumes_bitwise(data, tmp_path):
     """Consolidation keeps each of Muon + AdamW's groups, its parameters named in the optimizer's own order."""
-    from training.checkpoint import consolidate, list_checkpoints
-    from training.parallel import parameter_names
+    from training.checkpoint.folder import consolidate, list_checkpoints
+    from training.distributed.strategies import parameter_names
 
     straight, resumed, file = tmp_path / "straight", tmp_path / "resumed", tmp_path / "step_00000003.pt"
     run_trainer(args(data, straight, checkpoint_format="sharded"), nproc=2)

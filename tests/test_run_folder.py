@@ -21,10 +21,10 @@ import torch
 import train_gpt2
 from conftest import REPO, base_args, make_shards, run_trainer, train_losses
 from slowness import guard
-from errors import ConfigError, run_cli
-from training import checkpoint as ckpt
-from training.run_folder import LOCK_NAME, FolderLock
-from training.run_logger import read_log
+from common.errors import ConfigError, run_cli
+from training.checkpoint import folder as ckpt
+from training.checkpoint.run_folder import LOCK_NAME, FolderLock
+from training.observe.logger import read_log
 
 RUN = dict(max_steps=3, checkpoint_interval=3, eval_interval=0, val_tokens=64)
 
@@ -102,7 +102,7 @@ def test_the_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
         FolderLock(tmp_path / "out", "out_dir", warnings.append)
     lock.release()
     assert not (tmp_path / "out").exists()  # it created the folder and left nothing in it
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from training.run_folder import FolderLock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from training.checkpoint.run_folder import FolderLock; "
                                f"lock = FolderLock({str(tmp_path / 'out')!r}, 'out_dir', print); print('locked', flush=True); "
                                "time.sleep(600)"], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"

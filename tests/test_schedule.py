@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.schedule import learning_rate
+from training.train.schedule import learning_rate
 
 
 def test_warmup_then_cosine_to_min_lr():

@@ -1,8 +1,8 @@
 """The sharded checkpoint format end to end: exact resumes, snapshots, resharding, readers, crashes, storage.
 
 A sharded checkpoint is a `step_XXXXXXXX/` folder that every rank writes its part of, in the
-background by default, and that counts once its commit file is there (training/sharded_checkpoint.py,
-training/checkpointer.py). Real runs of the tiny model show here that it resumes bitwise under the
+background by default, and that counts once its commit file is there (training/checkpoint/sharded_format.py,
+training/checkpoint/checkpointer.py). Real runs of the tiny model show here that it resumes bitwise under the
 same strategy and world size, reshards onto others, serves every reader, survives a kill, a damaged
 part and a failed write, and goes wherever fsspec reaches. Each uninterrupted reference run is
 trained once per file, on first use (the `straight` fixture).
@@ -25,14 +25,14 @@ import torch
 
 import train_gpt2
 from conftest import GPT2_VOCAB, base_args, build_tiny_run, make_shards, run_trainer, train_losses
-from errors import run_cli
+from common.errors import run_cli
 from launch import launch
-from training import checkpoint as ckpt
-from training import sharded_checkpoint as sharded
-from training.resume import find_resume_checkpoint
-from training import storage
-from training.checkpointer import Checkpointer
-from training.run_logger import RunLogger, read_log
+from training.checkpoint import folder as ckpt
+from training.checkpoint import sharded_format as sharded
+from training.checkpoint.resume import find_resume_checkpoint
+from training.checkpoint import storage
+from training.checkpoint.checkpointer import Checkpointer
+from training.observe.logger import RunLogger, read_log
 
 STEPS = 6
 ARGS = dict(max_steps=STEPS, checkpoint_interval=3, checkpoint_format="sharded")  # checkpoints 3 and 6
@@ -619,7 +619,7 @@ def test_a_failed_background_write_stops_every_rank_with_one_line_and_earlier_ch
 def test_a_short_write_that_torch_reports_opaquely_is_named_as_what_it_likely_is(tmp_path):
     """torch.save's zip writer turns a write cut short by a full disk or a file size limit into
     'unexpected pos A vs B'; without an OSError from any rank, the line says what that means."""
-    from errors import CheckpointWriteError
+    from common.errors import CheckpointWriteError
 
     opaque = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
     error = Checkpointer._write_error(tmp_path / "step_00000004", opaque)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.run_logger import RunLogger, read_log
+from training.observe.logger import RunLogger, read_log
 
 
 def train(step: int, loss: float) -> dict:
@@ -47,8 +47,7 @@ def test_two_rollbacks_to_one_checkpoint_leave_two_records_and_each_sink_the_kep
     from conftest import base_args, make_shards, run_trainer
     from test_observability import kept_rows, numbers_of_the_log, wandb_history
     from test_tensorboard import scalars, scalars_of_the_log
-    from training import checkpoint as ckpt
-
+    from training.checkpoint import folder as ckpt
     out = tmp_path / "out"
     args = base_args(make_shards(tmp_path / "shards"), out, max_steps=12, checkpoint_interval=3, eval_interval=0,
                      spike_skip="true", spike_window=4, rollback_after=2, tensorboard="true", wandb="true",

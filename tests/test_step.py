@@ -11,11 +11,11 @@ import torch
 
 from conftest import REPO, build_tiny_run
 from data.loader import Prefetcher
-from errors import NonFiniteLossError
-from training.context import Context
-from training.preemption import PreemptionFlag
-from training.run_logger import RunLogger
-from training.lockstep import Lockstep
+from common.errors import NonFiniteLossError
+from training.train.context import Context
+from training.distributed.preemption import PreemptionFlag
+from training.observe.logger import RunLogger
+from training.train.lockstep import Lockstep
 
 SYNCING_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
@@ -59,7 +59,7 @@ def test_a_training_step_syncs_with_the_host_once(shards, tmp_path, count_syncs,
     finally:
         batches.close()
     assert run.step == 4 and run.grad_accum_steps == 4  # micro-steps do not sync
-    assert list(count_syncs.values()) == [4] and next(iter(count_syncs)).startswith("training/lockstep.py:")
+    assert list(count_syncs.values()) == [4] and next(iter(count_syncs)).startswith("training/train/lockstep.py:")
     assert run.spikes is None or (run.spikes.full and run.skips_in_a_row == 0)
 
 
@@ -76,7 +76,7 @@ def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs
         train_gpt2.train(Context(cfg, env, runtime, logger), run, PreemptionFlag(), record={})
         totals[steps] = dict(count_syncs)
     growth = {site: totals[7].get(site, 0) - totals[3].get(site, 0) for site in {*totals[3], *totals[7]}}
-    assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/lockstep.py")): 4}
+    assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/train/lockstep.py")): 4}
 
 
 def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):
@@ -121,7 +121,7 @@ def test_float16_overflow_skips_the_update_and_lowers_the_loss_scale(shards, tmp
 
 
 def test_dtype_auto_picks_float16_on_a_gpu_without_bf16(monkeypatch):
-    from training.runtime import resolve_dtype
+    from training.train.runtime import resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert resolve_dtype("auto", torch.device("cuda", 0)) == "float16"

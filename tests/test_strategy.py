@@ -9,13 +9,13 @@ import pytest
 
 from conftest import REPO, build_tiny_run
 from data.tokenizer import get_tokenizer
-from errors import ConfigError
+from common.errors import ConfigError
 from evals.periodic import PeriodicEvaluation
 from test_hellaswag import write_fixture
 from test_layout import project_modules
-from training.config import TrainConfig
-from training.parallel import DDP, STRATEGIES, strategies_help
-from training.run_logger import RunLogger
+from training.train.config import TrainConfig
+from training.distributed.strategies import DDP, STRATEGIES, strategies_help
+from training.observe.logger import RunLogger
 
 
 class SecondReplica(DDP):

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from errors import ConfigError
-from training.run_logger import LOG_ONLY_KINDS, RunLogger, read_log
+from common.errors import ConfigError
+from training.observe.logger import LOG_ONLY_KINDS, RunLogger, read_log
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:

@@ -7,16 +7,16 @@ muon   the modern recipe: torch.optim.Muon on the transformer blocks' weight mat
 
 Both are one torch.optim.Optimizer to the rest of the code (zero_grad, step, param_groups,
 state_dict / load_state_dict, DCP's get_state_dict / set_state_dict, GradScaler.unscale_,
-training/parallel.py's parameter_names): MuonWithAdamW's param_groups are the AdamW groups
+training/distributed/strategies.py's parameter_names): MuonWithAdamW's param_groups are the AdamW groups
 followed by the Muon group, and its `state` is the one dict both inner optimizers read and write.
 
 The training loop sets every group's "lr" to the schedule's value, in max_lr's units
-(training/step.py). Each group carries its own peak lr as "base_lr" (max_lr for the AdamW
+(training/train/step.py). Each group carries its own peak lr as "base_lr" (max_lr for the AdamW
 groups, muon_lr for Muon's), and the update uses lr * base_lr / max_lr: the schedule scales both
 optimizers alike, and the AdamW groups get the schedule's value exactly (base_lr / max_lr is 1).
 
 OptimizerSettings (below) is the config's optimizer section: its keys and their rules (max_lr, the
-peak of every group, is the schedule's: training/schedule.py).
+peak of every group, is the schedule's: training/train/schedule.py).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-from errors import CheckpointError
+from common.errors import CheckpointError
 from model import GPT
-from training.settings import Settings, option, require
+from training.train.settings import Settings, option, require
 
 OPTIMIZERS = ("adamw", "muon")
 MUON_TORCH = "2.9"  # the first PyTorch release with torch.optim.Muon (requirements.txt allows older ones)

@@ -18,7 +18,7 @@ written (the other ranks get its answer, or its error):
 - `choose_rollback_checkpoint`: where a rollback goes.
 
 The locks on out_dir and checkpoint_dir, and the owner file of a checkpoint_dir outside
-out_dir (one checkpoint folder, one run folder), are training/run_folder.py's: they claim the
+out_dir (one checkpoint folder, one run folder), are training/checkpoint/run_folder.py's: they claim the
 folders for a launch, before anything here is asked.
 """
 
@@ -27,16 +27,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from errors import CheckpointError, ConfigError, print_warning
-from training import storage
-from training.checkpoint import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, checkpoints_folder,
+from common.errors import CheckpointError, ConfigError, print_warning
+from training.checkpoint import storage
+from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, checkpoints_folder,
                                  list_checkpoints, load_checkpoint, newest_readable_checkpoint, require_entries,
                                  set_aside)
-from training.distributed import DistEnv, broadcast_object, run_on_all_ranks
-from training.run_logger import LOG_NAME, RunLogger, read_log
-from training.storage import Location, name_of, parent_of
+from training.distributed.process_group import DistEnv, broadcast_object, run_on_all_ranks
+from training.observe.logger import LOG_NAME, RunLogger, read_log
+from training.checkpoint.storage import Location, name_of, parent_of
 
-RUN_RECORD = "run.json"  # written by the trainer at every launch (training/provenance.py)
+RUN_RECORD = "run.json"  # written by the trainer at every launch (training/observe/provenance.py)
 
 
 def choose_resume_checkpoint(cfg, env: DistEnv, logger: RunLogger) -> Location | None:

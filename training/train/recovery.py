@@ -1,22 +1,22 @@
 """The loop's data feed, and what a rollback does to it: go back to the newest good state, and read on past
 the batches since.
 
-A rollback is asked for by the step, on every rank alike (training/spikes.py's RollbackRequested:
+A rollback is asked for by the step, on every rank alike (training/train/spikes.py's RollbackRequested:
 spikes in a row, a NaN/inf with rollback_on_nonfinite) or by a save that found non-finite weights
-(training/checkpointer.py). The run's state becomes the checkpoint's (training/run.py roll_back),
+(training/checkpoint/checkpointer.py). The run's state becomes the checkpoint's (training/train/run.py roll_back),
 and the feed restarts at the data position that state says.
 """
 
 from __future__ import annotations
 
 from data.loader import Prefetcher
-from training.checkpointer import Checkpointer
-from training.config import TrainConfig
-from training.distributed import DistEnv
-from training.run import Run, roll_back
-from training.run_logger import RunLogger
-from training.runtime import Runtime
-from training.spikes import RollbackRequested
+from training.checkpoint.checkpointer import Checkpointer
+from training.train.config import TrainConfig
+from training.distributed.process_group import DistEnv
+from training.train.run import Run, roll_back
+from training.observe.logger import RunLogger
+from training.train.runtime import Runtime
+from training.train.spikes import RollbackRequested
 
 
 class Recovery:

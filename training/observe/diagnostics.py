@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from errors import first_line
-from training.config import TrainConfig
-from training.distributed import DistEnv
-from training.run_logger import RunLogger
-from training.runtime import Runtime
+from common.errors import first_line
+from training.train.config import TrainConfig
+from training.distributed.process_group import DistEnv
+from training.observe.logger import RunLogger
+from training.train.runtime import Runtime
 
 STRAGGLER_INTERVALS = 3  # intervals in a row, for the same rank, before it is named
 # Every rank's tensor gathered into one output tensor: torch 2.13 names it all_gather_single and deprecates

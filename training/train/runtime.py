@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from errors import ConfigError
-from training.metrics import detect_peak_flops
+from common.errors import ConfigError
+from training.observe.metrics import detect_peak_flops
 
 # The fused chunked lm_head + cross-entropy never holds the (B*T, V) logits: at B=64, T=1024
 # that saves about 30 GB where no compiler fuses the cross-entropy (eager mode on a GPU).
@@ -40,7 +40,7 @@ class Runtime:
 
     @property
     def loss_scaling(self) -> bool:
-        """float16's narrow range needs the gradient scaler (training/step.py); bfloat16's does not."""
+        """float16's narrow range needs the gradient scaler (training/train/step.py); bfloat16's does not."""
         return self.dtype == "float16"
 
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -5,7 +5,7 @@ fsync). A URL (`s3://bucket/run`, `gs://...`, `memory://...`, `file:///...`) is 
 through fsspec, whose backend for the scheme (s3fs, gcsfs, ...) must be installed: a missing one
 is a ConfigError naming the package. Only the sharded checkpoint format is written to URLs:
 object stores have no rename, so a checkpoint there is complete once its commit file exists
-(training/sharded_checkpoint.py), not once it is renamed into place.
+(training/checkpoint/sharded_format.py), not once it is renamed into place.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import os
 import re
 from pathlib import Path
 
-from atomic_file import atomic_write
-from errors import ConfigError, first_line
+from common.atomic_file import atomic_write
+from common.errors import ConfigError, first_line
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 

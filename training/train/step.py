@@ -4,7 +4,7 @@ Each rank runs grad_accum_steps micro-batches of (micro_batch_size, seq_len); th
 synced (DDP's all-reduce, FSDP's reduce-scatter) only on the last micro-step, and the loss is
 scaled by 1/grad_accum_steps, so W ranks x A micro-steps equal one process with W*A micro-steps.
 Whether the update is applied is decided between the two halves, by every rank together
-(training/lockstep.py): nothing here synchronises with the host.
+(training/train/lockstep.py): nothing here synchronises with the host.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from collections.abc import Iterable
 
 import torch
 
-from training.run import Run
-from training.runtime import Runtime
+from training.train.run import Run
+from training.train.runtime import Runtime
 
 
 def train_step(run: Run, model: torch.nn.Module, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
                lr: float, runtime: Runtime, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradients of step run.step; (loss, grad_norm) as 0-d tensors on the device.
 
-    model: run.model's compiled / DDP wrapper (training/parallel.py); micro_batches: the step's
+    model: run.model's compiled / DDP wrapper (training/distributed/strategies.py); micro_batches: the step's
     grad_accum_steps (inputs, targets) pairs, each (B, T). loss is this rank's mean over its
     rows; grad_norm the global norm over all ranks, before clipping to max_norm.
     """

@@ -1,6 +1,6 @@
 """Writing a run's checkpoints: when they are due, in the format the config picks, at most one save in flight.
 
-The format (training/checkpoint_format.py) writes: the file format has rank 0 write `step_X.pt`
+The format (training/checkpoint/format.py) writes: the file format has rank 0 write `step_X.pt`
 before training goes on; the sharded one has every rank write its part of `step_X/`, and with
 `checkpoint_async` the loop is blocked only while the state is copied to host memory, the
 files being written in the background.
@@ -12,7 +12,7 @@ checkpoint is a good state.
 
 A background save that fails (disk full, an object store's 5xx) is reported when it is seen
 (`poll`, after each step, no collective), and every rank learns of it through the next step's
-vote (training/lockstep.py): the loop then saves that step's state synchronously (`retry`),
+vote (training/train/lockstep.py): the loop then saves that step's state synchronously (`retry`),
 so no more than one step is trained past a loss that is already known, and a run whose
 storage stays broken stops with that error. Every rank waits for the save in flight before the
 next save, and before the process ends (`wait`, collective).
@@ -27,15 +27,15 @@ from dataclasses import dataclass
 
 import torch
 
-from errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
-from training.checkpoint import FORMAT_VERSION, checkpoints_folder, format_for, prune_checkpoints
-from training.config import TrainConfig
-from training.distributed import DistEnv, any_rank, run_on_all_ranks
-from training.run import Run
-from training.run_folder import adopt_checkpoint_folder
-from training.run_logger import RunLogger
-from training.spikes import RollbackRequested
-from training.storage import Location
+from common.errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
+from training.checkpoint.folder import FORMAT_VERSION, checkpoints_folder, format_for, prune_checkpoints
+from training.train.config import TrainConfig
+from training.distributed.process_group import DistEnv, any_rank, run_on_all_ranks
+from training.train.run import Run
+from training.checkpoint.run_folder import adopt_checkpoint_folder
+from training.observe.logger import RunLogger
+from training.train.spikes import RollbackRequested
+from training.checkpoint.storage import Location
 
 
 @dataclass

@@ -1,34 +1,34 @@
 """Checkpoints: `step_XXXXXXXX.pt` files or `step_XXXXXXXX/` sharded folders in the checkpoint folder.
 
 The checkpoint folder is `out_dir/checkpoints` unless `checkpoint_dir` names another place (a
-local path or an fsspec URL, see training/storage.py). A checkpoint `step_s` holds the state
-after s optimizer updates (training/checkpoint_format.py says what it holds), in one of two
-formats, each a class behind the interface of training/checkpoint_format.py:
+local path or an fsspec URL, see training/checkpoint/storage.py). A checkpoint `step_s` holds the state
+after s optimizer updates (training/checkpoint/format.py says what it holds), in one of two
+formats, each a class behind the interface of training/checkpoint/format.py:
 
-- file (training/file_checkpoint.py): one `.pt` written by rank 0; it loads with
+- file (training/checkpoint/file_format.py): one `.pt` written by rank 0; it loads with
   `torch.load(weights_only=True)`, and is never half-written.
-- sharded (training/sharded_checkpoint.py): a folder that every rank writes its part of,
+- sharded (training/checkpoint/sharded_format.py): a folder that every rank writes its part of,
   possibly in the background; complete once its commit file is there.
 
 `format_of` (a path) and `format_for` (a run's settings) are the only places that tell them
 apart. Everything here takes both: listing, "newest readable", retention, and the readers
 (sample.py, export_hf.py, eval_lm.py, init_from, consolidation) do not care which format a
 checkpoint has. Which checkpoint a launch resumes, and the lineage rules, are in
-training/resume.py.
+training/checkpoint/resume.py.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from errors import CheckpointError, CheckpointWriteError, first_line, print_warning  # noqa: F401 - for callers
+from common.errors import CheckpointError, CheckpointWriteError, first_line, print_warning  # noqa: F401 - for callers
 from model import GPT, GPTConfig
-from training import sharded_checkpoint as sharded  # noqa: F401 - re-exported (tests write folders with it)
-from training import storage
-from training.checkpoint_format import FORMAT_VERSION, CheckpointFormat
-from training.file_checkpoint import FileFormat, save_checkpoint
-from training.sharded_checkpoint import ShardedFormat
-from training.storage import Location
+from training.checkpoint import sharded_format as sharded  # noqa: F401 - re-exported (tests write folders with it)
+from training.checkpoint import storage
+from training.checkpoint.format import FORMAT_VERSION, CheckpointFormat
+from training.checkpoint.file_format import FileFormat, save_checkpoint
+from training.checkpoint.sharded_format import ShardedFormat
+from training.checkpoint.storage import Location
 
 CHECKPOINT_DIR = "checkpoints"
 FILE, SHARDED = FileFormat(), ShardedFormat()

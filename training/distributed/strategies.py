@@ -36,10 +36,10 @@ from typing import ClassVar
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from errors import ConfigError
+from common.errors import ConfigError
 from model import GPT
-from training.distributed import DistEnv
-from training.runtime import Runtime
+from training.distributed.process_group import DistEnv
+from training.train.runtime import Runtime
 
 SyncContext = contextlib.AbstractContextManager  # what gradient_sync returns
 

@@ -1,7 +1,7 @@
 """The ranks' agreement around each step: what keeps every rank in lockstep, in one place.
 
 Every rank must take every step's collectives, and decide the same things at the same step.
-So a step is: the math (training/step.py) on batches that never raise (a batch this rank
+So a step is: the math (training/train/step.py) on batches that never raise (a batch this rank
 cannot read becomes zeros, and the failure is kept), then one all-reduce that carries the
 summed loss, the ranks' stop votes and their failure votes, then the step's one host
 synchronisation, which reads the result (and the gradient norm) and decides, on every rank
@@ -12,7 +12,7 @@ alike, before the update is applied:
 - a NaN/inf loss or gradient norm: NonFiniteLossError, the update is not applied (with
   rollback_on_nonfinite: RollbackRequested, and the loop reloads the newest checkpoint);
 - float16 gradients that overflowed: the scaler skips this update (and lowers its scale);
-- with spike_skip, a loss spike (training/spikes.py): the update is not applied, and after
+- with spike_skip, a loss spike (training/train/spikes.py): the update is not applied, and after
   rollback_after of them in a row, RollbackRequested;
 - a stop signal on any rank: every rank stops after this step;
 - a background checkpoint save that failed on any rank: every rank saves this step's state.
@@ -28,14 +28,14 @@ from dataclasses import dataclass
 
 import torch
 
-from errors import NonFiniteLossError, ReproError
-from training.config import TrainConfig
-from training.distributed import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
-from training.run import Run
-from training.runtime import Runtime
-from training.schedule import ScheduleSettings
-from training.spikes import RollbackRequested, spike_reason
-from training.step import apply_update, train_step
+from common.errors import NonFiniteLossError, ReproError
+from training.train.config import TrainConfig
+from training.distributed.process_group import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
+from training.train.run import Run
+from training.train.runtime import Runtime
+from training.train.schedule import ScheduleSettings
+from training.train.spikes import RollbackRequested, spike_reason
+from training.train.step import apply_update, train_step
 
 
 @dataclass

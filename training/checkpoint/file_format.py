@@ -1,6 +1,6 @@
 """The file checkpoint format: one `step_XXXXXXXX.pt`, written whole by rank 0.
 
-Under FSDP the state is gathered onto rank 0's CPU first (training/parallel.py's full_state).
+Under FSDP the state is gathered onto rank 0's CPU first (training/distributed/strategies.py's full_state).
 Tensors and plain Python values only, so it loads with `torch.load(weights_only=True)`. The
 write goes to a temp file in the same folder (`.step_XXXXXXXX.pt.tmp`), is flushed and
 fsynced, then renamed over the final name: a crash or a full disk mid-write never leaves a
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from atomic_file import atomic_write
-from errors import CheckpointError, CheckpointWriteError, first_line
-from training import storage
-from training.checkpoint_format import FORMAT_VERSION, CheckpointFormat, TrainingState
-from training.storage import Location
+from common.atomic_file import atomic_write
+from common.errors import CheckpointError, CheckpointWriteError, first_line
+from training.checkpoint import storage
+from training.checkpoint.format import FORMAT_VERSION, CheckpointFormat, TrainingState
+from training.checkpoint.storage import Location
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 _TEMP = re.compile(r"^\.step_\d{8}\.pt\.tmp$")  # atomic_write's temp file of a checkpoint
@@ -155,9 +155,9 @@ def legacy_optimizer_by_name(state: dict) -> dict:
     the indices. The only place a model is rebuilt to read a checkpoint.
     """
     from model import GPT, GPTConfig
-    from training.config import TrainConfig
-    from training.optimizers import build_optimizer
-    from training.parallel import by_name, parameter_names
+    from training.train.config import TrainConfig
+    from training.train.optimizers import build_optimizer
+    from training.distributed.strategies import by_name, parameter_names
 
     with torch.device("meta"):
         model = GPT(GPTConfig(**state["model_args"]))

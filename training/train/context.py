@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.config import TrainConfig
-from training.distributed import DistEnv
-from training.run_logger import RunLogger
-from training.runtime import Runtime
+from training.train.config import TrainConfig
+from training.distributed.process_group import DistEnv
+from training.observe.logger import RunLogger
+from training.train.runtime import Runtime
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A run folder for one launch at a time: the locks on out_dir and checkpoint_dir, and the owner of a checkpoint_dir.
 
-A run folder (out_dir) holds one line of history (training/resume.py enforces it when it
+A run folder (out_dir) holds one line of history (training/checkpoint/resume.py enforces it when it
 chooses what a launch continues). What would break it before anything is chosen is refused
 here, before anything is written:
 
@@ -22,10 +22,10 @@ import socket
 from datetime import datetime, timezone
 from pathlib import Path
 
-from errors import ConfigError, first_line
-from training import storage
-from training.checkpoint import remove_stale_temp_files
-from training.storage import Location, name_of
+from common.errors import ConfigError, first_line
+from training.checkpoint import storage
+from training.checkpoint.folder import remove_stale_temp_files
+from training.checkpoint.storage import Location, name_of
 
 LOCK_NAME = ".lock"
 OWNER_NAME = "owner.json"  # in a checkpoint_dir outside out_dir: the run folder it belongs to

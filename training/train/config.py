@@ -1,21 +1,21 @@
 """The training configuration: settings sections, one per component, composed into TrainConfig.
 
 Every key is a typed dataclass field with its help text beside it, declared by the one settings
-section (training/settings.py) of the component it configures, and checked by that section's
+section (training/train/settings.py) of the component it configures, and checked by that section's
 validate(); TrainConfig is all the sections at once (cfg.max_lr), and its own validate() holds the
 rules that span sections. The sections, and where each is declared:
 
     run          out_dir                                     here: run_folder.py imports it (via checkpoint.py)
     data         the shards and the batch geometry           here: data/ is a layer below training/
     model        the architecture, the initial weights       here: model.py imports nothing of the project
-    optimizer    AdamW or Muon + AdamW, gradient clipping    training/optimizers.py
-    schedule     max_steps and the learning-rate schedule    training/schedule.py
+    optimizer    AdamW or Muon + AdamW, gradient clipping    training/train/optimizers.py
+    schedule     max_steps and the learning-rate schedule    training/train/schedule.py
     evaluation   val loss, HellaSwag, samples                here: evals/ is a layer above training/
     checkpoint   cadence, retention, resume, where and how   here: checkpointer.py, checkpoint.py import it
     runtime      device, precision, kernels, seed, ranks     here: read by runtime.py, parallel.py, distributed.py
-    long_run     loss spikes and rollbacks                   training/spikes.py
+    long_run     loss spikes and rollbacks                   training/train/spikes.py
     diagnostics  rank stats, profiler, memory snapshots      here: diagnostics.py imports it
-    logging      the console, TensorBoard, W&B               training/run_logger.py
+    logging      the console, TensorBoard, W&B               training/observe/logger.py
 
 The keys users type stay flat. Precedence: the defaults (the faithful GPT-2 124M recipe) <
 `--config FILE.yaml` (flat keys, or a section's keys nested under its name) < `--key value` /
@@ -41,15 +41,15 @@ import yaml
 
 from data.loader import grad_accum_steps
 from data.tokenizer import GPT2_VOCAB_SIZE
-from errors import ArgumentParser, ConfigError, first_line
+from common.errors import ArgumentParser, ConfigError, first_line
 from model import PRESETS, GPTConfig
-from training.optimizers import OptimizerSettings
-from training.parallel import STRATEGIES, strategies_help
-from training.run_logger import LoggingSettings
-from training.schedule import ScheduleSettings
-from training.settings import Settings, check, option, require
-from training.spikes import LongRunSettings
-from training.storage import absolute, is_url
+from training.train.optimizers import OptimizerSettings
+from training.distributed.strategies import STRATEGIES, strategies_help
+from training.observe.logger import LoggingSettings
+from training.train.schedule import ScheduleSettings
+from training.train.settings import Settings, check, option, require
+from training.train.spikes import LongRunSettings
+from training.checkpoint.storage import absolute, is_url
 
 # The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
 # where the timeout is set after the first step, on every rank: datetime.timedelta past ~2.7 million years, gloo's
@@ -61,7 +61,7 @@ MAX_HANG_TIMEOUT_MINUTES = 365 * 24 * 60
 
 @dataclass
 class RunSettings(Settings):
-    """The run section: the run folder (training/run_folder.py, which every part of a run writes into)."""
+    """The run section: the run folder (training/checkpoint/run_folder.py, which every part of a run writes into)."""
 
     SECTION = "run"
     SUMMARY = "the run folder"
@@ -173,7 +173,7 @@ CHECKPOINT_FORMATS = ("auto", "file", "sharded")
 
 @dataclass
 class CheckpointSettings(Settings):
-    """The checkpoint section, read by training/checkpointer.py and checkpoint.py (here: they import this
+    """The checkpoint section, read by training/checkpoint/checkpointer.py and checkpoint.py (here: they import this
     module)."""
 
     SECTION = "checkpoint"
@@ -213,7 +213,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
 
 @dataclass
 class RuntimeSettings(Settings):
-    """The runtime section, read by training/runtime.py, parallel.py and distributed.py."""
+    """The runtime section, read by training/train/runtime.py, parallel.py and distributed.py."""
 
     SECTION = "runtime"
     SUMMARY = "device, precision, kernels, the seed, and how the ranks share the model"
@@ -252,7 +252,7 @@ class RuntimeSettings(Settings):
 
 @dataclass
 class DiagnosticsSettings(Settings):
-    """The diagnostics section, read by training/diagnostics.py (here: it imports this module)."""
+    """The diagnostics section, read by training/observe/diagnostics.py (here: it imports this module)."""
 
     SECTION = "diagnostics"
     SUMMARY = "rank stats, stragglers, the profiler and memory snapshots"
@@ -334,7 +334,7 @@ SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
 SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
-# --- what a changed key does to a run's steps (the resume warning, training/run.py) -------------------
+# --- what a changed key does to a run's steps (the resume warning, training/train/run.py) -------------------
 # Every key is in exactly one of these sets (tests/test_config.py checks it, so a new key must be placed).
 
 # Keys whose value is in the training math: resumed with another value, a run's steps differ from those of

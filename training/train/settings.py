@@ -3,8 +3,8 @@
 A section is a dataclass deriving from `Settings`: its fields made with option() (the default,
 and the help text --help prints), its own rules in validate(), each a require() whose ConfigError
 names the key. A section sits beside the component it configures wherever the imports allow
-(training/optimizers.py, schedule.py, spikes.py, run_logger.py); the others are in
-training/config.py. TrainConfig (training/config.py) is every section at once, by inheritance:
+(training/train/optimizers.py, schedule.py, spikes.py, training/observe/logger.py); the others are in
+training/train/config.py. TrainConfig (training/train/config.py) is every section at once, by inheritance:
 the keys stay flat (cfg.max_lr, --max_lr, `max_lr:` in YAML), each declared by the one section it
 belongs to, and cfg.section(OptimizerSettings) hands a component only its own values.
 
@@ -20,7 +20,7 @@ import math
 import typing
 from typing import ClassVar
 
-from errors import ConfigError
+from common.errors import ConfigError
 
 
 def option(default, help: str):

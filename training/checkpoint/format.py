@@ -2,11 +2,11 @@
 
 Two formats lay a checkpoint `step_s` (the state after s optimizer updates) out on storage:
 
-- FileFormat (training/file_checkpoint.py): one `step_XXXXXXXX.pt` that rank 0 writes whole;
-- ShardedFormat (training/sharded_checkpoint.py): a `step_XXXXXXXX/` folder that every rank
+- FileFormat (training/checkpoint/file_format.py): one `step_XXXXXXXX.pt` that rank 0 writes whole;
+- ShardedFormat (training/checkpoint/sharded_format.py): a `step_XXXXXXXX/` folder that every rank
   writes its part of, possibly in the background.
 
-training/checkpoint.py picks the format of a path (`format_of`) or of a run's settings
+training/checkpoint/folder.py picks the format of a path (`format_of`) or of a run's settings
 (`format_for`); nothing else asks which format a checkpoint has. Both hold the same state, so
 a checkpoint of either resumes in the other, under any strategy and world size:
 
@@ -14,8 +14,8 @@ a checkpoint of either resumes in the other, under any strategy and world size:
 - `optimizer`: keyed by parameter name, as torch.distributed.checkpoint's
   get_optimizer_state_dict gives it: {"state": {name: {...}}, "param_groups": [{..., "params":
   [names]}]} (a tied weight under its first name);
-- beside them, plain Python values: the run's progress (training/run.py's Run.progress_state)
-  and what wrote it (training/checkpointer.py's checkpoint_metadata), format_version included.
+- beside them, plain Python values: the run's progress (training/train/run.py's Run.progress_state)
+  and what wrote it (training/checkpoint/checkpointer.py's checkpoint_metadata), format_version included.
 """
 
 from __future__ import annotations
@@ -25,29 +25,29 @@ from typing import Callable, ClassVar, Protocol
 
 import torch
 
-from errors import CheckpointError
-from training.storage import Location
+from common.errors import CheckpointError
+from training.checkpoint.storage import Location
 
 # 1: the first format. 2: lineage (run_id, checkpoint_id, ancestry) and provenance; no RNG state.
 # 3: a file's optimizer state keyed by parameter name, as a sharded folder's always was (a file of
-#    1 or 2 is keyed by index: converted on read, see training/file_checkpoint.py).
+#    1 or 2 is keyed by index: converted on read, see training/checkpoint/file_format.py).
 # The sharded format's commit file carries the same number.
 FORMAT_VERSION = 3
 TENSOR_ENTRIES = ("model", "optimizer")  # the entries that hold tensors; every other one is a plain value
 
 
 class TrainingState(Protocol):
-    """What a format saves from and loads into: training/run.py's Run."""
+    """What a format saves from and loads into: training/train/run.py's Run."""
 
     model: torch.nn.Module  # unwrapped and uncompiled (sharded in place under FSDP)
     optimizer: torch.optim.Optimizer
-    strategy: object  # training/parallel.py's Strategy: full_state / load_full_state
+    strategy: object  # training/distributed/strategies.py's Strategy: full_state / load_full_state
 
     def state_dict(self) -> dict: ...
 
 
 class CheckpointFormat:
-    """One way to lay a checkpoint out. Stateless: training/checkpoint.py holds one instance of each."""
+    """One way to lay a checkpoint out. Stateless: training/checkpoint/folder.py holds one instance of each."""
 
     name: ClassVar[str]  # the checkpoint_format setting that picks it
     writes_in_background: ClassVar[bool] = False  # whether checkpoint_async applies to its saves

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from errors import ConfigError, ReproError
+from common.errors import ConfigError, ReproError
 
 
 @dataclass

@@ -29,9 +29,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from atomic_file import atomic_write
-from errors import ConfigError, WriteError, print_warning
-from training.settings import Settings, option, require
+from common.atomic_file import atomic_write
+from common.errors import ConfigError, WriteError, print_warning
+from training.train.settings import Settings, option, require
 
 LOG_NAME = "log.jsonl"
 # Records of something that happened (not of a step's state): a rollback's rewind keeps them, so a second
@@ -39,7 +39,7 @@ LOG_NAME = "log.jsonl"
 # (see RunLogger.rewind)
 EVENT_KINDS = ("rollback", "startup")
 # Records for log.jsonl alone: which checkpoints were saved, and where (what a relaunch checks, see
-# training/run_folder.py), is bookkeeping, not a curve
+# training/checkpoint/run_folder.py), is bookkeeping, not a curve
 LOG_ONLY_KINDS = ("checkpoint",)
 TENSORBOARD_MISSING = "tensorboard: needs the tensorboard package (pip install tensorboard), or set --tensorboard false"
 WANDB_STEP = "trainer/step"  # the x-axis of every W&B chart of the trainer's records (W&B's own step counts rows)
@@ -74,7 +74,7 @@ def truncate_log(path: str | Path, step: int, keep_kinds: tuple[str, ...] = ()) 
 
 
 def write_text_file(path: Path, text: str) -> None:
-    """Replace path's content atomically (atomic_file.py); a failure is a WriteError naming it."""
+    """Replace path's content atomically (common/atomic_file.py); a failure is a WriteError naming it."""
     try:
         with atomic_write(path, "w") as f:
             f.write(text)

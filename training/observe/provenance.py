@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from training.config import TrainConfig, config_yaml
-from training.distributed import DistEnv
-from training.runtime import Runtime
+from training.train.config import TrainConfig, config_yaml
+from training.distributed.process_group import DistEnv
+from training.train.runtime import Runtime
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # environment variables that choose kernels or change how they sum (cuBLAS' workspace, TF32, inductor's
 # and NCCL's algorithm switches): two runs that differ here may round differently
 KERNEL_ENV_PREFIXES = ("CUBLAS_", "CUDNN_", "NVIDIA_TF32_OVERRIDE", "TORCHINDUCTOR_", "TORCH_", "PYTORCH_", "NCCL_")
@@ -32,7 +32,7 @@ def provenance(cfg: TrainConfig, env: DistEnv, runtime: Runtime, argv: list[str]
                run_id: str) -> dict:
     commit, dirty = git_state(REPO)
     return {
-        "run_id": run_id,  # the run this launch continues or starts: the run folder's owner (training/run_folder.py)
+        "run_id": run_id,  # the run this launch continues or starts: the run folder's owner (checkpoint/run_folder.py)
         "git_commit": commit,  # None outside a git checkout
         "git_dirty": dirty,  # uncommitted changes to tracked files
         "python": platform.python_version(),

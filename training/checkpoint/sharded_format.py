@@ -18,7 +18,7 @@ Asynchronous saves (`dcp.async_save`) block the loop only while the state is cop
 device; the files are written by a background thread, whose collectives go over a process group
 of their own (gloo), apart from the training's.
 
-`ShardedFormat`, at the end, is this format behind the interface of training/checkpoint_format.py.
+`ShardedFormat`, at the end, is this format behind the interface of training/checkpoint/format.py.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from concurrent.futures import Future
 
 import torch
 
-from errors import CheckpointError, first_line
-from training import storage
-from training.checkpoint_format import FORMAT_VERSION, TENSOR_ENTRIES, CheckpointFormat, TrainingState
-from training.storage import Location
+from common.errors import CheckpointError, first_line
+from training.checkpoint import storage
+from training.checkpoint.format import FORMAT_VERSION, TENSOR_ENTRIES, CheckpointFormat, TrainingState
+from training.checkpoint.storage import Location
 
 COMMIT_NAME = "checkpoint.json"
 DCP_METADATA = ".metadata"

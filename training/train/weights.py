@@ -10,12 +10,12 @@ row, see hf_interop/convert.fit_to_model for why not zeros.
 
 from __future__ import annotations
 
-from errors import ConfigError
+from common.errors import ConfigError
 from hf_interop.convert import HFInteropError, load_hf_into
 from model import GPT, PRESETS
-from training.checkpoint import (WEIGHTS_ENTRIES, check_compatible, load_checkpoint, load_model_weights,
+from training.checkpoint.folder import (WEIGHTS_ENTRIES, check_compatible, load_checkpoint, load_model_weights,
                                  require_entries, step_of)
-from training.storage import as_location, is_url
+from training.checkpoint.storage import as_location, is_url
 
 
 def load_initial_weights(model: GPT, init_from: str) -> None:

@@ -1,7 +1,7 @@
 """A training run: built at launch (fresh, or from the checkpoint it resumes), its state in one place.
 
 `build_run` opens the data, builds the model and optimizer, and restores the checkpoint that
-training/resume.py picks (`Run.load_state_dict`); training/checkpointer.py writes the run back
+training/checkpoint/resume.py picks (`Run.load_state_dict`); training/checkpoint/checkpointer.py writes the run back
 as a checkpoint. A checkpoint `step_s` holds the state after s updates.
 """
 
@@ -14,19 +14,19 @@ import torch
 
 from data.loader import TrainLoader, ValLoader, validate_shards
 from data.manifest import data_fingerprint
-from errors import CheckpointError, ConfigError, DivergedError
+from common.errors import CheckpointError, ConfigError, DivergedError
 from model import GPT
-from training.checkpoint import checkpoints_folder, format_of
-from training.storage import Location
-from training.config import TrainConfig
-from training.distributed import DistEnv, run_on_all_ranks
-from training.optimizers import build_optimizer, check_same_optimizer
-from training.parallel import Strategy
-from training.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
-from training.run_logger import RunLogger
-from training.runtime import Runtime
-from training.spikes import RollbackRequested, SpikeWindow
-from training.weights import load_initial_weights
+from training.checkpoint.folder import checkpoints_folder, format_of
+from training.checkpoint.storage import Location
+from training.train.config import TrainConfig
+from training.distributed.process_group import DistEnv, run_on_all_ranks
+from training.train.optimizers import build_optimizer, check_same_optimizer
+from training.distributed.strategies import Strategy
+from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
+from training.observe.logger import RunLogger
+from training.train.runtime import Runtime
+from training.train.spikes import RollbackRequested, SpikeWindow
+from training.train.weights import load_initial_weights
 
 
 @dataclass
