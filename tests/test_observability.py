@@ -87,6 +87,16 @@ def start_logger(out: Path, start_step: int, run_id: str | None = None) -> RunLo
     return logger
 
 
+def end_launch(logger: RunLogger) -> None:
+    """What the end of a trainer's process does to W&B: the run finished, and W&B's service, which writes
+    the offline run file, shut down (finish() alone may return before the service wrote the file's last
+    records: seen once in a loaded full suite)."""
+    import wandb
+
+    logger.close()
+    wandb.teardown()
+
+
 def train_steps(logger: RunLogger, steps, offset: float) -> None:
     for step in steps:
         logger.log({"kind": "train", "step": step, "loss": offset + step, "lr": 0.5})
@@ -138,7 +148,7 @@ def test_after_a_rollback_wandb_holds_every_record_and_marks_the_rewound_steps(w
         logger.rewind(6)
         logger.log({"kind": "rollback", "step": 6, "from_step": 8, "tokens": 3072 * attempt})
         train_steps(logger, range(6, 9), 100.0 * attempt)
-    logger.close()
+    end_launch(logger)
     rows = wandb_rows(wandb_offline)
     assert [row["_step"] for row in rows] == list(range(len(rows)))  # W&B's own step: nothing was dropped
     losses = [(row["trainer/step"], row["train/loss"]) for row in rows if "train/loss" in row]
@@ -158,10 +168,10 @@ def test_a_resumed_wandb_run_starts_with_a_rewind_row_when_the_log_dropped_recor
     first = start_logger(wandb_offline, 0)
     train_steps(first, range(8), 0.0)
     run_id = first.wandb_run_id
-    first.close()  # stopped after step 7; the newest checkpoint is step 5's
+    end_launch(first)  # stopped after step 7; the newest checkpoint is step 5's
     resumed = start_logger(wandb_offline, 5, run_id)
     train_steps(resumed, range(5, 8), 100.0)
-    resumed.close()
+    end_launch(resumed)
     run_dirs = sorted((wandb_offline / "wandb").glob("offline-run-*"))
     assert len(run_dirs) == 2 and all(run_id in d.name for d in run_dirs)  # offline: a file per launch
     rows = wandb_history(run_dirs[1])
@@ -170,7 +180,7 @@ def test_a_resumed_wandb_run_starts_with_a_rewind_row_when_the_log_dropped_recor
     assert kept_rows(wandb_rows(wandb_offline)) == numbers_of_the_log(wandb_offline / "log.jsonl")
 
     again = start_logger(wandb_offline, 8, run_id)  # resumed where the log ends: nothing to mark
-    again.close()
+    end_launch(again)
     assert wandb_history(sorted((wandb_offline / "wandb").glob("offline-run-*"))[2]) == []
 
 
