@@ -48,6 +48,7 @@
 # start with less than 90 s left is skipped and listed, so a call ends inside the tool's limit.
 # What was skipped can go into a third call while device time is left, BENCH_ONLY naming the
 # labels (glob patterns) to run:  BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash ... speed presets
+# and GPU_CHECK_TESTS (a pytest -k expression) the tests part's tests:  GPU_CHECK_TESTS=resume bash ... tests
 #
 # Results, flat, rewritten after every part (a call stopped midway keeps what it did): summary.md,
 # results.json (every row, test, failure and part), numerics.json, gpu_check.log (the console) and
@@ -306,7 +307,8 @@ bench_group() {  # bench_gpu.sh's group $1 on the corpus
 }
 
 part_tests() {  # $1: seconds left. pytest-timeout stops one test, timeout the whole part
-    timeout --kill-after=20 "$1" "$PY" -m pytest -m gpu tests/test_gpu.py -v -rfE --timeout "$TEST_TIMEOUT_S" \
+    timeout --kill-after=20 "$1" "$PY" -m pytest -m gpu tests/test_gpu.py ${GPU_CHECK_TESTS:+-k "$GPU_CHECK_TESTS"} \
+        -v -rfE --timeout "$TEST_TIMEOUT_S" \
         -o junit_family=xunit1 --junitxml "$WORK/tests.xml" 2>&1 | tee "$WORK/tests.log"
 }
 

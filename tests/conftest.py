@@ -11,6 +11,7 @@ import getpass
 import multiprocessing
 import multiprocessing.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -35,8 +36,20 @@ REPO = Path(__file__).resolve().parents[1]
 # The test run: its hang guards scaled to this machine (tests/slowness.py), and a $TMPDIR of its own
 # that must be empty at the end, as must the working tree be of new files.
 RUN_TMPDIR = "GPT2_REPRO_TEST_TMPDIR"  # a test run's $TMPDIR; a run inside it (gpu_check's) leaves the working tree to it
+
+
+def inductor_folder() -> str:
+    """The name of Inductor's cache folder in $TMPDIR, made as torch._inductor.runtime.cache_dir_utils does
+    (importing it costs seconds)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError, ModuleNotFoundError):
+        user = f"uid_{os.getuid()}"
+    return "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
+
+
 # pytest's basetemp (tmp_path), torchrun's log folders (PET_LOG_DIR), and Inductor's cache (a link, see below)
-EXPECTED = ("pytest", "torchrun", f"torchinductor_{getpass.getuser()}")
+EXPECTED = ("pytest", "torchrun", inductor_folder())
 
 
 @dataclass
