@@ -152,6 +152,10 @@ def pytest_terminal_summary(terminalreporter, config):
             terminalreporter.line(path, red=True)
     if run.kept:
         terminalreporter.line(f"this run's $TMPDIR, kept for inspection: {run.tmpdir}")
+    # which factor the hang guards had, so a slow CI log says whether the machine looked slow
+    limit = config.getoption("timeout", None)
+    terminalreporter.line(f"time limits x{slowness.slowness():g} ({slowness.ENV})"
+                          + (f", {limit:.0f} s per test" if limit else ""))
 
 
 # A model small enough that a training step takes milliseconds on a CPU core. Its vocabulary is
