@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from common.errors import ConfigError
-from training.observe.logger import LOG_ONLY_KINDS, RunLogger, read_log
+from training.observe.logger import RunLogger
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
@@ -28,15 +28,12 @@ def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
 def scalars_of_the_log(path) -> dict[str, list[tuple[int, float]]]:
     """What TensorBoard should show: every number of log.jsonl's records as `kind/field` against the step
     (as the float32 that a scalar event holds)."""
-    found: dict[str, list[tuple[int, float]]] = {}
-    for r in read_log(path):
-        if r["kind"] in LOG_ONLY_KINDS:  # log.jsonl's own bookkeeping
-            continue
-        for key, value in r.items():
-            if key not in ("kind", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                value = struct.unpack("f", struct.pack("f", value))[0]
-                found.setdefault(f"{r['kind']}/{key}", []).append((r["step"], value))
-    return found
+    from test_observability import numbers_of_the_log
+
+    def float32(value: float) -> float:
+        return struct.unpack("f", struct.pack("f", value))[0]
+
+    return {tag: [(step, float32(v)) for step, v in values] for tag, values in numbers_of_the_log(path).items()}
 
 
 def train_steps(logger: RunLogger, steps, offset: float) -> None:

@@ -30,20 +30,14 @@ from training.checkpoint import storage
 from training.checkpoint.format import FORMAT_VERSION, CheckpointFormat, TrainingState
 from training.checkpoint.storage import Location
 
-_NAME = re.compile(r"^step_(\d{8})\.pt$")
 _TEMP = re.compile(r"^\.step_\d{8}\.pt\.tmp$")  # atomic_write's temp file of a checkpoint
 BY_NAME_VERSION = 3  # the first format_version whose optimizer state is keyed by parameter name
 
 
 class FileFormat(CheckpointFormat):
     name = "file"
+    suffix = ".pt"
 
-    def path(self, folder: Location, step: int) -> Location:
-        return storage.join(folder, f"step_{step:08d}.pt")
-
-    def step_of(self, name: str) -> int | None:
-        m = _NAME.match(name)
-        return int(m.group(1)) if m else None
 
     def lives_at(self, folder: Location) -> bool:
         # a .pt file at a URL is no checkpoint this code reads (one copied there would be set aside as unreadable)

@@ -20,12 +20,14 @@ a checkpoint of either resumes in the other, under any strategy and world size:
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import Future
 from typing import Callable, ClassVar, Protocol
 
 import torch
 
 from common.errors import CheckpointError
+from training.checkpoint import storage
 from training.checkpoint.storage import Location
 
 # 1: the first format. 2: lineage (run_id, checkpoint_id, ancestry) and provenance; no RNG state.
@@ -50,16 +52,18 @@ class CheckpointFormat:
     """One way to lay a checkpoint out. Stateless: training/checkpoint/folder.py holds one instance of each."""
 
     name: ClassVar[str]  # the checkpoint_format setting that picks it
+    suffix: ClassVar[str]  # of its names, step_XXXXXXXX{suffix}: ".pt" for a file, "" for a folder
     writes_in_background: ClassVar[bool] = False  # whether checkpoint_async applies to its saves
 
     # --- names in a checkpoint folder ------------------------------------------------------------
     def path(self, folder: Location, step: int) -> Location:
         """Where checkpoint `step` of this format goes in the folder."""
-        raise NotImplementedError
+        return storage.join(folder, f"step_{step:08d}{self.suffix}")
 
     def step_of(self, name: str) -> int | None:
         """The step a name of this format says (complete or not); None for any other name."""
-        raise NotImplementedError
+        m = re.fullmatch(r"step_(\d{8})" + re.escape(self.suffix), name)
+        return int(m.group(1)) if m else None
 
     def lives_at(self, folder: Location) -> bool:
         """Whether checkpoints of this format are written into (so read from) that folder."""

@@ -24,7 +24,6 @@ of their own (gloo), apart from the training's.
 from __future__ import annotations
 
 import json
-import re
 import warnings
 from concurrent.futures import Future
 
@@ -37,7 +36,6 @@ from training.checkpoint.storage import Location
 
 COMMIT_NAME = "checkpoint.json"
 DCP_METADATA = ".metadata"
-_NAME = re.compile(r"^step_(\d{8})$")
 
 # DCP warns, on every save and load without a process group, that it "assumes the intent is to
 # save/load in a single process": one process (sample.py, a one-GPU run) is exactly that intent
@@ -257,14 +255,9 @@ class ShardedFormat(CheckpointFormat):
     """A `step_XXXXXXXX/` folder, local or at any URL; every URL is read as one."""
 
     name = "sharded"
+    suffix = ""
     writes_in_background = True
 
-    def path(self, folder: Location, step: int) -> Location:
-        return storage.join(folder, f"step_{step:08d}")
-
-    def step_of(self, name: str) -> int | None:
-        m = _NAME.match(name)
-        return int(m.group(1)) if m else None
 
     def is_complete(self, path: Location) -> bool:
         return is_complete(path)
