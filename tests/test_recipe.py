@@ -87,9 +87,6 @@ def test_wsd_with_the_whole_run_cooling_down_and_no_warmup():
     ({"muon_lr": -1.0}, "muon_lr: must be >= 0"),
     ({"muon_weight_decay": -0.1}, "muon_weight_decay: must be >= 0"),
     ({"optimizer": "muon", "max_lr": 0.0, "min_lr": 0.0}, "max_lr: must be positive with optimizer muon"),
-    ({"optimizer": "muon", "strategy": "fsdp"},
-     "optimizer: muon needs whole weight matrices; it runs under strategy ddp (fsdp shards them)"),
-    ({"optimizer": "muon", "strategy": "fsdp_zero2"}, "optimizer: muon needs whole weight matrices"),
 ])
 def test_recipe_settings_are_checked_and_named(overrides, message):
     with pytest.raises(ConfigError) as caught:

@@ -19,7 +19,7 @@ gradient clipping uses the global norm.
 
 What the rest of the trainer reads of a strategy is its data-parallel view (dp_rank and dp_size:
 the loaders, the evaluation shards and grad_accum_steps use them, never env.rank; mesh) and its
-class attributes (name, help, supports_muon, default_checkpoint_format, forwards_are_collective:
+class attributes (name, help, default_checkpoint_format, forwards_are_collective:
 the config checks and the evaluations use them, never the strategy's name). So another strategy
 whose every rank is a data-parallel replica (a DDP or FSDP variant) is one Strategy subclass and
 one entry in STRATEGIES. One whose replicas span several ranks (tensor or context
@@ -50,8 +50,6 @@ class Strategy:
     name: ClassVar[str]  # the `strategy` key's value, and its key in STRATEGIES
     help: ClassVar[str]  # what it does, in a few words: the `strategy` key's help lists them
     forwards_are_collective: ClassVar[bool] = False  # FSDP: every forward all-gathers, so every rank runs each
-    # optimizer muon orthogonalizes whole weight matrices: only where every rank holds them whole
-    supports_muon: ClassVar[bool] = False
     # what checkpoint_format auto means: file (rank 0 gathers and writes everything) or sharded (every rank
     # writes its part); sharded where one writer gathering everything does not scale
     default_checkpoint_format: ClassVar[str] = "sharded"
@@ -134,7 +132,6 @@ class DDP(Strategy):
 
     name = "ddp"
     help = "a full copy per rank"
-    supports_muon = True
     default_checkpoint_format = "file"
 
     def training_model(self, model: GPT) -> torch.nn.Module:

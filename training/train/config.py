@@ -301,10 +301,6 @@ class TrainConfig(LoggingSettings, DiagnosticsSettings, LongRunSettings, Runtime
         if self.optimizer == "muon":
             require(self.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
                                                "muon_lr by lr / max_lr)")
-            require(self.strategy not in STRATEGIES or STRATEGIES[self.strategy].supports_muon, "optimizer",
-                    f"muon needs whole weight matrices; it runs under strategy "
-                    f"{' or '.join(n for n, cls in STRATEGIES.items() if cls.supports_muon)} "
-                    f"({self.strategy} shards them)")
 
     def section(self, cls: type[S]) -> S:
         """This configuration's values of one section: what a component that needs no other key is handed."""

@@ -29,6 +29,7 @@ import torch
 
 from common.errors import CheckpointError
 from model import GPT
+from training.distributed.muon import DistributedMuon, muon_math_missing
 from training.train.settings import Settings, option, require
 
 OPTIMIZERS = ("adamw", "muon")
@@ -51,15 +52,16 @@ def build_optimizer(model: GPT, cfg, device_type: str) -> torch.optim.Optimizer:
     ]
     inner_adamw = torch.optim.AdamW(adamw_groups, lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
                                     fused=fused)
-    inner_muon = torch.optim.Muon([{"params": muon}], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                                  weight_decay=cfg.muon_weight_decay, nesterov=True)
+    # torch.optim.Muon's math, each matrix orthogonalised whole on one rank (training/distributed/muon.py)
+    inner_muon = DistributedMuon([{"params": muon}], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
+                                 weight_decay=cfg.muon_weight_decay, nesterov=True)
     return MuonWithAdamW(inner_adamw, inner_muon, peak_lr=cfg.max_lr)
 
 
 def muon_unavailable() -> str | None:
     """Why optimizer muon cannot run with this PyTorch (None when it can): the config refuses it before any
     work starts, instead of an AttributeError when the optimizer is built."""
-    if hasattr(torch.optim, "Muon"):
+    if hasattr(torch.optim, "Muon") and not muon_math_missing():
         return None
     return (f"muon needs torch.optim.Muon, which PyTorch {MUON_TORCH} added; this is torch {torch.__version__}: "
             f"upgrade torch (pip install 'torch>={MUON_TORCH}'), or use optimizer adamw")
@@ -151,7 +153,8 @@ class OptimizerSettings(Settings):
 
     optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon, PyTorch 2.9+, "
                                      "on the blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay "
-                                     "on embeddings, lm_head, LayerNorms and biases; ddp only). A checkpoint resumes "
+                                     "on embeddings, lm_head, LayerNorms and biases; each matrix orthogonalised "
+                                     "whole, on one rank, under any strategy). A checkpoint resumes "
                                      "only with the optimizer it was written with")
     weight_decay: float = option(0.1, "AdamW weight decay, on 2-D weights only")
     beta1: float = option(0.9, "AdamW beta1")
