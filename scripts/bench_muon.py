@@ -10,8 +10,8 @@ with random gradients, and times optimizer.step() (the median of --steps after 2
 the slowest rank's):
   replicated   torch.optim.Muon on every rank, each rank orthogonalising every matrix (what ddp
                ran before training/distributed/muon.py)
-  ddp          DistributedMuon over whole matrices: each orthogonalised on its owner, then broadcast
-  fsdp         DistributedMuon over row shards (DTensors, as FSDP2 holds them): each gathered to its
+  whole        DistributedMuon over whole matrices (ddp): each orthogonalised on its owner, then broadcast
+  rows         DistributedMuon over row shards (DTensors, as FSDP2 holds them): each gathered to its
                owner, orthogonalised, and its rows scattered back
 Rank 0 prints one JSON line per variant: label, model, layers, world_size, device, step_ms,
 newton_schulz_runs (on rank 0, per step). `--dry_run`: a 2-layer, 64-wide model (the rehearsal).
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--layers", type=int, default=None, help="only the first LAYERS blocks' matrices")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--variants", default="replicated,ddp,fsdp")
+    parser.add_argument("--variants", default="replicated,whole,rows")
     parser.add_argument("--dry_run", action="store_true", help="a 2-layer, 64-wide model instead of --model")
     args = parser.parse_args(argv)
 
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
             torch.manual_seed(0)  # the same matrices and gradients on every rank
             whole = [torch.nn.Parameter(torch.randn(s, device=device)) for s in shapes]
             grads = [torch.randn(s, device=device) for s in shapes]
-            if variant == "fsdp" and env.distributed:
+            if variant == "rows" and env.distributed:
                 from torch.distributed.device_mesh import init_device_mesh
                 from torch.distributed.tensor import Shard, distribute_tensor
 

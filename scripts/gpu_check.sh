@@ -16,8 +16,10 @@
 #              overhead against the DDP rows
 #   levers     eager plain loss at B=64 (memory), CUDA graphs, max-autotune
 #   longrun    what spike_skip and rank_stats_interval cost per step (124M B=64, against the speed rows)
-#   recipe     the faithful and the modern recipe, GPT-2 124M, 300 steps of 65,536 tokens on the same
-#              Shakespeare tokens (scripts/compare_recipes.py --gpu; carry data/shakespeare)
+#   recipe     Muon's optimizer step for 124M and 1558M (scripts/bench_muon.py: Newton-Schulz of every
+#              matrix, the work that N GPUs share), then the faithful and the modern recipe, GPT-2
+#              124M, 300 steps of 65,536 tokens on the same Shakespeare tokens
+#              (scripts/compare_recipes.py --gpu; carry data/shakespeare)
 #   checkpoint scripts/bench_checkpoint.py on the GPU, 124M and 1558M: the file, a sharded save, an
 #              async sharded save (how long the loop is blocked, how long until complete), and the
 #              loads of the first two
@@ -132,6 +134,7 @@ def collect(work, results):
         "parts": [{"part": p, "status": s, "seconds": int(t)} for p, s, t in table_lines(work / "parts.tsv")],
         "tests": junit(work / "tests.xml"), "rows": rows,
         "checkpoint": [json.loads(line) for line in tail(bench / "checkpoint.jsonl", None)],
+        "muon": [json.loads(line) for line in tail(bench / "muon.jsonl", None)],
         "recipe": json.loads((bench / "recipes.json").read_text()) if (bench / "recipes.json").exists() else [],
         "repro": [(bench / "repro.md").read_text()] if (bench / "repro.md").exists() else [],
         "failed": [{"label": label, "why": why, "log_tail": tail(bench / f"{label}.log")}
@@ -183,7 +186,7 @@ def table(title, columns, rows):
 def report(out, *sources):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "recipe": [], "repro": [],
+    merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "muon": [], "recipe": [], "repro": [],
               "failed": [], "skipped": []}
     for source in sources:
         path = Path(source) / "results.json" if Path(source).is_dir() else Path(source)
@@ -247,6 +250,11 @@ def report(out, *sources):
                   fmt(c.get("total_s"), ".2f"), fmt(c.get("bytes_on_disk", 0) / 1e9 or None, ".2f"),
                   fmt(c.get("gb_per_s"), ".2f"), fmt(c.get("load_s"), ".2f"), f"{max(c['peak_rss_gib']):.1f}",
                   fmt(c.get("peak_cuda_gib"), ".1f")] for c in merged["checkpoint"]])
+    md += table("Muon's optimizer step: scripts/bench_muon.py (one process: every matrix's Newton-Schulz; "
+                "on N GPUs each does its owners' share)",
+                ["variant", "model", "world size", "device", "step ms", "Newton-Schulz runs on rank 0"],
+                [[m["label"], m["model"], m["world_size"], m["device"], f"{m['step_ms']:.2f}", m["newton_schulz_runs"]]
+                 for m in merged["muon"]])
     md += table("Recipes: scripts/compare_recipes.py (steps to the faithful run's final val loss)",
                 ["setting", "seed", "faithful final val", "modern final val", "faithful steps", "modern steps",
                  "speed-up"],
@@ -333,7 +341,14 @@ part_reference() {  # $1: seconds left
     return $status
 }
 
-part_recipe() {  # $1: seconds left. Both recipes on the Shakespeare shards, which must have been carried along
+part_recipe() {  # $1: seconds left. Muon's step, then both recipes on the Shakespeare shards (carried along)
+    local model muon=(--device cuda --variants replicated,whole) models=(gpt2 gpt2-xl)
+    [ "$DRY_RUN" = 1 ] && muon=(--device cpu --dry_run) models=(gpt2)
+    for model in "${models[@]}"; do
+        timeout --kill-after=20 "$1" "$PY" scripts/bench_muon.py --model "$model" "${muon[@]}" \
+            > "$BENCH/muon-$model.log" 2>&1 || printf 'muon-%s\texit %s\n' "$model" "$?" >> "$BENCH/failed.txt"
+        grep '^{' "$BENCH/muon-$model.log" >> "$BENCH/muon.jsonl"
+    done
     if ! ls data/shakespeare/*_val_*.npy > /dev/null 2>&1; then
         printf 'recipe\tno data/shakespeare (python prep/shakespeare.py, then carry it)\n' >> "$BENCH/skipped.txt"
         return $SKIPPED

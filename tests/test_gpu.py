@@ -479,6 +479,17 @@ def test_gpu_check_dry_run_checkpoint_part_saves_and_loads_in_every_format(gpu_c
 
 
 @pytest.mark.slow
+def test_gpu_check_dry_run_recipe_part_times_muons_step_before_the_recipes(gpu_check):
+    """Muon's optimizer step needs no data; the recipes need data/shakespeare, and are skipped without it."""
+    out, _ = gpu_check("recipe", "recipe")
+    results = json.loads((out / "results.json").read_text())
+    assert [m["label"] for m in results["muon"]] == ["muon-replicated", "muon-whole", "muon-rows"]
+    assert all(m["step_ms"] > 0 and m["newton_schulz_runs"] == 8 for m in results["muon"])  # one process: all 8
+    assert [p["part"] for p in results["parts"]] == ["recipe"] and not results["failed"]
+    assert "| muon-whole | dry_run | 1 | cpu |" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
 def test_gpu_check_skips_every_part_a_spent_budget_leaves_no_time_for(gpu_check):
     skipped, _ = gpu_check("skipped", "tests", "presets", GPU_CHECK_BUDGET_S="1")
     parts = json.loads((skipped / "results.json").read_text())["parts"]

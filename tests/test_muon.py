@@ -150,6 +150,6 @@ def test_the_muon_benchmark_times_each_variant_and_counts_each_ranks_share(tmp_p
     """scripts/bench_muon.py's rehearsal on 2 ranks: replicated does every matrix on each rank, the others half."""
     proc = run_trainer(["--dry_run", "--steps", "1"], nproc=2, script="scripts/bench_muon.py")
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert [r["label"] for r in rows] == ["muon-replicated", "muon-ddp", "muon-fsdp"]
+    assert [r["label"] for r in rows] == ["muon-replicated", "muon-whole", "muon-rows"]
     assert all(r["world_size"] == 2 and r["step_ms"] > 0 for r in rows)
     assert [r["newton_schulz_runs"] for r in rows] == [8, 4, 4]  # 2 blocks x 4 matrices; owners split them evenly

@@ -4,7 +4,8 @@ The faithful recipe (cosine, AdamW) is the default and stays bitwise what it was
 files' trajectories cover it; here, the cosine values and the AdamW construction are compared
 with what they were. The recipe itself: the schedule's shapes, the parameter split, an exact
 state round trip, the NaN guard, exact resumes (1 process, 2 ranks, file and sharded), 1 process
-against 2 ranks, and the refusals (fsdp, a checkpoint of the other optimizer).
+against 2 ranks, and the refusal of a checkpoint written with the other optimizer (Muon on other
+world sizes and strategies: tests/test_muon.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The optimizer of a run, the `optimizer` key: one function, build_optimizer.
 
 adamw  the faithful recipe: model.configure_optimizers (AdamW, weight decay on 2-D tensors only).
-muon   the modern recipe: torch.optim.Muon on the transformer blocks' weight matrices (attention
+muon   the modern recipe: Muon (torch.optim.Muon's math, each matrix orthogonalised whole on one
+       rank: training/distributed/muon.py) on the transformer blocks' weight matrices (attention
        c_attn / c_proj, MLP c_fc / c_proj), AdamW on everything else: the token embedding (tied
        with lm_head, so once), the position embedding, LayerNorm gains and every bias.
 
