@@ -178,13 +178,26 @@ def applicable_references(configs: list[dict], mode: str) -> tuple[bool, list[tu
     return loss, [ref for size, (_, refs) in HELLASWAG_REFS.items() if mode == "all" or size in sizes for ref in refs]
 
 
+def val_sets(records: list[dict]) -> list[str]:
+    """The named val sets of a run's val records (evals/val_loss.py): [] for the one default set."""
+    own = ("kind", "step", "tokens", "loss")
+    return list({k: None for r in records if r.get("kind") == "val" for k in r if k not in own})
+
+
 def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | None = None,
          references: str = "auto") -> Figure:
-    """Draw the panels that runs (label -> PlottedRun) have data for into the image `out`; the figure."""
-    data = {label: {s: series(without_skipped_steps(run.records), s.kind, s.field) for s in SERIES}
+    """Draw the panels that runs (label -> PlottedRun) have data for into the image `out`; the figure.
+
+    A run with several val sets gets one val curve per set (`val/<name>`) instead of the plain val loss."""
+    named = {label: val_sets(run.records) for label, run in runs.items()}
+    sets = dict.fromkeys(n for names in named.values() for n in names)
+    every = SERIES + [Series("val", name, "loss", "loss") for name in sets]
+    data = {label: {s: series(without_skipped_steps(run.records), s.kind, s.field)
+                    if not (named[label] and s.kind == "val" and s.field == "loss") else (np.array([]), np.array([]))
+                    for s in every}
             for label, run in runs.items()}
-    panels = list(dict.fromkeys(s.panel for s in SERIES if any(len(d[s][0]) for d in data.values())))
-    shared = {panel: sum(s.panel == panel for s in SERIES) > 1 for panel in panels}  # label curves by kind
+    panels = list(dict.fromkeys(s.panel for s in every if any(len(d[s][0]) for d in data.values())))
+    shared = {panel: sum(s.panel == panel for s in every) > 1 for panel in panels}  # label curves by kind
     fig, row = plt.subplots(1, len(panels), figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), dpi=DPI,
                             squeeze=False)
     axes = dict(zip(panels, row[0]))
@@ -196,7 +209,8 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
             if not len(x):
                 continue
             ax, y = axes[s.panel], y * 100 if s.percent else y
-            name = f"{label} {s.kind}" if shared[s.panel] else label
+            kind = s.kind if s.field == "loss" or s.kind != "val" else f"val/{s.field}"
+            name = f"{label} {kind}" if shared[s.panel] else label
             if s is TRAIN_LOSS:  # every step: smoothed, raw values faint behind
                 if window > 1:
                     ax.plot(x / scale, y, color=color, alpha=0.2, linewidth=0.8)
@@ -212,7 +226,7 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
                 for ax in axes.values():
                     ax.axvline(tokens / scale, color=color, linewidth=0.8, linestyle=style, alpha=0.8,
                                label=f"{label} {suffix}")
-    for s in SERIES:
+    for s in every:
         if s.panel in axes:
             axes[s.panel].set(ylabel=s.ylabel, title=s.panel)
     loss_ref, hellaswag_refs = applicable_references([run.config for run in runs.values()], references)

@@ -170,10 +170,7 @@ def describe_launch(ctx: Context, run: Run) -> None:
     ctx.logger.console(
         f"model {cfg.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
         f"device {runtime.device} | {runtime.dtype} | compile {runtime.compile} | {cfg.strategy} | "
-        f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.stream.num_rows:,} train rows "
-        f"({run.train_loader.steps_per_epoch} steps/epoch"
-        + (f", starting at documents: {run.train_loader.stream.coverage:.0%} of the tokens" if cfg.doc_aligned else "")
-        + ")"
+        f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.summary()}"
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
 
 
@@ -191,6 +188,8 @@ class StepRecords:
         record = {"kind": "train", "step": run.step - 1, "loss": result.loss, "lr": result.lr,
                   "grad_norm": result.grad_norm, "tokens": run.tokens_seen, "tokens_per_sec": tokens_per_sec,
                   "step_ms": result.seconds * 1000}
+        for source, tokens in run.train_loader.tokens_by_source(run.step).items():  # a mixture's sources
+            record[f"tokens_{source}"] = tokens
         if result.skipped:
             record["skipped"] = True  # float16 overflow: no update (the scaler lowered its scale)
         mfu = model_flops_utilization(self.flops_per_token, tokens_per_sec, env.world_size, runtime.peak_flops)

@@ -194,6 +194,16 @@ class TrainLoader:
         self._epoch_streams = {0: self.stream}
         self._permutation: tuple[int, np.ndarray] | None = None  # (epoch, its row order), with shuffle
 
+    def summary(self) -> str:
+        """The startup line's account of the data."""
+        coverage = f", starting at documents: {self.stream.coverage:.0%} of the tokens" \
+            if self.stream.row_starts is not None else ""
+        return f"{self.stream.num_rows:,} train rows ({self.steps_per_epoch} steps/epoch{coverage})"
+
+    def tokens_by_source(self, steps: int) -> dict[str, int]:
+        """One folder: no sources to count apart (data/mixture.py's MixtureLoader counts them)."""
+        return {}
+
     def row_order(self, epoch: int) -> np.ndarray:
         """With shuffle: the epoch's order of the train rows, a permutation seeded by (seed, epoch)."""
         if self._permutation is None or self._permutation[0] != epoch:
@@ -294,7 +304,8 @@ class Prefetcher:
 
 
 class ValLoader:
-    """The first `val_tokens // T` rows of the val split, in fixed batches shared out to ranks.
+    """The first `val_tokens // T` rows of the val split (a folder's *_val_*.npy, or one val shard file),
+    in fixed batches shared out to ranks.
 
     Batch i is always rows [i*B, (i+1)*B) (the last one shorter), whatever the world size, and
     rank r scores batches r, r + W, r + 2W, ... Each batch is therefore computed on the same
@@ -304,14 +315,14 @@ class ValLoader:
 
     def __init__(self, data_dir: str | Path, seq_len: int, val_tokens: int, batch_size: int,
                  rank: int = 0, world_size: int = 1):
-        self.paths = find_shards(data_dir, "val")
+        self.paths = [Path(data_dir)] if Path(data_dir).is_file() else find_shards(data_dir, "val")
         self.stream = RowStream(self.paths, seq_len)
         self.num_rows = val_tokens // seq_len
         if self.num_rows < 1:
             raise DataError(f"val_tokens {val_tokens} is less than one row of seq_len {seq_len}")
         if self.num_rows > self.stream.num_rows:
             raise DataError(
-                f"{self.paths[0].parent}: the val shards hold {self.stream.num_rows} rows of "
+                f"{data_dir}: the val shards hold {self.stream.num_rows} rows of "
                 f"{seq_len + 1} tokens, fewer than val_tokens {val_tokens} needs ({self.num_rows}); "
                 f"lower val_tokens"
             )

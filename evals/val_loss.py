@@ -1,4 +1,9 @@
-"""Val loss: mean token cross-entropy over the fixed val window, the same figure on any number of ranks."""
+"""Val loss: mean token cross-entropy over each val set's fixed window, the same figure on any number of ranks.
+
+One val set (the default: data_dir's val split) gives today's record, {"loss": L}. Several (val_sets,
+or a mixture's sources) give one record with every set's loss under its name, and `loss` the first
+set's: {"loss": L_edu, "edu": L_edu, "code": L_code}; W&B and TensorBoard show them as val/<name>.
+"""
 
 from __future__ import annotations
 
@@ -28,12 +33,15 @@ class ValLoss(Evaluator):
         return cls(cfg.eval_interval, env, runtime.autocast)  # always on: a run ends with its val loss
 
     def evaluate(self, run) -> list[dict]:
-        loss = evaluate_val_loss(run.model, run.val_loader, self.env, self.autocast(),
-                                 idle_forward=lambda: run.strategy.idle_forward(run.model))
-        return [{"loss": loss}]
+        losses = {name: evaluate_val_loss(run.model, loader, self.env, self.autocast(),
+                                          idle_forward=lambda: run.strategy.idle_forward(run.model))
+                  for name, loader in run.val_loaders.items()}  # every rank, every set, in the same order
+        first = next(iter(losses.values()))
+        return [{"loss": first} if list(losses) == ["val"] else {"loss": first, **losses}]
 
     def describe(self, record: dict) -> str:
-        return f"val loss {record['loss']:.4f}"
+        sets = [f"{name} {loss:.4f}" for name, loss in record.items() if name not in ("kind", "step", "tokens", "loss")]
+        return f"val loss {record['loss']:.4f}" + "".join(f" | {s}" for s in sets)
 
 
 @torch.no_grad()

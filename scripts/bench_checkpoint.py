@@ -94,7 +94,7 @@ def main() -> None:
             p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    run = Run(model=model, optimizer=optimizer, strategy=strategy, train_loader=None, val_loader=None,
+    run = Run(model=model, optimizer=optimizer, strategy=strategy, train_loader=None, val_loaders={},
               scaler=torch.amp.GradScaler("cpu", enabled=False), grad_accum_steps=1, data_fingerprint="", step=1)
     result = {"label": args.label, "model": cfg.model, "params": model.num_params(), "strategy": strategy_name,
               "world_size": env.world_size, "device": args.device}

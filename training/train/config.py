@@ -40,6 +40,7 @@ from typing import TypeVar
 import yaml
 
 from data.loader import grad_accum_steps
+from data.mixture import mapping_text, parse_sources, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from common.errors import ArgumentParser, ConfigError, first_line
 from model import PRESETS, GPTConfig
@@ -81,7 +82,10 @@ class DataSettings(Settings):
     SECTION = "data"
     SUMMARY = "the token shards and the batch geometry"
 
-    data_dir: str = option("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy)")
+    data_dir: str = option("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy), or a "
+                                                   "mixture: folder:weight,folder:weight ({folder: weight, ...} in "
+                                                   "YAML), every step the same share of rows from each "
+                                                   "(data/mixture.py)")
     total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)")
     micro_batch_size: int = option(64, "sequences in one forward pass on one rank (B)")
     seq_len: int = option(1024, "tokens per sequence (T)")
@@ -92,6 +96,7 @@ class DataSettings(Settings):
                                       "line says the share of tokens the rows use)")
 
     def validate(self) -> None:
+        parse_sources(self.data_dir)  # its form and weights; the folders are opened at launch
         for key in ("total_batch_size", "micro_batch_size", "seq_len"):
             require(getattr(self, key) > 0, key, f"must be positive, got {getattr(self, key)}")
         require(self.total_batch_size % self.seq_len == 0, "total_batch_size",
@@ -151,7 +156,10 @@ class EvalSettings(Settings):
     SUMMARY = "val loss (always after the last step), HellaSwag and text samples"
 
     eval_interval: int = option(250, "val loss every N steps (0: only after the last)")
-    val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288)")
+    val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288), of each val set")
+    val_sets: str = option("", "named val windows, each its own val/<name> series: name=folder or name=val shard, "
+                               "comma-separated ({name: folder, ...} in YAML); '': data_dir's val split as `val`, or "
+                               "each mixture source's under its name")
     hellaswag_interval: int = option(250, "HellaSwag every N steps and after the last (0: off)")
     hellaswag_path: str = option("", "a local HellaSwag val jsonl ('': download it once into the cache)")
     hellaswag_limit: int = option(0, "score only the first N examples (0: all 10,042)")
@@ -294,6 +302,7 @@ class TrainConfig(LoggingSettings, DiagnosticsSettings, LongRunSettings, Runtime
         """Each section's rules (in SECTIONS' order), then the rules that span sections."""
         for section in SECTIONS:
             check(section, self)
+        parse_val_sets(self.val_sets, self.data_dir)
         require(self.seq_len <= self.block_size, "seq_len", f"{self.seq_len} exceeds block_size {self.block_size}")
         for key in ("hellaswag_interval", "sample_interval"):  # they read GPT-2-tokenized text
             require(not getattr(self, key) or self.vocab_size >= GPT2_VOCAB_SIZE, key,
@@ -360,7 +369,7 @@ WITH_ROLLBACKS_KEYS = frozenset({"checkpoint_interval"})
 # rounded differently), and init_from (a resumed run's weights are its checkpoint's).
 OTHER_KEYS = frozenset({
     "out_dir", "init_from", "resume", "log_interval", "peak_flops", "strategy", "loss_chunk_size",
-    "eval_interval", "val_tokens", "hellaswag_interval", "hellaswag_path", "hellaswag_limit",
+    "eval_interval", "val_tokens", "val_sets", "hellaswag_interval", "hellaswag_path", "hellaswag_limit",
     "sample_interval", "sample_prompt", "sample_count", "sample_tokens",
     "final_checkpoint", "keep_last", "checkpoint_dir", "checkpoint_format", "checkpoint_async",
     "hang_timeout_minutes", "rank_stats_interval", "straggler_factor", "profile_from", "profile_steps",
@@ -371,6 +380,7 @@ OTHER_KEYS = frozenset({
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 _HINTS = typing.get_type_hints(TrainConfig)
+MAPPING_SEPARATORS = {"data_dir": ":", "val_sets": "="}  # keys that YAML may give as a mapping: {a: b} is "a<sep>b"
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
@@ -401,6 +411,8 @@ def coerce(key: str, value):
     as written (a prompt may start with a space).
     """
     accepted = _base_types(known_key(key))
+    if isinstance(value, dict) and key in MAPPING_SEPARATORS:  # a YAML mapping: stored as its command-line text
+        return mapping_text(key, value, MAPPING_SEPARATORS[key])
     if isinstance(value, str):
         return _from_text(key, value, accepted)
     # a YAML value: already typed; ints are fine for floats, but bools are not ints

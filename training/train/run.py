@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from data.loader import TrainLoader, ValLoader, validate_shards
-from data.manifest import data_fingerprint
+from data.mixture import MixtureLoader, make_train_loader, parse_val_sets, sources_fingerprint
 from common.errors import CheckpointError, ConfigError, DivergedError
 from model import GPT
 from training.checkpoint.folder import checkpoints_folder, format_of
@@ -47,10 +47,10 @@ class Run:
     optimizer: torch.optim.Optimizer
     strategy: Strategy  # how model and optimizer are spread over the ranks
     scaler: torch.amp.GradScaler  # float16's loss scale (a no-op in every other dtype)
-    train_loader: TrainLoader
-    val_loader: ValLoader
+    train_loader: TrainLoader | MixtureLoader  # one folder, or several mixed by weight (data/mixture.py)
+    val_loaders: dict[str, ValLoader]  # the val sets by name (one, `val`, by default)
     grad_accum_steps: int
-    data_fingerprint: str  # of the shards in data_dir, see data/manifest.py
+    data_fingerprint: str  # of the shards in data_dir (each source's, for a mixture): data/mixture.py
     # --- the state (state_dict / load_state_dict)
     step: int = 0  # optimizer updates applied so far
     tokens_seen: int = 0
@@ -66,6 +66,11 @@ class Run:
     start_step: int = 0  # where this launch began: 0, or the step of the checkpoint it resumed
     resumed_from: Location | None = None  # the checkpoint it resumed (a rollback candidate, wherever it lies)
     resumed_step: int = 0  # and its step
+
+    @property
+    def val_loader(self) -> ValLoader:
+        """The first val set: the one the val loss of the console and the checkpoints' metrics is."""
+        return next(iter(self.val_loaders.values()))
 
     def state_dict(self) -> dict:
         """Tensors and plain Python values only (loads with torch.load(weights_only=True)).
@@ -129,19 +134,21 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
     grad_accum_steps = cfg.grad_accum_steps(strategy.dp_size)  # a ConfigError when the batch does not divide
     resume_path = choose_resume_checkpoint(cfg, env, logger)
 
-    def open_data() -> tuple[TrainLoader, ValLoader, str]:
+    def open_data() -> tuple[TrainLoader | MixtureLoader, dict[str, ValLoader], str]:
         # each data-parallel replica reads its share of every batch (the strategy's dp view)
-        train_loader = TrainLoader(cfg.data_dir, cfg.seq_len, cfg.micro_batch_size, cfg.total_batch_size,
-                                   strategy.dp_rank, strategy.dp_size, cfg.seed, shuffle=cfg.shuffle,
-                                   doc_aligned=cfg.doc_aligned)
-        val_loader = ValLoader(cfg.data_dir, cfg.seq_len, cfg.val_tokens, cfg.micro_batch_size,
-                               strategy.dp_rank, strategy.dp_size)
+        train_loader = make_train_loader(cfg.data_dir, cfg.seq_len, cfg.micro_batch_size, cfg.total_batch_size,
+                                         strategy.dp_rank, strategy.dp_size, cfg.seed, shuffle=cfg.shuffle,
+                                         doc_aligned=cfg.doc_aligned)
+        val_loaders = {name: ValLoader(path, cfg.seq_len, cfg.val_tokens, cfg.micro_batch_size, strategy.dp_rank,
+                                       strategy.dp_size)
+                       for name, path in parse_val_sets(cfg.val_sets, cfg.data_dir).items()}
         # every rank checks the headers, and the token ranges of its share of the shards: a split of
         # the work over the processes (env), not of the data over the replicas
-        validate_shards(train_loader.paths + val_loader.paths, cfg.vocab_size, env.rank, env.world_size)
-        return train_loader, val_loader, data_fingerprint(cfg.data_dir)
+        val_paths = [p for loader in val_loaders.values() for p in loader.paths]
+        validate_shards(train_loader.paths + val_paths, cfg.vocab_size, env.rank, env.world_size)
+        return train_loader, val_loaders, sources_fingerprint(cfg.data_dir)
 
-    train_loader, val_loader, fingerprint = run_on_all_ranks(env, open_data)
+    train_loader, val_loaders, fingerprint = run_on_all_ranks(env, open_data)
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank (the same as one process's)
     model = GPT(cfg.model_config())
@@ -153,7 +160,7 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
     spikes = SpikeWindow(cfg.spike_window, cfg.spike_threshold, runtime.device, runtime.weights_dtype) \
         if cfg.spike_skip else None
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
-              val_loader=val_loader, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes)
+              val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes)
     if resume_path is None:
         return run
 

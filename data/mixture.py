@@ -1,0 +1,234 @@
+"""Several token folders mixed by weight into one train stream, and the named val sets.
+
+data_dir names one folder (data/loader.py's TrainLoader reads it) or several with weights:
+
+    data_dir: {data/edu: 0.7, data/code: 0.3}        # YAML
+    --data_dir data/edu:0.7,data/code:0.3            # the command line (the YAML form is stored so)
+
+Each source is named by its folder's last part (edu, code). Every optimizer step reads the same
+number of rows from each source: the step's R rows are split by the largest remainder of
+weight * R (so 0.7 of 512 rows is 358 and 0.3 is 154: 69.9% and 30.1%, said at start-up), and
+every source must get at least one row. Which source fills which of the step's R slots is a
+permutation seeded by (seed, step), so a micro-batch mixes the sources, and the source of every
+row is a pure function of (seed, step, row): source k has read n_k * s rows before step s, and
+slot j of step s is its row n_k * s + (how many of step s's earlier slots are k's). Nothing
+depends on the world size or on what was read before, so a resume is exact on any world size.
+
+A source's rows form its own endless stream, in its own epochs: epoch e of a source is all of
+its rows, the shards in order for e = 0 and then in an order seeded by (seed, e, source), or
+with `shuffle` the rows themselves in such an order; a source that runs out of rows starts its
+next epoch (it wraps, as one folder does), whatever the others do. The realised share of each
+source is its n_k / R exactly, on every step: no source is silently skewed.
+
+val_sets names the val windows evaluated (evals/val_loss.py): by default the data_dir folder's
+val split (one folder: today's `val` record), or each source's (a mixture); or explicitly
+
+    val_sets: {edu: data/edu, wiki: data/wiki/wiki_val_000000.npy}    # YAML
+    --val_sets edu=data/edu,wiki=data/wiki/wiki_val_000000.npy        # the command line
+
+each a folder (its *_val_*.npy shards) or one val shard file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.errors import ConfigError, DataError
+from data.loader import RowStream, TrainLoader, grad_accum_steps
+from data.manifest import data_fingerprint
+from data.shards import find_shards
+from data.tokenizer import EOT_TOKEN
+
+RESERVED_NAMES = ("loss", "kind", "step", "tokens")  # a val set's name is a field of the val record
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str  # the folder's last part: the tokens_<name> field of train records, a default val set's name
+    path: str
+    weight: float
+
+
+def parse_sources(text: str) -> list[Source]:
+    """data_dir's sources: one folder (weight 1), or `folder:weight,folder:weight`. ConfigError naming data_dir."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if len(parts) <= 1 and ":" not in text:
+        return [Source(Path(text).name or text, text, 1.0)]
+    sources = []
+    for part in parts:
+        path, sep, weight = part.rpartition(":")
+        if not sep or not path:
+            raise ConfigError(f"data_dir: {part!r} is not folder:weight (a mixture names each folder with its weight)")
+        try:
+            value = float(weight)
+        except ValueError:
+            raise ConfigError(f"data_dir: the weight of {path} is {weight!r}, not a number") from None
+        if not (value > 0 and np.isfinite(value)):
+            raise ConfigError(f"data_dir: the weight of {path} must be a positive number, got {weight}")
+        sources.append(Source(Path(path).name, path, value))
+    names = [s.name for s in sources]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate is not None:
+        raise ConfigError(f"data_dir: two sources are named {duplicate!r} (a source is named by its folder's last "
+                          f"part; rename a folder)")
+    return sources
+
+
+def mapping_text(key: str, mapping: dict, separator: str) -> str:
+    """A YAML mapping as its command-line text: {a: 1, b: 2} -> "a<sep>1,b<sep>2"."""
+    for k, v in mapping.items():
+        if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None:
+            raise ConfigError(f"{key}: expected a mapping of names to values, got {mapping!r}")
+        if "," in k or "," in str(v):
+            raise ConfigError(f"{key}: {k!r}: {v!r} holds a comma, which separates the entries")
+    return ",".join(f"{k}{separator}{v}" for k, v in mapping.items())
+
+
+def parse_val_sets(text: str, data_dir: str) -> dict[str, str]:
+    """name -> folder or val shard. Default (""): data_dir's val split as `val` (one folder), or each source's."""
+    if not text:
+        sources = parse_sources(data_dir)
+        if len(sources) == 1:
+            return {"val": sources[0].path}
+        return {s.name: s.path for s in sources}
+    sets = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, path = part.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"val_sets: {part!r} is not name=folder (or name=val shard)")
+        if name in RESERVED_NAMES or name in sets:
+            raise ConfigError(f"val_sets: the name {name!r} is " + ("used twice" if name in sets else
+                                                                   "taken by the val record's own fields"))
+        sets[name] = path
+    return sets
+
+
+def step_composition(weights: list[float], rows_per_step: int) -> list[int]:
+    """Rows per step of each source: weight * R rounded by the largest remainder (ties to the earlier
+    source), summing to R exactly."""
+    total = sum(weights)
+    ideal = [w / total * rows_per_step for w in weights]
+    counts = [int(x) for x in ideal]
+    by_remainder = sorted(range(len(weights)), key=lambda k: (-(ideal[k] - counts[k]), k))
+    for k in by_remainder[: rows_per_step - sum(counts)]:
+        counts[k] += 1
+    return counts
+
+
+class SourceStream:
+    """One source's endless row stream: row q is row q % N of epoch q // N (N its rows)."""
+
+    def __init__(self, source: Source, index: int, seq_len: int, seed: int, shuffle: bool, doc_aligned: bool):
+        self.source, self.index, self.seed, self.shuffle = source, index, seed, shuffle
+        self.paths = find_shards(source.path, "train")
+        self.stream = RowStream(self.paths, seq_len, EOT_TOKEN if doc_aligned else None)
+        self.num_rows = self.stream.num_rows
+        if self.num_rows == 0:
+            raise DataError(f"data_dir {source.path}: its train shards hold no row of {seq_len + 1} tokens")
+        self._epoch: tuple[int, object] | None = None
+
+    def _order(self, epoch: int):
+        """The epoch's row permutation (shuffle) or its reordered stream, seeded by (seed, epoch, source)."""
+        if self._epoch is None or self._epoch[0] != epoch:
+            tag = [self.seed, epoch, 1 + self.index]
+            if self.shuffle:
+                rows = int.from_bytes(b"rows", "little")
+                order = np.random.default_rng([*tag, rows]).permutation(self.num_rows)
+            elif epoch == 0:
+                order = self.stream
+            else:
+                order = self.stream.reordered(np.random.default_rng(tag).permutation(len(self.paths)).tolist())
+            self._epoch = (epoch, order)
+        return self._epoch[1]
+
+    def rows(self, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Rows q of the endless stream, in that order: inputs and targets of shape (len, T)."""
+        T = self.stream.seq_len
+        x = np.empty((len(indices), T), dtype=np.int64)
+        y = np.empty((len(indices), T), dtype=np.int64)
+        for i, q in enumerate(indices):
+            epoch, row = divmod(q, self.num_rows)
+            order = self._order(epoch)
+            if self.shuffle:
+                xi, yi = self.stream.read_rows([int(order[row])])
+            else:
+                xi, yi = order.read(row, 1)
+            x[i], y[i] = xi[0], yi[0]
+        return x, y
+
+
+class MixtureLoader:
+    """Micro-batches of several sources mixed by weight, a pure function of (step, micro_step): as TrainLoader."""
+
+    def __init__(self, sources: list[Source], seq_len: int, micro_batch_size: int, total_batch_size: int,
+                 rank: int = 0, world_size: int = 1, seed: int = 0, shuffle: bool = False, doc_aligned: bool = False):
+        self.grad_accum_steps = grad_accum_steps(total_batch_size, seq_len, micro_batch_size, world_size)
+        self.T, self.B, self.rank, self.world_size, self.seed = seq_len, micro_batch_size, rank, world_size, seed
+        self.rows_per_step = total_batch_size // seq_len  # R
+        self.sources = sources
+        self.counts = step_composition([s.weight for s in sources], self.rows_per_step)
+        for source, count in zip(sources, self.counts):
+            if count == 0:
+                raise ConfigError(f"data_dir: source {source.name}'s weight {source.weight} gives it none of the "
+                                  f"{self.rows_per_step} rows of a step; raise its weight or total_batch_size")
+        self.streams = [SourceStream(s, k, seq_len, seed, shuffle, doc_aligned) for k, s in enumerate(sources)]
+        self.paths = [p for stream in self.streams for p in stream.paths]
+        self._step: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    def slots(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source, row in that source's stream) of each of the step's R rows."""
+        if self._step is None or self._step[0] != step:
+            mix = np.random.default_rng([self.seed, step, int.from_bytes(b"mix", "little")])
+            source = mix.permutation(np.repeat(np.arange(len(self.counts)), self.counts))
+            within = np.empty(self.rows_per_step, dtype=np.int64)
+            for k, count in enumerate(self.counts):
+                mine = source == k
+                within[mine] = count * step + np.arange(count)  # n_k * s rows read before this step
+            self._step = (step, source, within)
+        return self._step[1], self._step[2]
+
+    def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of shape (B, T), int64, on the CPU: this rank's slots of the step."""
+        source, within = self.slots(step)
+        first = (micro_step * self.world_size + self.rank) * self.B
+        x = np.empty((self.B, self.T), dtype=np.int64)
+        y = np.empty((self.B, self.T), dtype=np.int64)
+        for k, stream in enumerate(self.streams):
+            mine = np.flatnonzero(source[first : first + self.B] == k)
+            if len(mine):
+                x[mine], y[mine] = stream.rows(within[first + mine].tolist())
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def tokens_by_source(self, steps: int) -> dict[str, int]:
+        """Train tokens each source has given after `steps` steps."""
+        return {s.name: count * self.T * steps for s, count in zip(self.sources, self.counts)}
+
+    def summary(self) -> str:
+        """The startup line's account of the data: each source's rows per step, share and epoch."""
+        parts = [f"{s.name} {n} rows/step ({n / self.rows_per_step:.1%}; {stream.num_rows:,} rows, an epoch every "
+                 f"{stream.num_rows / n:,.0f} steps)" for s, n, stream in zip(self.sources, self.counts, self.streams)]
+        return "mixture: " + ", ".join(parts)
+
+
+def make_train_loader(data_dir: str, seq_len: int, micro_batch_size: int, total_batch_size: int, rank: int = 0,
+                      world_size: int = 1, seed: int = 0, shuffle: bool = False, doc_aligned: bool = False):
+    """data_dir's train loader: one folder's TrainLoader (exactly as ever), or a MixtureLoader of several."""
+    sources = parse_sources(data_dir)
+    if len(sources) == 1:
+        return TrainLoader(sources[0].path, seq_len, micro_batch_size, total_batch_size, rank, world_size, seed,
+                           shuffle=shuffle, doc_aligned=doc_aligned)
+    return MixtureLoader(sources, seq_len, micro_batch_size, total_batch_size, rank, world_size, seed,
+                         shuffle=shuffle, doc_aligned=doc_aligned)
+
+
+def sources_fingerprint(data_dir: str) -> str:
+    """data/manifest.py's fingerprint of one folder; of a mixture, every source's, named with its weight
+    (name:weight=fingerprint,...), so run.json and the checkpoints say what each source held."""
+    sources = parse_sources(data_dir)
+    if len(sources) == 1:
+        return data_fingerprint(sources[0].path)
+    return ",".join(f"{s.name}:{s.weight:g}={data_fingerprint(s.path)}" for s in sources)
