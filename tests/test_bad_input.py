@@ -163,11 +163,10 @@ def tiny_checkpoint(tmp_path, drop: str | None, checkpoint_format: str = "file")
     import torch
 
     from training.checkpoint.checkpointer import Checkpointer
-    from training.observe.logger import RunLogger
 
     data = make_shards(tmp_path / "shards")
-    cfg, env, _, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
-    checkpointer = Checkpointer(cfg, env, RunLogger(enabled=False), provenance={})
+    ctx, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
+    checkpointer = Checkpointer(ctx, provenance={})
     checkpointer.save(run)
     checkpointer.wait()
     if checkpoint_format == "sharded":
