@@ -84,7 +84,7 @@ def write_corpus_shards(folder: str | Path, train_tokens: int, val_tokens: int =
 
     Real text, so losses fall and compare across variants; the repetition does not matter for
     speed or for comparing two runs on the same tokens. The val window repeats train text: it
-    only has to exist (65,537 tokens: one B=64 micro-batch at T=1024, what bench.py reads).
+    only has to exist (65,537 tokens: one B=64 micro-batch at T=1024, what scripts/bench.py reads).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
