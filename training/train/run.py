@@ -8,6 +8,7 @@ as a checkpoint. A checkpoint `step_s` holds the state after s updates.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +24,6 @@ from training.distributed.process_group import run_on_all_ranks
 from training.train.optimizers import build_optimizer, check_same_optimizer
 from training.distributed.strategies import Strategy
 from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
-from training.observe.logger import RunLogger
 from training.train.context import Context
 from training.train.spikes import RollbackRequested, SpikeWindow
 from training.train.weights import load_initial_weights
@@ -169,7 +169,7 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
     check_same_optimizer(cfg, state["config"], resume_path)  # another optimizer's state does not fit
     run.load_state_dict(state, resume_path)
     run.resumed_from, run.resumed_step = resume_path, run.step
-    warn_on_changed_settings(cfg, state["config"], logger)
+    warn_on_changed_settings(cfg, state["config"], logger.warn)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
     if trained_on is not None and trained_on != fingerprint:
         logger.warn(f"the shards in {cfg.data_dir} changed since {resume_path} was written (data fingerprint "
@@ -227,7 +227,7 @@ def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict
     return {**saved, "param_groups": groups}
 
 
-def warn_on_changed_settings(cfg: TrainConfig, saved: dict, logger: RunLogger) -> None:
+def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str], None]) -> None:
     """One line naming every key that differs from the checkpoint's config (not `resume`), and those of them
     that change the training math (TrainConfig.changes_training_math): a changed log_interval, out_dir or
     strategy is worth a line, but not the claim that the run now trains differently."""
@@ -242,5 +242,5 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, logger: RunLogger) -
                   f"after the resume differ from an uninterrupted run")
     else:
         effect = "none of them changes the training math"
-    logger.warn(f"resuming with settings that differ from the checkpoint's: {changed} "
-                f"(this run uses the new values; {effect})")
+    warn(f"resuming with settings that differ from the checkpoint's: {changed} "
+         f"(this run uses the new values; {effect})")
