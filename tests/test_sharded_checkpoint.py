@@ -351,7 +351,7 @@ def test_sample_and_export_read_a_sharded_folder_as_they_read_its_consolidated_f
 
 def test_init_from_a_sharded_folder_starts_a_new_run_from_its_weights(data, gpt2_vocab_checkpoint, tmp_path):
     folder, model_state = gpt2_vocab_checkpoint
-    _, _, _, run = build_tiny_run(data, tmp_path / "new", vocab_size=GPT2_VOCAB, init_from=folder)
+    _, run = build_tiny_run(data, tmp_path / "new", vocab_size=GPT2_VOCAB, init_from=folder)
     state = run.model.state_dict()
     assert state.keys() == model_state.keys()
     assert all(torch.equal(state[k], model_state[k]) for k in state)
@@ -361,7 +361,7 @@ def test_init_from_a_sharded_folder_starts_a_new_run_from_its_weights(data, gpt2
 def test_init_from_a_url_of_a_sharded_folder_starts_from_its_weights(data, gpt2_vocab_checkpoint, tmp_path):
     """init_from reads checkpoints where load_checkpoint does: a URL too (it holds sharded ones only)."""
     folder, model_state = gpt2_vocab_checkpoint
-    _, _, _, run = build_tiny_run(data, tmp_path / "new", vocab_size=GPT2_VOCAB, init_from=f"file://{folder}")
+    _, run = build_tiny_run(data, tmp_path / "new", vocab_size=GPT2_VOCAB, init_from=f"file://{folder}")
     state = run.model.state_dict()
     assert state.keys() == model_state.keys()
     assert all(torch.equal(state[k], model_state[k]) for k in state)
@@ -581,7 +581,7 @@ def test_a_memory_url_checkpoint_dir_saves_and_loads_in_one_process(data, tmp_pa
         assert state["step"] == 2 and state["run_id"] == run.run_id
         assert_same_state(ckpt.read_full_state(f"{url}/step_00000002", state),
                           {"model": run.model.state_dict(), "optimizer": by_name(run)})
-        _, _, _, resumed = build_tiny_run(data, tmp_path / "other", checkpoint_dir=url)
+        _, resumed = build_tiny_run(data, tmp_path / "other", checkpoint_dir=url)
         resumed.load_state_dict(state, f"{url}/step_00000002")  # what a resume does: every tensor read back through fsspec
         assert resumed.step == 2
         assert_same_state({"model": resumed.model.state_dict(), "optimizer": resumed.optimizer.state_dict()},
