@@ -43,7 +43,7 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.train.config import TrainConfig, config_yaml, parse_args, usage
 from training.train.context import Context
 from training.observe.diagnostics import Diagnostics
-from training.distributed.process_group import (DistEnv, barrier, local_rank, run_on_all_ranks,
+from training.distributed.process_group import (barrier, local_rank, run_on_all_ranks,
                                   set_collective_timeout, setup_distributed, teardown_distributed)
 from training.train.lockstep import Lockstep, StepResult
 from training.observe.metrics import model_flops_utilization, process_start_time
@@ -81,6 +81,7 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
     env = setup_distributed(runtime.device, STARTUP_TIMEOUT)
     preemption = PreemptionFlag().install()
     logger = RunLogger(enabled=env.master_process)
+    ctx = Context(cfg, env, runtime, logger)  # what every component below is made from
     locks = []
     try:
         strategy = make_strategy(cfg.strategy, env, runtime)  # ddp, or FSDP's sharding (distributed/strategies.py)
@@ -89,11 +90,11 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
         # one launch at a time per out_dir (and checkpoint folder): rank 0 holds the locks until the end
         locks = run_on_all_ranks(env, lambda: claim_run_folder(cfg.out_dir, checkpoints, logger.warn)
                                  if env.master_process else [])
-        run = build_run(cfg, env, runtime, strategy, logger)  # data, model, optimizer, the checkpoint it resumes
+        run = build_run(ctx, strategy)  # data, model, optimizer, the checkpoint it resumes
         if run is not None:  # None: that checkpoint already reached max_steps
-            record = provenance(cfg, env, runtime, argv, run.data_fingerprint, run.run_id)
-            open_run_folder(cfg, env, run, logger, record)
-            train(Context(cfg, env, runtime, logger), run, preemption, record, wrap_step)
+            record = provenance(ctx, argv, run.data_fingerprint, run.run_id)
+            open_run_folder(ctx, run, record)
+            train(ctx, run, preemption, record, wrap_step)
         barrier(env)  # leave together: a gloo rank torn down while its peer still talks can abort
         return 0
     finally:
@@ -103,8 +104,9 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
         teardown_distributed()
 
 
-def open_run_folder(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger, record: dict) -> None:
+def open_run_folder(ctx: Context, run: Run, record: dict) -> None:
     """Rank 0 creates out_dir, config.yaml, run.json and log.jsonl (and the W&B run); a failure stops every rank."""
+    cfg, env, logger = ctx.cfg, ctx.env, ctx.logger
     def open_files() -> None:
         logger.open_run_folder(cfg.out_dir, run.start_step, {
             "config.yaml": config_yaml(cfg),
@@ -126,17 +128,17 @@ def open_run_folder(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger,
 def train(ctx: Context, run: Run, preemption: PreemptionFlag, record: dict, wrap_step=None) -> None:
     """The loop: at the top of each iteration the model has had run.step updates. Each component
     decides its own timing (evaluations, checkpoints, the stop vote); every rank runs this alike."""
-    cfg, env, runtime, logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
+    cfg, logger = ctx.cfg, ctx.logger
     describe_launch(ctx, run)
     model = run.strategy.training_model(run.model)  # compiled, and wrapped by DDP: the training forward
-    evaluation = PeriodicEvaluation(cfg, env, runtime, run.strategy, logger, get_tokenizer())  # val, HellaSwag, samples
-    diagnostics = Diagnostics(cfg, env, runtime, cfg.out_dir, logger)  # each off unless configured
+    evaluation = PeriodicEvaluation(ctx, run.strategy, get_tokenizer())  # val, HellaSwag, samples
+    diagnostics = Diagnostics(ctx)  # each off unless configured
     diagnostics.watch(model)  # the ranks' compute time ends at their last forward
-    checkpointer = Checkpointer(cfg, env, logger, record)  # file or sharded, at most one save in flight
-    lockstep = Lockstep(cfg, env, runtime, pending_failure=lambda: logger.failure, save_failed=checkpointer.failed)
+    checkpointer = Checkpointer(ctx, record)  # file or sharded, at most one save in flight
+    lockstep = Lockstep(ctx, save_failed=checkpointer.failed)  # the log's failures ride on its vote too
     take_step = wrap_step(lockstep.step) if wrap_step else lockstep.step  # run.step -> run.step + 1
-    recovery = Recovery(cfg, env, runtime, run, logger, checkpointer)  # the data feed, and rollbacks
-    stop = StopVote(preemption, env)  # set only from all-reduced votes: every rank stops at the same step
+    recovery = Recovery(ctx, run, checkpointer)  # the data feed, and rollbacks
+    stop = StopVote(preemption, ctx.env)  # set only from all-reduced votes: every rank stops at the same step
     records = StepRecords(ctx, run)
     try:
         while True:

@@ -1,18 +1,24 @@
 """What an evaluation is to the trainer: a name, when it runs, the records it logs, what it plots.
 
-An evaluation is one `Evaluator` subclass plus its config keys (training/train/config.py), listed in
-evals/periodic.py's EVALUATORS. Every rank builds the same evaluators from the config and calls
-`evaluate` at the same steps, so an evaluation may contain collectives (every rank reaches
-them); under FSDP every forward is one, so a rank with less to do joins the others' forwards
-(`in_lockstep`). Evaluations run on the unwrapped, uncompiled model: no DDP hooks fire, and a
-compiled training model never recompiles for eval-only shapes.
+An evaluation is one `Evaluator` subclass plus its keys in the evaluation section (EvalSettings,
+training/train/config.py), listed in evals/periodic.py's EVALUATORS. Every rank builds the same
+evaluators from those settings and calls `evaluate` at the same steps, so an evaluation may
+contain collectives (every rank reaches them); under FSDP every forward is one, so a rank with
+less to do joins the others' forwards (`in_lockstep`). Evaluations run on the unwrapped,
+uncompiled model: no DDP hooks fire, and a compiled training model never recompiles for
+eval-only shapes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from training.distributed.strategies import Strategy
+    from training.train.config import EvalSettings
+    from training.train.context import Context
 
 
 @dataclass(frozen=True)
@@ -45,11 +51,13 @@ class Evaluator:
         self.interval = interval  # every N steps, and after the last step; 0: only after the last
 
     @classmethod
-    def from_config(cls, cfg, env, runtime, strategy, logger, tokenizer) -> Evaluator | None:
-        """The evaluator the config asks for, or None when it is off. Called on every rank.
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> Evaluator | None:
+        """The evaluator the evaluation section asks for, or None when it is off. Called on every rank.
 
-        An evaluation that splits its examples over the ranks takes its share from the strategy's
-        data-parallel view (strategy.dp_rank of strategy.dp_size), as the loaders do."""
+        Its own keys come from `settings`; ctx gives the processes, the device and the logger (and
+        a key of another section, read from ctx.cfg with the reason beside it). An evaluation that
+        splits its examples over the ranks takes its share from the strategy's data-parallel view
+        (strategy.dp_rank of strategy.dp_size), as the loaders do."""
         raise NotImplementedError
 
     def due(self, step: int, last_step: bool) -> bool:

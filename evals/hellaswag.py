@@ -26,6 +26,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,6 +35,11 @@ from data.tokenizer import EOT_TOKEN
 from common.errors import DataError, print_warning
 from evals.base import Evaluator, Series, in_lockstep
 from training.distributed.process_group import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
+
+if TYPE_CHECKING:
+    from training.distributed.strategies import Strategy
+    from training.train.config import EvalSettings
+    from training.train.context import Context
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_FILENAME = "hellaswag_val.jsonl"
@@ -308,11 +314,11 @@ class HellaSwag(Evaluator):
     # --- as a periodic evaluation ----------------------------------------------------------------
 
     @classmethod
-    def from_config(cls, cfg, env, runtime, strategy, logger, tokenizer) -> HellaSwag | None:
-        if not cfg.hellaswag_interval:
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> HellaSwag | None:
+        if not settings.hellaswag_interval:
             return None
-        return cls(cfg.hellaswag_path, cfg.hellaswag_limit, env, tokenizer, warn=logger.warn,
-                   interval=cfg.hellaswag_interval, autocast=runtime.autocast,
+        return cls(settings.hellaswag_path, settings.hellaswag_limit, ctx.env, tokenizer, warn=ctx.logger.warn,
+                   interval=settings.hellaswag_interval, autocast=ctx.runtime.autocast,
                    dp_rank=strategy.dp_rank, dp_size=strategy.dp_size)
 
     def evaluate(self, run) -> list[dict]:

@@ -1,8 +1,8 @@
 """The trainer's periodic evaluations: the registry, and the runner the training loop calls each step.
 
-Adding an evaluation is one Evaluator subclass (evals/base.py) with its config keys, listed
-here: the runner schedules it, logs its records, keeps its figure for checkpoints, and
-plot_log.py draws its series.
+Adding an evaluation is one Evaluator subclass (evals/base.py) with its keys in the evaluation
+section (EvalSettings, training/train/config.py), listed here: the runner schedules it, logs its
+records, keeps its figure for checkpoints, and plot_log.py draws its series.
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from evals.base import Evaluator
 from evals.hellaswag import HellaSwag
 from evals.samples import Samples
 from evals.val_loss import ValLoss
+from training.distributed.strategies import Strategy
+from training.train.config import EvalSettings
+from training.train.context import Context
 
 EVALUATORS: tuple[type[Evaluator], ...] = (ValLoss, HellaSwag, Samples)  # in the order they run at a step
 
@@ -24,10 +27,11 @@ class PeriodicEvaluation:
     at every step.
     """
 
-    def __init__(self, cfg, env, runtime, strategy, logger, tokenizer):
-        self.logger = logger
+    def __init__(self, ctx: Context, strategy: Strategy, tokenizer):
+        self.logger = ctx.logger
+        self.settings = ctx.cfg.section(EvalSettings)  # what every evaluator is made from
         self.evaluators = [e for cls in EVALUATORS
-                           if (e := cls.from_config(cfg, env, runtime, strategy, logger, tokenizer))]
+                           if (e := cls.from_settings(self.settings, ctx, strategy, tokenizer))]
 
     def run_due(self, run, last_step: bool, agree_to_stop: Callable[[], bool]) -> bool:
         """Each evaluation due at run.step, unless the ranks agree to stop; whether they did.

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from data.tokenizer import EOT_TOKEN
 from evals.base import Evaluator
 from training.distributed.process_group import DistEnv, run_on_all_ranks
+
+if TYPE_CHECKING:
+    from training.distributed.strategies import Strategy
+    from training.train.config import EvalSettings
+    from training.train.context import Context
 
 
 class Samples(Evaluator):
@@ -24,11 +30,12 @@ class Samples(Evaluator):
         self.max_new_tokens, self.seed, self.device, self.autocast = max_new_tokens, seed, device, autocast
 
     @classmethod
-    def from_config(cls, cfg, env, runtime, strategy, logger, tokenizer) -> Samples | None:
-        if not cfg.sample_interval:
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> Samples | None:
+        if not settings.sample_interval:
             return None
-        return cls(cfg.sample_interval, env, tokenizer, cfg.sample_prompt, cfg.sample_count, cfg.sample_tokens,
-                   cfg.seed, runtime.device, runtime.autocast)
+        # seed is the runtime section's: the run's one seed, which the samples' generator is drawn from too
+        return cls(settings.sample_interval, ctx.env, tokenizer, settings.sample_prompt, settings.sample_count,
+                   settings.sample_tokens, ctx.cfg.seed, ctx.runtime.device, ctx.runtime.autocast)
 
     def due(self, step: int, last_step: bool) -> bool:
         return step > 0 and super().due(step, last_step)

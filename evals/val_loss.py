@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from data.loader import ValLoader
 from evals.base import Evaluator, Series, in_lockstep
 from training.distributed.process_group import DistEnv, all_reduce_sum
+
+if TYPE_CHECKING:
+    from training.distributed.strategies import Strategy
+    from training.train.config import EvalSettings
+    from training.train.context import Context
 
 
 class ValLoss(Evaluator):
@@ -29,8 +35,8 @@ class ValLoss(Evaluator):
         self.env, self.autocast = env, autocast
 
     @classmethod
-    def from_config(cls, cfg, env, runtime, strategy, logger, tokenizer) -> ValLoss:
-        return cls(cfg.eval_interval, env, runtime.autocast)  # always on: a run ends with its val loss
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> ValLoss:
+        return cls(settings.eval_interval, ctx.env, ctx.runtime.autocast)  # always on: a run ends with its val loss
 
     def evaluate(self, run) -> list[dict]:
         losses = {name: evaluate_val_loss(run.model, loader, self.env, self.autocast(),

@@ -47,6 +47,7 @@ from model import GPT, PRESETS  # noqa: E402
 from training.checkpoint.folder import FORMATS  # noqa: E402
 from training.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from training.train.config import TrainConfig  # noqa: E402
+from training.train.context import Context  # noqa: E402
 from training.distributed.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
 from training.distributed.strategies import STRATEGIES, make_strategy  # noqa: E402
 from training.checkpoint.resume import load_compatible_checkpoint  # noqa: E402
@@ -83,7 +84,8 @@ def main() -> None:
     cfg = TrainConfig(**{"model": args.model, **tiny}, strategy=strategy_name, device=args.device, dtype="float32",
                       out_dir=folder or "out", checkpoint_dir=folder, checkpoint_format=args.format,
                       checkpoint_async=args.asynchronous)
-    strategy = make_strategy(strategy_name, env, resolve_runtime(args.device, "float32", False, 0))
+    runtime = resolve_runtime(args.device, "float32", False, 0)
+    strategy = make_strategy(strategy_name, env, runtime)
     model = GPT(cfg.model_config())
     strategy.shard(model)
     model.to(device)
@@ -98,7 +100,7 @@ def main() -> None:
               scaler=torch.amp.GradScaler("cpu", enabled=False), grad_accum_steps=1, data_fingerprint="", step=1)
     result = {"label": args.label, "model": cfg.model, "params": model.num_params(), "strategy": strategy_name,
               "world_size": env.world_size, "device": args.device}
-    checkpointer = Checkpointer(cfg, env, RunLogger(enabled=False), provenance={})  # the trainer's, made at start
+    checkpointer = Checkpointer(Context(cfg, env, runtime, RunLogger(enabled=False)), provenance={})  # the trainer's
     built = peak_rss_gib()
 
     def synchronize() -> None:  # a time taken on CUDA counts the kernels launched before it

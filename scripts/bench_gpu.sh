@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmarks of docs/PERFORMANCE.md: one bench.py run (the trainer's real step) per variant.
+# The GPU benchmarks of docs/PERFORMANCE.md: one scripts/bench.py run (the trainer's real step) per variant.
 #
 #   bash scripts/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp longrun repro
 #   DATA_DIR=data/shakespeare bash scripts/bench_gpu.sh  # real tokens: final_loss values compare (numerics)
@@ -9,7 +9,7 @@
 #                                                        # (python|torchrun), NAME=value words, arguments (tabs)
 #
 # scripts/gpu_check.sh calls this for its speed, levers and presets parts. Each variant writes
-# RESULTS_DIR/<label>.json (bench.py's row) and <label>.log. A variant that fails (out of memory,
+# RESULTS_DIR/<label>.json (scripts/bench.py's row) and <label>.log. A variant that fails (out of memory,
 # its time limit) adds "label<TAB>why" to failed.txt and the rest go on; with BENCH_DEADLINE
 # (Unix seconds) set, one that would start with less than BENCH_MIN_S left adds a line to
 # skipped.txt instead, and none runs past the deadline. order.txt lists the labels in run order.
@@ -70,7 +70,7 @@ run() {  # label, [NAME=value...], bench/trainer arguments; status 0 when the JS
     local cache
     cache=$(mktemp -d)
     env "${envs[@]}" TORCHINDUCTOR_CACHE_DIR="$cache" timeout --kill-after=20 "$limit" \
-        "${launch[@]}" bench.py --label "$label" --json "$RESULTS/$label.json" "${DATA[@]}" "$@" "${TINY[@]}" \
+        "${launch[@]}" scripts/bench.py --label "$label" --json "$RESULTS/$label.json" "${DATA[@]}" "$@" "${TINY[@]}" \
         > "$RESULTS/$label.log" 2>&1
     status=$?
     rm -rf "$cache"

@@ -54,7 +54,7 @@
 #
 # Results, flat, rewritten after every part (a call stopped midway keeps what it did): summary.md,
 # results.json (every row, test, failure and part), numerics.json, gpu_check.log (the console) and
-# details.tar.gz (each variant's bench.py JSON and log, pytest's junit XML and log). Five files:
+# details.tar.gz (each variant's scripts/bench.py JSON and log, pytest's junit XML and log). Five files:
 # the device tool brings back at most eight.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -147,7 +147,7 @@ def collect(work, results):
             tar.add(path, arcname=path.name)
 
 
-def total_steps(row):  # warm-up + timed steps: bench.py's command line holds the warm-up (default 5, last one wins)
+def total_steps(row):  # warm-up + timed steps: scripts/bench.py's command line holds the warm-up (default 5, last one wins)
     warmups = re.findall(r"--warmup[ =](\d+)", row.get("command", ""))
     return row["steps_timed"] + (int(warmups[-1]) if warmups else 5)
 
@@ -211,7 +211,7 @@ def report(out, *sources):
     rows = merged["rows"]
     reference = next((r for r in rows if r["label"].startswith("reference")), None)
     if rows:
-        md += ["## Speed: bench.py (the trainer's step) and the reference loop", "",
+        md += ["## Speed: scripts/bench.py (the trainer's step) and the reference loop", "",
                "| variant | B | ms/step (p10-p90) | tokens/s | vs reference | MFU | peak GB | compile s | startup s "
                "| final loss |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rows:

@@ -5,7 +5,7 @@
 
 build-nanogpt (github.com/karpathy/build-nanogpt) is the compiled PyTorch GPT-2 loop whose
 468K tokens/s on one H100 docs/PERFORMANCE.md compares against. Timing it in the same lease as
-bench.py gives the ratio from one machine. Its code is not part of this repository and must
+scripts/bench.py gives the ratio from one machine. Its code is not part of this repository and must
 never be committed here; a GPU session brings it along in the git-ignored folder .ref/:
 
     1. the session's fetch tool on github:karpathy/build-nanogpt, which answers with a git
@@ -21,7 +21,7 @@ run. The loop here is ours and mirrors its training step: torch.manual_seed(1337
 ('high'), GPT(GPTConfig(vocab_size=50304)) compiled, its configure_optimizers (fused AdamW), its
 DataLoaderLite on a shard of random tokens, bf16 autocast, gradient accumulation to 524,288
 tokens, clipping at 1.0, its get_lr, then torch.cuda.synchronize() and the step's wall time.
-The row it writes has bench.py's keys, so gpu_check.sh's summary puts both in one table.
+The row it writes has scripts/bench.py's keys, so gpu_check.sh's summary puts both in one table.
 """
 
 from __future__ import annotations

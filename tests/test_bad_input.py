@@ -129,8 +129,8 @@ ENTRY_POINT_CASES = [
     ("sample", [], "sample.py: the following arguments are required: --ckpt"),
     ("sample", ["--ckpt", "no/such.pt"], "no/such.pt: no such checkpoint"),
     ("export_hf", ["only_one_argument"], "export_hf.py: the following arguments are required: out_dir"),
-    ("bench", ["--warmup", "0"], "--warmup and --steps must be at least 1"),
-    ("bench", ["--micro_batch_size", "x"], "micro_batch_size: expected an integer"),
+    ("scripts.bench", ["--warmup", "0"], "--warmup and --steps must be at least 1"),
+    ("scripts.bench", ["--micro_batch_size", "x"], "micro_batch_size: expected an integer"),
 ]
 
 
@@ -151,7 +151,7 @@ def test_every_entry_point_answers_bad_input_with_one_line_and_exit_2(script, ar
 
 def test_entry_points_end_with_run_cli():
     """Every script's __main__ goes through the same wrapper (so the in-process test above is what runs)."""
-    for script in ("train_gpt2.py", "sample.py", "export_hf.py", "bench.py", "plot_log.py", "eval_lm.py",
+    for script in ("train_gpt2.py", "sample.py", "export_hf.py", "scripts/bench.py", "plot_log.py", "eval_lm.py",
                    "prep/fineweb.py", "prep/shakespeare.py", "prep/hellaswag.py"):
         assert "run_cli(" in (REPO / script).read_text().split('if __name__ == "__main__":')[1], script
 
@@ -163,11 +163,10 @@ def tiny_checkpoint(tmp_path, drop: str | None, checkpoint_format: str = "file")
     import torch
 
     from training.checkpoint.checkpointer import Checkpointer
-    from training.observe.logger import RunLogger
 
     data = make_shards(tmp_path / "shards")
-    cfg, env, _, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
-    checkpointer = Checkpointer(cfg, env, RunLogger(enabled=False), provenance={})
+    ctx, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
+    checkpointer = Checkpointer(ctx, provenance={})
     checkpointer.save(run)
     checkpointer.wait()
     if checkpoint_format == "sharded":

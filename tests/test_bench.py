@@ -1,4 +1,4 @@
-"""bench.py runs the trainer's own step and reports it; the hot loop syncs with the host once per step."""
+"""scripts/bench.py runs the trainer's own step and reports it; the hot loop syncs with the host once per step."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ BENCH_ARGS = [*TINY_MODEL, "--total_batch_size", "512", "--micro_batch_size", "4
 @pytest.mark.slow
 def test_bench_on_cpu_prints_a_table_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = run_trainer([*BENCH_ARGS, "--json", str(out), "--label", "tiny"], script="bench.py", cwd=tmp_path)
+    proc = run_trainer([*BENCH_ARGS, "--json", str(out), "--label", "tiny"], script="scripts/bench.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ms/step (p10-p90)" in proc.stdout and "tokens/s" in proc.stdout
     row = json.loads(out.read_text())
@@ -30,14 +30,14 @@ def test_bench_on_cpu_prints_a_table_and_writes_json(tmp_path):
 @pytest.mark.slow
 def test_bench_under_torchrun_reports_the_world_size(tmp_path):
     out = tmp_path / "bench.json"
-    run_trainer([*BENCH_ARGS, "--json", str(out)], nproc=2, script="bench.py")
+    run_trainer([*BENCH_ARGS, "--json", str(out)], nproc=2, script="scripts/bench.py")
     row = json.loads(out.read_text())
     assert row["world_size"] == 2 and row["grad_accum"] == 2
 
 
 @pytest.mark.slow
 def test_bench_rejects_bad_trainer_keys(tmp_path):
-    proc = run_trainer(["--micro_batch_size", "x"], script="bench.py", cwd=tmp_path, check=False)
+    proc = run_trainer(["--micro_batch_size", "x"], script="scripts/bench.py", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "micro_batch_size: expected an integer" in proc.stderr
 
 
@@ -45,7 +45,7 @@ def test_bench_reports_what_runs_on_the_cpu_of_a_gpu_machine(monkeypatch):
     """--device cpu on a machine with a GPU: no compile, no bf16, the CPU's name (the trainer's own resolution)."""
     import torch
 
-    import bench
+    from scripts import bench
     from training.train import runtime
     from training.train.config import parse_args
 

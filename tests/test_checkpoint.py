@@ -132,18 +132,17 @@ def test_a_run_resumed_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tmp_path)
 
     from conftest import build_tiny_run, make_shards
     from training.checkpoint.checkpointer import Checkpointer
-    from training.observe.logger import RunLogger
 
     data, out = make_shards(tmp_path / "shards"), tmp_path / "out"
-    cfg, env, _, run = build_tiny_run(data, out, checkpoint_format="file")
+    ctx, run = build_tiny_run(data, out, checkpoint_format="file")
     tokens = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
     run.model(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())[1].backward()
     run.optimizer.step()
     run.step = 1
-    Checkpointer(cfg, env, RunLogger(enabled=False), provenance={}).save(run)
+    Checkpointer(ctx, provenance={}).save(run)
     path = ckpt.checkpoint_path(out / "checkpoints", 1)
 
-    resumed = build_tiny_run(data, out, checkpoint_format="file")[3]
+    _, resumed = build_tiny_run(data, out, checkpoint_format="file")
     assert resumed.start_step == 1 and resumed.optimizer.state  # the moments came from the file
     os.remove(path)  # as retention does
     gc.collect()

@@ -330,7 +330,7 @@ def resume_warnings(saved: dict, **now) -> list[str]:
     from training.train.run import warn_on_changed_settings
 
     logger = Warnings()
-    warn_on_changed_settings(TrainConfig(**now), TrainConfig(**saved).to_dict(), logger)
+    warn_on_changed_settings(TrainConfig(**now), TrainConfig(**saved).to_dict(), logger.warn)
     return logger.lines
 
 

@@ -329,12 +329,12 @@ def test_the_step_vote_carries_the_failed_save_without_another_sync(data, tmp_pa
     from data.loader import Prefetcher
     from training.train.lockstep import Lockstep
 
-    cfg, env, runtime, run = build_tiny_run(data, tmp_path / "out")
-    batches = Prefetcher(run.train_loader, 0, cfg.max_steps, runtime.device)
+    ctx, run = build_tiny_run(data, tmp_path / "out")
+    batches = Prefetcher(run.train_loader, 0, ctx.cfg.max_steps, ctx.runtime.device)
     try:
-        result = Lockstep(cfg, env, runtime, save_failed=lambda: True).step(run, run.model, batches, False)
+        result = Lockstep(ctx, save_failed=lambda: True).step(run, run.model, batches, False)
         assert result.save_failed and run.step == 1
-        result = Lockstep(cfg, env, runtime).step(run, run.model, batches, False)
+        result = Lockstep(ctx).step(run, run.model, batches, False)
         assert not result.save_failed and run.step == 2
     finally:
         batches.close()

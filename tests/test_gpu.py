@@ -84,7 +84,7 @@ def write_corpus_shards(folder: str | Path, train_tokens: int, val_tokens: int =
 
     Real text, so losses fall and compare across variants; the repetition does not matter for
     speed or for comparing two runs on the same tokens. The val window repeats train text: it
-    only has to exist (65,537 tokens: one B=64 micro-batch at T=1024, what bench.py reads).
+    only has to exist (65,537 tokens: one B=64 micro-batch at T=1024, what scripts/bench.py reads).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -133,10 +133,10 @@ def train_in_process(data: Path, out: Path, steps: int, compile: bool) -> list[f
     from data.loader import Prefetcher
     from training.train.lockstep import Lockstep
 
-    cfg, env, runtime, run = build_tiny_run(data, out, **{**SETTINGS, "max_steps": steps, "loss_chunk_size": 0})
+    ctx, run = build_tiny_run(data, out, **{**SETTINGS, "max_steps": steps, "loss_chunk_size": 0})
     model = torch.compile(run.model, backend=COMPILE_BACKEND) if compile else run.model
-    batches = Prefetcher(run.train_loader, 0, steps, runtime.device)
-    lockstep = Lockstep(cfg, env, runtime)  # the trainer's step: the math, the votes, the one host sync
+    batches = Prefetcher(run.train_loader, 0, steps, ctx.runtime.device)
+    lockstep = Lockstep(ctx)  # the trainer's step: the math, the votes, the one host sync
     try:
         return [lockstep.step(run, model, batches, stop_requested=False).loss for _ in range(steps)]
     finally:
@@ -159,7 +159,8 @@ def test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients(corpus, tmp
     bf16 operands put both paths between 1e-3 and 1e-2 apart in relative norm; a wrong scale,
     chunk boundary or weight gradient is off by O(1).
     """
-    cfg, env, runtime, run = build_tiny_run(corpus, tmp_path / "run", **SETTINGS)
+    ctx, run = build_tiny_run(corpus, tmp_path / "run", **SETTINGS)
+    runtime = ctx.runtime
     x, y = (t.to(runtime.device) for t in run.train_loader.micro_batch(0, 0))
     compiled = torch.compile(run.model, backend=COMPILE_BACKEND)
 

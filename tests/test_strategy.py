@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import ast
-from types import SimpleNamespace
 
 import pytest
 
-from conftest import REPO, build_tiny_run
+from conftest import GPT2_VOCAB, REPO, build_tiny_run
 from data.tokenizer import get_tokenizer
 from common.errors import ConfigError
 from evals.periodic import PeriodicEvaluation
@@ -15,7 +14,6 @@ from test_hellaswag import write_fixture
 from test_layout import project_modules
 from training.train.config import TrainConfig
 from training.distributed.strategies import DDP, STRATEGIES, strategies_help
-from training.observe.logger import RunLogger
 
 
 class SecondReplica(DDP):
@@ -51,7 +49,10 @@ def test_a_registered_strategy_is_accepted_by_the_config_from_its_class_attribut
 def test_its_dp_view_is_what_the_loaders_and_evaluations_get(registered, shards, tmp_path):
     """Rank 0 of one process reads replica 1's share of every batch: the loaders, grad_accum_steps and
     HellaSwag's examples follow strategy.dp_rank / dp_size, not env.rank / world_size."""
-    cfg, env, runtime, run = build_tiny_run(shards, tmp_path / "out", strategy="second_replica")
+    hellaswag = dict(hellaswag_interval=1, hellaswag_path=str(write_fixture(tmp_path / "hs.jsonl")), hellaswag_limit=0,
+                     eval_interval=1, sample_interval=0, vocab_size=GPT2_VOCAB)  # HellaSwag reads GPT-2 token ids
+    ctx, run = build_tiny_run(shards, tmp_path / "out", strategy="second_replica", **hellaswag)
+    cfg, env = ctx.cfg, ctx.env
     assert (env.rank, env.world_size) == (0, 1)  # one process, but the data sees replica 1 of 2
     assert isinstance(run.strategy, SecondReplica)
     for loader in (run.train_loader, run.val_loader):
@@ -59,9 +60,7 @@ def test_its_dp_view_is_what_the_loaders_and_evaluations_get(registered, shards,
     assert run.grad_accum_steps == cfg.grad_accum_steps(2) == 2  # 512 tokens / (4 rows x 32 x 2 replicas)
     assert run.strategy.mesh is None
 
-    hellaswag = SimpleNamespace(hellaswag_interval=1, hellaswag_path=str(write_fixture(tmp_path / "hs.jsonl")),
-                                hellaswag_limit=0, eval_interval=1, sample_interval=0)
-    evaluation = PeriodicEvaluation(hellaswag, env, runtime, run.strategy, RunLogger(enabled=False), get_tokenizer())
+    evaluation = PeriodicEvaluation(ctx, run.strategy, get_tokenizer())
     (evaluator,) = [e for e in evaluation.evaluators if e.kind == "hellaswag"]
     scored = sorted(i for batch in evaluator.batches(cfg.block_size) for i in batch.indices)
     assert scored == [1, 3, 5, 7, 9, 11]  # the odd examples of 13: replica 1's share

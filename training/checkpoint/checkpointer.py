@@ -29,11 +29,11 @@ import torch
 
 from common.errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
 from training.checkpoint.folder import FORMAT_VERSION, checkpoints_folder, format_for, prune_checkpoints
-from training.train.config import TrainConfig
-from training.distributed.process_group import DistEnv, any_rank, run_on_all_ranks
+from training.train.config import CheckpointSettings, TrainConfig
+from training.distributed.process_group import any_rank, run_on_all_ranks
+from training.train.context import Context
 from training.train.run import Run
 from training.checkpoint.run_folder import adopt_checkpoint_folder
-from training.observe.logger import RunLogger
 from training.train.spikes import RollbackRequested
 from training.checkpoint.storage import Location
 
@@ -50,31 +50,39 @@ class PendingSave:
 
 
 class Checkpointer:
-    """Every rank holds one; `save`, `retry` and `wait` are collectives, `poll` is not."""
+    """Every rank holds one; `save`, `retry` and `wait` are collectives, `poll` is not.
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, logger: RunLogger, provenance: dict):
-        self.cfg, self.env, self.logger, self.provenance = cfg, env, logger, provenance
-        self.folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
-        self.format = format_for(cfg)
-        self.asynchronous = self.format.writes_in_background and cfg.checkpoint_async
+    It reads the checkpoint section (`self.settings`: cadence, retention, where, format, async). Of
+    other sections: out_dir (the run folder the checkpoints folder defaults into, and adopts), the
+    strategy (what checkpoint_format auto resolves to), hang_timeout_minutes (the background writes'
+    process group), rollback_on_nonfinite (long_run: what non-finite weights at a save ask for), and
+    the whole configuration, which every checkpoint's metadata stores.
+    """
+
+    def __init__(self, ctx: Context, provenance: dict):
+        self.cfg, self.env, self.logger, self.provenance = ctx.cfg, ctx.env, ctx.logger, provenance
+        self.settings = ctx.cfg.section(CheckpointSettings)
+        self.folder = checkpoints_folder(ctx.cfg.out_dir, self.settings.checkpoint_dir)  # out_dir: run section
+        self.format = format_for(ctx.cfg)  # checkpoint_format, auto resolved by the strategy (runtime section)
+        self.asynchronous = self.format.writes_in_background and self.settings.checkpoint_async
         self.pending: PendingSave | None = None
         self.saved_step: int | None = None  # the step of the last save started by this launch
         self.adopted = False  # the folder was cleaned (and owned) before this launch's first save
         self.process_group = None
-        if self.asynchronous and env.distributed:
+        if self.asynchronous and ctx.env.distributed:
             # the background write's collectives must not interleave with the training's
             import torch.distributed as dist
 
-            self.process_group = dist.new_group(
-                backend="gloo", timeout=datetime.timedelta(minutes=cfg.hang_timeout_minutes))
+            self.process_group = dist.new_group(  # the runtime section's hang timeout, as the training's group
+                backend="gloo", timeout=datetime.timedelta(minutes=ctx.cfg.hang_timeout_minutes))
 
     def due(self, run: Run, last_step: bool) -> bool:
         """Whether step run.step is saved: every checkpoint_interval steps and (final_checkpoint) at the
         end; never the step this launch (or a rollback) loaded, nor one saved already."""
         if run.step in (run.start_step, self.saved_step):
             return False
-        interval = self.cfg.checkpoint_interval
-        return (last_step and self.cfg.final_checkpoint) or bool(interval and run.step % interval == 0)
+        interval = self.settings.checkpoint_interval
+        return (last_step and self.settings.final_checkpoint) or bool(interval and run.step % interval == 0)
 
     def save(self, run: Run, blocking: bool = False) -> None:
         """Checkpoint `step_{run.step}`. Collective: every rank calls it at the same step.
@@ -91,6 +99,7 @@ class Checkpointer:
         blocking = self.wait(fail=False) or blocking
         run_on_all_ranks(self.env, self._prepare_folder)
         self.saved_step = run.step
+        # the whole configuration: a checkpoint says with which settings of every section it was trained
         metadata = {**run.progress_state(), **checkpoint_metadata(run, self.cfg, self.provenance)}
         path = self.format.path(self.folder, run.step)
         started = time.perf_counter()
@@ -118,7 +127,7 @@ class Checkpointer:
             return
         self.logger.check()
         if not self.adopted:
-            adopt_checkpoint_folder(self.folder, self.cfg.out_dir, self.logger.console)
+            adopt_checkpoint_folder(self.folder, self.cfg.out_dir, self.logger.console)  # the run section's folder
             self.adopted = True
 
     def save_before_exit(self, run: Run) -> None:
@@ -138,7 +147,7 @@ class Checkpointer:
             return
         step = run.step - 1
         reason = f"the weights after the update of step {step} are not finite"
-        if self.cfg.rollback_on_nonfinite:
+        if self.cfg.rollback_on_nonfinite:  # long_run's key: the step's own non-finite check reads it too
             raise RollbackRequested(step, reason)
         raise NonFiniteLossError(f"step {step}: {reason}; they were not saved, and the newest checkpoint in "
                                  f"{self.folder} is the last good state")
@@ -223,7 +232,7 @@ class Checkpointer:
             self.logger.check()  # a log that could not be written stops the run before a checkpoint counts
         self.format.commit(pending.path, pending.metadata, self.env.world_size)
         pending.committed = True
-        prune_checkpoints(self.folder, self.cfg.keep_last, written_step=pending.step, warn=self.logger.warn)
+        prune_checkpoints(self.folder, self.settings.keep_last, written_step=pending.step, warn=self.logger.warn)
         seconds = time.perf_counter() - pending.started
         self.logger.log({"kind": "checkpoint", "step": pending.step, "path": str(pending.path), "seconds": seconds})
         self.logger.console(f"saved checkpoint {pending.path} ({seconds:.2f} s)")

@@ -33,15 +33,17 @@ from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, c
                                  list_checkpoints, load_checkpoint, newest_readable_checkpoint, require_entries,
                                  set_aside)
 from training.distributed.process_group import DistEnv, broadcast_object, run_on_all_ranks
-from training.observe.logger import LOG_NAME, RunLogger, read_log
+from training.observe.logger import LOG_NAME, read_log
 from training.checkpoint.storage import Location, name_of, parent_of
+from training.train.context import Context
 
 RUN_RECORD = "run.json"  # written by the trainer at every launch (training/observe/provenance.py)
 
 
-def choose_resume_checkpoint(cfg, env: DistEnv, logger: RunLogger) -> Location | None:
+def choose_resume_checkpoint(ctx: Context) -> Location | None:
     """The checkpoint this launch continues (None: a fresh start). Rank 0 resolves `resume` (scanning
     the checkpoint folder) and checks the history; every rank gets its answer, or its error."""
+    cfg, env, logger = ctx.cfg, ctx.env, ctx.logger
     folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
 
     def resolve() -> Location | None:

@@ -1,7 +1,9 @@
 """Diagnostics of a long run: a profiler window, CUDA memory snapshots, the ranks' timings.
 
-Three independent pieces, each off unless its config key turns it on, and a small bundle
-(`Diagnostics`) that drives all three from the training loop in a few lines:
+Three independent pieces, each off unless its key of the diagnostics section (DiagnosticsSettings)
+turns it on, and a small bundle (`Diagnostics`) that drives all three from the training loop in a
+few lines. Each is made from the launch's Context (training/train/context.py) and keeps its section
+as `settings`; the files go into the run folder (out_dir, the run section's key).
 
 - `ProfileWindow` (profile_from, profile_steps): torch.profiler over a few steps, one Chrome
   trace per rank in out_dir/profile/ (open it in https://ui.perfetto.dev or chrome://tracing).
@@ -30,10 +32,8 @@ import torch
 import torch.distributed as dist
 
 from common.errors import first_line
-from training.train.config import TrainConfig
-from training.distributed.process_group import DistEnv
-from training.observe.logger import RunLogger
-from training.train.runtime import Runtime
+from training.train.config import DiagnosticsSettings
+from training.train.context import Context
 
 STRAGGLER_INTERVALS = 3  # intervals in a row, for the same rank, before it is named
 # Every rank's tensor gathered into one output tensor: torch 2.13 names it all_gather_single and deprecates
@@ -60,22 +60,24 @@ class ProfileWindow:
     warning, never a crash.
     """
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime, out_dir: str | Path, logger: RunLogger):
-        self.env, self.runtime, self.logger = env, runtime, logger
-        self.first = cfg.profile_from
-        self.last = cfg.profile_from + cfg.profile_steps - 1
-        self.enabled = cfg.profile_from > 0
-        self.folder = Path(out_dir) / "profile"
+    def __init__(self, ctx: Context):
+        self.env, self.runtime, self.logger = ctx.env, ctx.runtime, ctx.logger
+        self.settings = ctx.cfg.section(DiagnosticsSettings)
+        self.first = self.settings.profile_from
+        self.last = self.settings.profile_from + self.settings.profile_steps - 1
+        self.enabled = self.settings.profile_from > 0
+        self.folder = Path(ctx.cfg.out_dir) / "profile"
         self.path: Path | None = None  # the trace written, once it is
         self._profiler = None
         self._region = None  # the open `step N` record_function
         self._last_started: int | None = None
         self._done = False  # one window per process, also after a rollback to before it
         self._first_step_seen = not self.enabled  # the resume check is made once, at the run's first step
-        if self.enabled and self.first >= cfg.max_steps:
+        max_steps = ctx.cfg.max_steps  # the schedule section's: whether the window is ever reached
+        if self.enabled and self.first >= max_steps:
             self._first_step_seen = True
-            logger.warn(f"profile: profile_from {self.first} is not before max_steps {cfg.max_steps}: "
-                        f"the window never starts, no trace is written")
+            self.logger.warn(f"profile: profile_from {self.first} is not before max_steps {max_steps}: "
+                             f"the window never starts, no trace is written")
 
     @property
     def active(self) -> bool:
@@ -185,10 +187,12 @@ class MemorySnapshot:
     Recording slows the host a little (a stack per allocation), never syncs with the GPU.
     """
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime, out_dir: str | Path, logger: RunLogger):
-        self.env, self.logger = env, logger
-        self.steps = cfg.memory_snapshot
-        self.folder = Path(out_dir) / "memory"
+    def __init__(self, ctx: Context):
+        runtime, logger = ctx.runtime, ctx.logger
+        self.env, self.logger = ctx.env, logger
+        self.settings = ctx.cfg.section(DiagnosticsSettings)
+        self.steps = self.settings.memory_snapshot
+        self.folder = Path(ctx.cfg.out_dir) / "memory"
         self.recording = False
         self.paths: list[Path] = []  # the snapshots written
         self._last_finished: int | None = None
@@ -277,13 +281,15 @@ class RankStats:
     so that with 2 ranks a rank is compared with the other one, not with the mean of both.
     """
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime, logger: RunLogger):
+    def __init__(self, ctx: Context):
         """Collective when rank_stats_interval > 0 and distributed: every rank makes one, at start-up
         (the host names are gathered here, once)."""
-        self.env, self.logger = env, logger
-        self.interval = cfg.rank_stats_interval
-        self.factor = cfg.straggler_factor
-        self.cuda = runtime.device_type == "cuda"
+        env = ctx.env
+        self.env, self.logger = env, ctx.logger
+        self.settings = ctx.cfg.section(DiagnosticsSettings)
+        self.interval = self.settings.rank_stats_interval
+        self.factor = self.settings.straggler_factor
+        self.cuda = ctx.runtime.device_type == "cuda"
         self.hosts: list[str] = []
         self.streak_rank: int | None = None  # the rank slower than factor x median in the last intervals
         self.streak = 0  # how many intervals in a row
@@ -434,7 +440,7 @@ class Diagnostics:
     """The three diagnostics, driven from the training loop; each is off unless configured.
 
     In train_gpt2.py's train(), after the training model is made (every rank; a collective):
-        diagnostics = Diagnostics(cfg, env, runtime, cfg.out_dir, logger)
+        diagnostics = Diagnostics(ctx)
         diagnostics.watch(model)                      # model: the training model the step calls
     around take_step (step = run.step before it):
         diagnostics.step_started(run.step)
@@ -446,10 +452,11 @@ class Diagnostics:
         diagnostics.close()
     """
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime, out_dir: str | Path, logger: RunLogger):
-        self.profile = ProfileWindow(cfg, env, runtime, out_dir, logger)
-        self.memory = MemorySnapshot(cfg, env, runtime, out_dir, logger)
-        self.ranks = RankStats(cfg, env, runtime, logger)  # collective (host names) when on
+    def __init__(self, ctx: Context):
+        self.settings = ctx.cfg.section(DiagnosticsSettings)  # each piece reads its keys of it
+        self.profile = ProfileWindow(ctx)
+        self.memory = MemorySnapshot(ctx)
+        self.ranks = RankStats(ctx)  # collective (host names) when on
         self._hook = None
 
     def watch(self, model: torch.nn.Module) -> None:

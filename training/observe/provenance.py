@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 
-from training.train.config import TrainConfig, config_yaml
-from training.distributed.process_group import DistEnv
-from training.train.runtime import Runtime
+from training.train.config import config_yaml
+from training.train.context import Context
 
 REPO = Path(__file__).resolve().parents[2]
 # environment variables that choose kernels or change how they sum (cuBLAS' workspace, TF32, inductor's
@@ -28,8 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 KERNEL_ENV_PREFIXES = ("CUBLAS_", "CUDNN_", "NVIDIA_TF32_OVERRIDE", "TORCHINDUCTOR_", "TORCH_", "PYTORCH_", "NCCL_")
 
 
-def provenance(cfg: TrainConfig, env: DistEnv, runtime: Runtime, argv: list[str], data_fingerprint: str,
-               run_id: str) -> dict:
+def provenance(ctx: Context, argv: list[str], data_fingerprint: str, run_id: str) -> dict:
+    runtime = ctx.runtime
     commit, dirty = git_state(REPO)
     return {
         "run_id": run_id,  # the run this launch continues or starts: the run folder's owner (checkpoint/run_folder.py)
@@ -41,9 +40,9 @@ def provenance(cfg: TrainConfig, env: DistEnv, runtime: Runtime, argv: list[str]
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if runtime.device_type == "cuda" else None,
         "device": runtime.device_name,
         "device_count": torch.cuda.device_count() if runtime.device_type == "cuda" else 1,
-        "world_size": env.world_size,
+        "world_size": ctx.env.world_size,
         "command": shlex.join([Path(sys.argv[0]).name, *argv]),
-        "config_sha256": hashlib.sha256(config_yaml(cfg).encode()).hexdigest(),
+        "config_sha256": hashlib.sha256(config_yaml(ctx.cfg).encode()).hexdigest(),  # the whole configuration
         "data_fingerprint": data_fingerprint,
         "kernel_env": kernel_environment(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),

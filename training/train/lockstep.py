@@ -29,10 +29,9 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import NonFiniteLossError, ReproError
-from training.train.config import TrainConfig
 from training.distributed.process_group import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
+from training.train.context import Context
 from training.train.run import Run
-from training.train.runtime import Runtime
 from training.train.schedule import ScheduleSettings
 from training.train.spikes import RollbackRequested, spike_reason
 from training.train.step import apply_update, train_step
@@ -79,14 +78,16 @@ class GuardedBatches:
 class Lockstep:
     """Takes one step on every rank: the math, wrapped in the ranks' agreement (see above)."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime,
-                 pending_failure: Callable[[], ReproError | None] = lambda: None,
-                 save_failed: Callable[[], bool] = lambda: False):
-        """pending_failure: a failure this rank saw since the last step (rank 0's log writes);
-        save_failed: this rank saw a background checkpoint save fail (its vote for a save now)."""
-        self.cfg, self.env, self.runtime = cfg, env, runtime
-        self.schedule = cfg.section(ScheduleSettings)
-        self.pending_failure, self.save_failed = pending_failure, save_failed
+    def __init__(self, ctx: Context, save_failed: Callable[[], bool] = lambda: False):
+        """save_failed: this rank saw a background checkpoint save fail (its vote for a save now). A failure
+        this rank saw since the last step (rank 0's log writes: ctx.logger.failure) rides on the step's vote.
+
+        The schedule is its own section; the other keys a step reads belong to the sections of what the
+        step applies (data: the batch; model: dropout; runtime: seed; optimizer: grad_clip; long_run: spikes
+        and rollbacks) and are read from ctx.cfg where they are used."""
+        self.cfg, self.env, self.runtime, self.logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
+        self.schedule = ctx.cfg.section(ScheduleSettings)
+        self.save_failed = save_failed
 
     def step(self, run: Run, model: torch.nn.Module, batches, stop_requested: bool) -> StepResult:
         """Apply update run.step to run.model through `model` (its compiled / DDP wrapper).
@@ -101,7 +102,7 @@ class Lockstep:
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
                                        (self.cfg.micro_batch_size, self.cfg.seq_len), self.env)
         loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.cfg.grad_clip or math.inf)
-        failure = self.pending_failure() or micro_batches.failure
+        failure = self.logger.failure or micro_batches.failure
         verdict = self.agree(run, loss, grad_norm, stop_requested, failure)
         if verdict.failures:
             raise_first_error(failure, self.env)  # every rank raises the same error

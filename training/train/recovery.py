@@ -11,34 +11,29 @@ from __future__ import annotations
 
 from data.loader import Prefetcher
 from training.checkpoint.checkpointer import Checkpointer
-from training.train.config import TrainConfig
-from training.distributed.process_group import DistEnv
+from training.train.context import Context
 from training.train.run import Run, roll_back
-from training.observe.logger import RunLogger
-from training.train.runtime import Runtime
 from training.train.spikes import RollbackRequested
 
 
 class Recovery:
     """Every rank holds one: `batches` feeds the steps from run.step to max_steps, read ahead on a thread."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, runtime: Runtime, run: Run, logger: RunLogger,
-                 checkpointer: Checkpointer):
-        self.cfg, self.env, self.runtime, self.run, self.logger = cfg, env, runtime, run, logger
-        self.checkpointer = checkpointer
+    def __init__(self, ctx: Context, run: Run, checkpointer: Checkpointer):
+        self.ctx, self.run, self.checkpointer = ctx, run, checkpointer
         self.batches = self._read_ahead()
 
     def _read_ahead(self) -> Prefetcher:
         """The micro-batches of the steps from run.step on: step s reads data position s + data_offset."""
         run = self.run
-        return Prefetcher(run.train_loader, run.step + run.data_offset, self.cfg.max_steps + run.data_offset,
-                          self.runtime.device)
+        return Prefetcher(run.train_loader, run.step + run.data_offset, self.ctx.cfg.max_steps + run.data_offset,
+                          self.ctx.runtime.device)
 
     def roll_back(self, request: RollbackRequested) -> None:
         """Every rank: continue from the newest good checkpoint, past the batches since (collective)."""
         self.checkpointer.wait(fail=False)  # a save in flight counts: it may be the newest good state
         self.batches.close()
-        roll_back(self.cfg, self.env, self.run, self.logger, request)
+        roll_back(self.ctx, self.run, request)
         self.batches = self._read_ahead()
 
     def close(self) -> None:

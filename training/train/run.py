@@ -8,6 +8,7 @@ as a checkpoint. A checkpoint `step_s` holds the state after s updates.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,12 +20,11 @@ from model import GPT
 from training.checkpoint.folder import checkpoints_folder, format_of
 from training.checkpoint.storage import Location
 from training.train.config import TrainConfig
-from training.distributed.process_group import DistEnv, run_on_all_ranks
+from training.distributed.process_group import run_on_all_ranks
 from training.train.optimizers import build_optimizer, check_same_optimizer
 from training.distributed.strategies import Strategy
 from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
-from training.observe.logger import RunLogger
-from training.train.runtime import Runtime
+from training.train.context import Context
 from training.train.spikes import RollbackRequested, SpikeWindow
 from training.train.weights import load_initial_weights
 
@@ -124,15 +124,17 @@ class Run:
         self.data_offset = long_run.get("data_offset", 0)
 
 
-def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strategy, logger: RunLogger) -> Run | None:
+def build_run(ctx: Context, strategy: Strategy) -> Run | None:
     """The run this launch continues or starts; None when its checkpoint already reached max_steps.
 
     Every rank calls this. Rank 0 picks the checkpoint, every rank loads that same file; a
     problem any rank sees (a data folder one node lacks, an unreadable file) stops every rank
-    with the same error.
+    with the same error. It reads keys of many sections (data, model, optimizer, schedule,
+    long_run, evaluation's val_tokens) from ctx.cfg: building the run is where they meet.
     """
+    cfg, env, runtime, logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
     grad_accum_steps = cfg.grad_accum_steps(strategy.dp_size)  # a ConfigError when the batch does not divide
-    resume_path = choose_resume_checkpoint(cfg, env, logger)
+    resume_path = choose_resume_checkpoint(ctx)
 
     def open_data() -> tuple[TrainLoader | MixtureLoader, dict[str, ValLoader], str]:
         # each data-parallel replica reads its share of every batch (the strategy's dp view)
@@ -174,7 +176,7 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
     check_same_optimizer(cfg, state["config"], resume_path)  # another optimizer's state does not fit
     run.load_state_dict(state, resume_path)
     run.resumed_from, run.resumed_step = resume_path, run.step
-    warn_on_changed_settings(cfg, state["config"], logger)
+    warn_on_changed_settings(cfg, state["config"], logger.warn)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
     if trained_on is not None and trained_on != fingerprint:
         logger.warn(f"the shards in {cfg.data_dir} changed since {resume_path} was written (data fingerprint "
@@ -182,7 +184,7 @@ def build_run(cfg: TrainConfig, env: DistEnv, runtime: Runtime, strategy: Strate
     return run
 
 
-def roll_back(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger, request: RollbackRequested) -> None:
+def roll_back(ctx: Context, run: Run, request: RollbackRequested) -> None:
     """Continue from the newest checkpoint, past the batches since it. Every rank calls it (collective).
 
     The run's state becomes the checkpoint's (weights, optimizer, step, spike window) except
@@ -192,6 +194,7 @@ def roll_back(cfg: TrainConfig, env: DistEnv, run: Run, logger: RunLogger, reque
     state, and a run resumed later goes where this one goes. The log drops the records of the
     steps that will be redone, as a resume does. A save in flight must have been waited for.
     """
+    cfg, env, logger = ctx.cfg, ctx.env, ctx.logger
     folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
     stop = f"step {request.step}: {request.reason}"
     if run.rollbacks >= cfg.max_rollbacks:
@@ -231,7 +234,7 @@ def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict
     return {**saved, "param_groups": groups}
 
 
-def warn_on_changed_settings(cfg: TrainConfig, saved: dict, logger: RunLogger) -> None:
+def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str], None]) -> None:
     """One line naming every key that differs from the checkpoint's config (not `resume`), and those of them
     that change the training math (TrainConfig.changes_training_math): a changed log_interval, out_dir or
     strategy is worth a line, but not the claim that the run now trains differently."""
@@ -246,5 +249,5 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, logger: RunLogger) -
                   f"after the resume differ from an uninterrupted run")
     else:
         effect = "none of them changes the training math"
-    logger.warn(f"resuming with settings that differ from the checkpoint's: {changed} "
-                f"(this run uses the new values; {effect})")
+    warn(f"resuming with settings that differ from the checkpoint's: {changed} "
+         f"(this run uses the new values; {effect})")

@@ -1,6 +1,6 @@
 """Where and how the math runs: device, precision, compile, loss chunking, the FLOP/s peak.
 
-One resolution of the `auto` settings, shared by the trainer and bench.py, so both report
+One resolution of the `auto` settings, shared by the trainer and scripts/bench.py, so both report
 what really runs: `--device cpu` on a machine with a GPU means no compile, no bf16 unless the
 CPU has it, and the CPU's name.
 """

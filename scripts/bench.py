@@ -1,10 +1,12 @@
 """Benchmark the real training step: train_gpt2.py itself, timed.
 
-    python bench.py                                              # GPT-2 124M, B=64, T=1024, one GPU
-    torchrun --standalone --nproc_per_node=8 bench.py --json bench.json
-    python bench.py --compile false --loss_chunk_size 8192       # any trainer key can be set
-    python bench.py --model custom --n_layer 2 --n_head 2 --n_embd 64 --block_size 64 --seq_len 64 \\
-        --micro_batch_size 4 --total_batch_size 1024 --warmup 2 --steps 5        # a CPU smoke test
+    python scripts/bench.py                                                 # GPT-2 124M, B=64, T=1024, one GPU
+    torchrun --standalone --nproc_per_node=8 scripts/bench.py --json bench.json
+    python scripts/bench.py --compile false --loss_chunk_size 8192          # any trainer key can be set
+    python scripts/bench.py --model custom --n_layer 2 --n_head 2 --n_embd 64 --block_size 64 --seq_len 64 \\
+        --micro_batch_size 4 --total_batch_size 1024 --warmup 2 --steps 5           # a CPU smoke test
+
+It puts the repository root on sys.path, as the other scripts here do.
 
 The trainer runs unchanged (model, torch.compile, DDP under torchrun, gradient accumulation,
 clipping, fused AdamW, the shard loader and its prefetch thread) for --warmup + --steps
@@ -28,8 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from data.shards import shard_name, write_shard
-from common.errors import ArgumentParser, ConfigError, run_cli
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: train_gpt2, data, training
+
+from data.shards import shard_name, write_shard  # noqa: E402
+from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
 
 
 def generate_shards(folder: Path, train_tokens: int, val_tokens: int, vocab: int = 50257, seed: int = 0) -> Path:
@@ -108,7 +112,7 @@ def table(row: dict) -> str:
 
 def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """bench.py's own arguments, and the rest: the trainer's (--key value, checked by its config)."""
-    parser = ArgumentParser(prog="bench.py", description=__doc__)
+    parser = ArgumentParser(prog="scripts/bench.py", description=__doc__)
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (the first one compiles)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
     parser.add_argument("--json", default="bench.json", help="where rank 0 writes the figures")
