@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from conftest import base_args, build_tiny_run, load_weights, run_trainer, train_losses
+from conftest import REPO, base_args, build_tiny_run, load_weights, make_shards, run_trainer, train_losses
 from model import GPT, GPTConfig
 from training.train.config import parse_args
 from common.errors import ConfigError
@@ -117,6 +117,7 @@ def assert_same_run(a, b) -> None:
         assert torch.equal(wa[key], wb[key]), key
 
 
+@pytest.mark.slow  # starts the trainer
 def test_training_with_full_recomputation_is_bitwise_the_plain_run(shards, tmp_path):
     run_trainer(base_args(shards, tmp_path / "none", **DROPOUT))
     proc = run_trainer(base_args(shards, tmp_path / "full", activation_checkpointing="full", **DROPOUT))
@@ -131,3 +132,43 @@ def test_two_ranks_with_recomputation_are_bitwise_the_plain_run(shards, tmp_path
     run_trainer(base_args(shards, tmp_path / "none", **common), nproc=2)
     run_trainer(base_args(shards, tmp_path / setting, activation_checkpointing=setting, **common), nproc=2)
     assert_same_run(tmp_path / setting, tmp_path / "none")
+
+
+# --- the recipes for the GPUs people own -----------------------------------------------------------
+
+RECIPES = {  # recipe -> (the preset it changes, ranks of the shortened launch)
+    "gpt2_124m_24gb.yaml": ("gpt2_124m.yaml", None),
+    "gpt2_350m_24gb.yaml": ("gpt2_350m.yaml", None),
+    "gpt2_1558m_8x24gb.yaml": ("gpt2_1558m.yaml", 2),
+}
+MEMORY_KEYS = {"out_dir", "micro_batch_size", "strategy", "loss_chunk_size", "activation_checkpointing",
+               "activation_checkpointing_every"}
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_recipe_is_its_preset_with_only_memory_keys_changed(recipe):
+    config = lambda name: parse_args(["--config", str(REPO / "configs" / name)]).to_dict()  # noqa: E731
+    ours, preset = config(recipe), config(RECIPES[recipe][0])
+    assert {key for key in ours if ours[key] != preset[key]} <= MEMORY_KEYS
+    assert ours["micro_batch_size"] != preset["micro_batch_size"] or ours["strategy"] != preset["strategy"]
+    text = (REPO / "configs" / recipe).read_text()
+    assert "Expected memory" in text and "Smaller card" in text  # what it needs, and what to change
+
+
+@pytest.mark.slow  # starts the trainer
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_recipe_launches(recipe, tmp_path):
+    """The recipe's own file, shortened for the CPU: the tiny model and data, 2 steps of 2 micro-steps at
+    the recipe's micro-batch, on 2 ranks where it is a multi-GPU recipe, float32; its strategy, activation
+    checkpointing and loss settings as they are."""
+    cfg = parse_args(["--config", str(REPO / "configs" / recipe)])
+    nproc = RECIPES[recipe][1]
+    shards = make_shards(tmp_path / "shards")
+    short = base_args(shards, tmp_path / "out", total_batch_size=cfg.micro_batch_size * 32 * (nproc or 1) * 2,
+                      micro_batch_size=cfg.micro_batch_size, max_steps=2, warmup_steps=1, eval_interval=0,
+                      checkpoint_interval=0)
+    proc = run_trainer(["--config", str(REPO / "configs" / recipe), *short], nproc=nproc)
+    assert "grad_accum_steps 2 |" in proc.stdout
+    if cfg.activation_checkpointing != "none":
+        assert f"activation checkpointing {cfg.activation_checkpointing}" in proc.stdout
+    assert sorted(train_losses(tmp_path / "out")) == [0, 1]
