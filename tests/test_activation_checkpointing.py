@@ -27,7 +27,8 @@ def tiny_model(n_layer: int = 4) -> GPT:
     return GPT(GPTConfig(n_layer=n_layer, n_head=2, n_embd=32, block_size=16, vocab_size=64, dropout=0.2))
 
 
-def step(model: GPT, every: int, loss_chunk_size: int, autocast: bool = False) -> tuple[torch.Tensor, dict, int]:
+def step(model: GPT, every: int, loss_chunk_size: int, autocast: torch.dtype | None = None
+         ) -> tuple[torch.Tensor, dict, int]:
     """One training forward and backward of a copy of model with recompute_every `every`: the loss,
     the gradients, and how many tensors autograd saved for backward."""
     model = copy.deepcopy(model)
@@ -36,14 +37,14 @@ def step(model: GPT, every: int, loss_chunk_size: int, autocast: bool = False) -
     saved = []
     torch.manual_seed(7)  # the dropout masks
     with (torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t),
-          torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)):
+          torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None)):
         _, loss = model(idx, idx, loss_chunk_size=loss_chunk_size)
     loss.backward()
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}, len(saved)
 
 
 @pytest.mark.parametrize("loss_chunk_size", [0, 16], ids=["plain-loss", "fused-chunked-loss"])
-@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16, torch.float16], ids=["float32", "bf16", "fp16"])
 def test_recomputed_blocks_give_bitwise_the_same_loss_and_gradients_with_dropout(loss_chunk_size, autocast):
     model = tiny_model()
     loss, grads, _ = step(model, 0, loss_chunk_size, autocast)
