@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass
@@ -93,8 +94,17 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
+        self.recompute = False  # activation checkpointing (GPT.recompute_blocks): keep only x for backward
 
     def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        if self.recompute and kv_cache is None and torch.is_grad_enabled():
+            # Save only the input; backward runs the block's forward again to get what it needs.
+            # Non-reentrant: the recomputation restores the RNG state (the same dropout masks) and
+            # the autocast state, so the gradients are those of the plain forward, bit for bit.
+            return checkpoint(self.residual_branches, x, use_reentrant=False)
+        return self.residual_branches(x, kv_cache, layer)
+
+    def residual_branches(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), kv_cache, layer)
         x = x + self.mlp(self.ln_2(x))
         return x
@@ -212,6 +222,18 @@ class GPT(nn.Module):
                 torch.nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             torch.nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def recompute_blocks(self, every: int) -> None:
+        """Activation checkpointing: one block in every `every` (blocks 0, every, 2 * every, ...) keeps only
+        its input for backward and recomputes the rest there; 1 is every block, 0 none (the default).
+
+        A block's activations are most of a training step's memory (scripts/activation_memory.py);
+        recomputing them costs about one more forward of those blocks. The math is unchanged.
+        """
+        if every < 0:
+            raise ValueError(f"every must be >= 0, got {every}")
+        for i, block in enumerate(self.transformer.h):
+            block.recompute = every > 0 and i % every == 0
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (tied wte/lm_head counted once); non_embedding drops the position table."""

@@ -74,7 +74,8 @@ def main(argv: list[str], wrap_step=None) -> int:
 
 def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
     """Set up the processes, then build and train the run that cfg describes; the exit status."""
-    runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops, local_rank())
+    runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops, local_rank(),
+                              cfg.recompute_every())
     if runtime.device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul left outside autocast
         torch.backends.cudnn.allow_tf32 = True
@@ -172,6 +173,7 @@ def describe_launch(ctx: Context, run: Run) -> None:
     ctx.logger.console(
         f"model {cfg.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
         f"device {runtime.device} | {runtime.dtype} | compile {runtime.compile} | {cfg.strategy} | "
+        + (f"activation checkpointing {cfg.activation_checkpointing_label()} | " if runtime.recompute_every else "") +
         f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.summary()}"
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
 

@@ -91,6 +91,7 @@ def describe_run(cfg, world_size: int) -> dict:
         "model": cfg.model, "params": params, "B": cfg.micro_batch_size, "T": cfg.seq_len,
         "total_batch_size": cfg.total_batch_size, "world_size": world_size,
         "grad_accum": cfg.grad_accum_steps(world_size), "strategy": cfg.strategy, "compile": runtime.compile,
+        "activation_checkpointing": cfg.activation_checkpointing_label(),
         "loss_chunk_size": runtime.loss_chunk_size, "dtype": runtime.dtype, "device": runtime.device_name,
         "torch": torch.__version__,
     }

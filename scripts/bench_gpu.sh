@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmarks of docs/PERFORMANCE.md: one scripts/bench.py run (the trainer's real step) per variant.
 #
-#   bash scripts/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp longrun repro
+#   bash scripts/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp longrun repro recompute
 #   DATA_DIR=data/shakespeare bash scripts/bench_gpu.sh  # real tokens: final_loss values compare (numerics)
 #   BENCH_DRY_RUN=1 bash scripts/bench_gpu.sh /tmp/b     # every variant as a 3-step tiny CPU run (plumbing)
 #   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash scripts/bench_gpu.sh DIR speed presets   # some labels only
@@ -24,7 +24,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${1:-bench_results}
 shift $(( $# > 0 ? 1 : 0 ))
-GROUPS_TO_RUN=${*:-speed levers presets fsdp longrun repro}
+GROUPS_TO_RUN=${*:-speed levers presets fsdp longrun repro recompute}
 LIST=${BENCH_LIST:-0}  # 1: list the variants (every micro-batch size a `fit` would try), write and run nothing
 [ "$LIST" = 1 ] || mkdir -p "$RESULTS"
 PY=${PYTHON:-python3}
@@ -127,6 +127,18 @@ group_longrun() {  # what the long-run features cost per step against 124m-compi
 group_repro() {  # what deterministic mode costs per step against 124m-compile-plain-b64 (speed group)
     run 124m-compile-plain-b64-deterministic "${SPEED[@]}" --micro_batch_size 64 --compile true --loss_chunk_size 0 \
         --deterministic true
+}
+
+group_recompute() {  # what activation checkpointing costs per step against 124m-compile-fused-b64 (speed group)
+    run 124m-compile-fused-b64-selective "${SPEED[@]}" --micro_batch_size 64 --compile true --loss_chunk_size 8192 \
+        --activation_checkpointing selective
+    run 124m-compile-fused-b64-full "${SPEED[@]}" --micro_batch_size 64 --compile true --loss_chunk_size 8192 \
+        --activation_checkpointing full
+    run 124m-eager-fused-b64-full "${SPEED[@]}" --micro_batch_size 64 --compile false --loss_chunk_size 8192 \
+        --activation_checkpointing full
+    # against 1558m-b8 (presets group): the micro-batch that recomputation lets fit (memory table: 124 on 80 GiB)
+    fit 1558m-full "64 32" --model gpt2-xl --compile true --loss_chunk_size 8192 --activation_checkpointing full \
+        --warmup 1 --steps 2
 }
 
 group_presets() {  # B from scripts/activation_memory.py's estimate (docs/PERFORMANCE.md), halved on out of memory

@@ -1,6 +1,11 @@
-"""Bytes per GPU for each GPT-2 preset under DDP and FSDP, for 1, 2, 4 and 8 GPUs (README, "Bigger models").
+"""Activations per sequence and the largest micro-batch per GPU for each GPT-2 preset (README, "Bigger models").
 
-    python scripts/memory_table.py [--seq_len 1024] [--gpu_gb 24]
+    python scripts/memory_table.py [--seq_len 1024] [--every 2] [--state]
+
+For each preset and activation_checkpointing setting (none, selective with one block in every
+`--every` recomputed, full): the activation bytes of one more sequence, and the largest
+micro-batch that fits on one GPU under ddp and on each of 8 GPUs under fsdp, for 12, 16, 24, 40
+and 80 GiB cards. `--state` prints the model state per GPU for 1, 2, 4 and 8 GPUs instead.
 
 Model state is exact arithmetic: float32 weights (4 bytes per parameter), float32 gradients (4)
 and AdamW's two moments (8). DDP keeps all of it on every GPU. FSDP shards weights and AdamW
@@ -8,18 +13,24 @@ state over the GPUs; gradients are sharded after the step's reduce-scatter, but 
 micro-batches accumulate (no reduce-scatter before the last one) each GPU holds them whole, so
 with gradient accumulation FSDP needs 12/N + 4 bytes per parameter.
 
-Activations per sequence are measured, not estimated: the bytes autograd saves for backward in
-a bf16-autocast training forward with the fused loss (eager, flash attention; see
-scripts/activation_memory.py), taken on 1- and 2-layer models of each preset's width at the
-full seq_len and scaled to its depth, which is exact because every block saves the same.
-The largest micro-batch that fits leaves 15% of the card for the CUDA context, the allocator
-and transient buffers: an estimate, not a GPU measurement.
+Activations are measured, not estimated: the bytes autograd saves for backward in a
+bf16-autocast training forward with the fused loss (eager, flash attention; see
+scripts/activation_memory.py), at B=1 and B=2 (their difference is one sequence) on 1- and
+2-layer models of each preset's width at the full seq_len, plain and recomputed: what the
+embeddings and the loss keep, what one plain block keeps, and what one recomputed block keeps
+(its input). The preset's depth is then exact arithmetic, because every block saves the same.
+With recomputation, one block's activations exist again during its backward: one plain block is
+added for that, and what does not grow with B (the fused loss's float32 (V, C) gradient) is taken off
+the card first. The largest micro-batch leaves 15% of the card for the CUDA context, the
+allocator and transient buffers: an estimate, not a GPU measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,42 +41,89 @@ from activation_memory import saved_bytes  # noqa: E402  (scripts/ is this scrip
 from model import GPT, PRESETS, GPTConfig  # noqa: E402
 
 GPUS = (1, 2, 4, 8)
+CARDS_GIB = (12, 16, 24, 40, 80)
 GIB = 2**30
+HEADROOM = 0.85  # of a card's memory, what the estimate lets model state and activations use
 # model state bytes per GPU of a model of p parameters on n GPUs, under the strategies the table compares
 STATE_BYTES = {"ddp": lambda p, n: 16 * p, "fsdp": lambda p, n: 12 * p / n + 4 * p}
 
 
-def activation_bytes_per_sequence(shape: dict, seq_len: int, chunk: int = 8192) -> float:
-    """Saved-for-backward bytes of one more sequence, for the preset's full depth."""
-    per_depth = {}
-    for n_layer in (1, 2):
+@dataclass(frozen=True)
+class ActivationCosts:
+    """Saved-for-backward bytes, measured: of one sequence, the part outside the blocks (embeddings, final
+    LayerNorm, the fused loss), one plain block, and one recomputed block (its input); and what does not grow
+    with B (the fused loss's float32 (V, C) gradient)."""
+
+    fixed: float
+    outside: float
+    plain_block: float
+    recomputed_block: float
+
+    def per_sequence(self, n_layer: int, every: int) -> float:
+        """Bytes of one sequence at full depth, recomputing blocks 0, every, 2 * every, ... (0: none), plus
+        the one recomputed block whose activations exist again during its backward."""
+        recomputed = 0 if every == 0 else math.ceil(n_layer / every)
+        transient = self.plain_block if recomputed else 0.0
+        return (self.outside + (n_layer - recomputed) * self.plain_block + recomputed * self.recomputed_block
+                + transient)
+
+
+def activation_costs(shape: dict, seq_len: int, chunk: int = 8192) -> ActivationCosts:
+    """Measure ActivationCosts on 1- and 2-layer models of the preset's width (bf16 autocast, the fused loss)."""
+    def one_sequence(n_layer: int, every: int) -> tuple[int, int]:
+        """(bytes of one more sequence, bytes that do not grow with B)"""
         torch.manual_seed(0)
         model = GPT(GPTConfig(**{**shape, "n_layer": n_layer}))
+        model.recompute_blocks(every)
         one, two = (saved_bytes(model, batch, seq_len, chunk) for batch in (1, 2))
-        per_depth[n_layer] = two - one
-    per_layer = per_depth[2] - per_depth[1]
-    return per_depth[1] + (shape["n_layer"] - 1) * per_layer
+        return two - one, 2 * one - two
+
+    (one, fixed), (two, _), (one_recomputed, _) = one_sequence(1, 0), one_sequence(2, 0), one_sequence(1, 1)
+    plain_block = two - one
+    return ActivationCosts(fixed=fixed, outside=one - plain_block, plain_block=plain_block,
+                           recomputed_block=one_recomputed - (one - plain_block))
+
+
+def largest_batch(card_gib: float, state: float, costs: ActivationCosts, per_sequence: float) -> int:
+    return max(int((card_gib * GIB * HEADROOM - state - costs.fixed) // per_sequence), 0)
+
+
+def params_of(shape: dict) -> int:
+    with torch.device("meta"):
+        return GPT(GPTConfig(**shape)).num_params()
+
+
+def state_table() -> None:
+    print("| model | params | strategy | " + " | ".join(f"state per GPU, {n} GPU{'s' if n > 1 else ''}" for n in GPUS)
+          + " |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in GPUS) + " |")
+    for name, shape in PRESETS.items():
+        params = params_of(shape)
+        for strategy, state_bytes in STATE_BYTES.items():
+            print(f"| {name} | {params / 1e6:.0f}M | {strategy} | "
+                  + " | ".join(f"{state_bytes(params, n) / GIB:.1f} GiB" for n in GPUS) + " |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq_len", type=int, default=1024)
-    parser.add_argument("--gpu_gb", type=float, default=24.0, help="card size (GiB) for the largest-micro-batch column")
+    parser.add_argument("--every", type=int, default=2, help="selective: one block in every N recomputed")
+    parser.add_argument("--state", action="store_true", help="the model state per GPU table instead")
     args = parser.parse_args()
-    usable = args.gpu_gb * GIB * 0.85
-    print("| model | params | activations per sequence | strategy | "
-          + " | ".join(f"state per GPU, {n} GPU{'s' if n > 1 else ''}" for n in GPUS)
-          + f" | largest B on {args.gpu_gb:.0f} GB, 8 GPUs |")
-    print("| --- | --- | --- | --- | " + " | ".join("---" for _ in GPUS) + " | --- |")
+    if args.state:
+        return state_table()
+    settings = {"none": 0, f"selective (1 in {args.every})": args.every, "full": 1}
+    cards = " | ".join([f"{CARDS_GIB[0]} GiB", *map(str, CARDS_GIB[1:])])  # largest micro-batch per card
+    print(f"| model | activation checkpointing | activations per sequence | 1 GPU (ddp): {cards} "
+          f"| 8 GPUs (fsdp): {cards} |")
+    print("| --- | --- | --- | " + " | ".join("---" for _ in range(2 * len(CARDS_GIB))) + " |")
     for name, shape in PRESETS.items():
-        with torch.device("meta"):
-            params = GPT(GPTConfig(**shape)).num_params()
-        per_seq = activation_bytes_per_sequence(shape, args.seq_len)
-        for strategy, state_bytes in STATE_BYTES.items():
-            state = [state_bytes(params, n) for n in GPUS]
-            largest = max(int((usable - state[-1]) // per_seq), 0)
-            print(f"| {name} | {params / 1e6:.0f}M | {per_seq / GIB:.2f} GiB | {strategy} | "
-                  + " | ".join(f"{s / GIB:.1f} GiB" for s in state) + f" | {largest} |", flush=True)
+        params, costs = params_of(shape), activation_costs(shape, args.seq_len)
+        for label, every in settings.items():
+            per_seq = costs.per_sequence(shape["n_layer"], every)
+            fits = [largest_batch(gib, STATE_BYTES[strategy](params, n), costs, per_seq)
+                    for strategy, n in (("ddp", 1), ("fsdp", 8)) for gib in CARDS_GIB]
+            print(f"| {name} | {label} | {per_seq / GIB:.2f} GiB | " + " | ".join(map(str, fits)) + " |", flush=True)
 
 
 if __name__ == "__main__":

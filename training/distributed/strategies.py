@@ -84,7 +84,10 @@ class Strategy:
         """Spread the model's parameters over the ranks, in place, before the optimizer is made."""
 
     def training_model(self, model: GPT) -> torch.nn.Module:
-        """The module the training forward goes through: compiled (runtime.compile), and wrapped."""
+        """The module the training forward goes through: its blocks recomputed in backward as
+        runtime.recompute_every says (inside each block's forward, so within FSDP's per-block
+        gathers and DDP's hooks, and traced by torch.compile), compiled (runtime.compile), and wrapped."""
+        model.recompute_blocks(self.runtime.recompute_every)
         return torch.compile(model) if self.runtime.compile else model
 
     # --- the step ------------------------------------------------------------------------------

@@ -217,6 +217,7 @@ class CheckpointSettings(Settings):
 
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 
 
 @dataclass
@@ -239,8 +240,25 @@ class RuntimeSettings(Settings):
                                             "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
     peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
     strategy: str = option("ddp", f"data parallelism: {strategies_help()}")
+    activation_checkpointing: str = option("none", "recompute transformer blocks' activations in the backward "
+                                                   "instead of keeping them from the forward: none, full (every "
+                                                   "block: the least memory, about one more forward of compute) "
+                                                   "or selective (one block in every activation_checkpointing_every); "
+                                                   "the same losses and gradients (README, memory table)")
+    activation_checkpointing_every: int = option(2, "selective: recompute blocks 0, N, 2N, ... (2: every other "
+                                                    "block)")
     hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
                                             "(a rank hung or died); start-up gets 30 minutes")
+
+    def recompute_every(self) -> int:
+        """activation_checkpointing as GPT.recompute_blocks takes it: one block in every N recomputed (0: none)."""
+        return {"none": 0, "full": 1}.get(self.activation_checkpointing, self.activation_checkpointing_every)
+
+    def activation_checkpointing_label(self) -> str:
+        """What the startup line says: none, full, or selective with its N."""
+        if self.activation_checkpointing == "selective":
+            return f"selective (1 block in {self.activation_checkpointing_every})"
+        return self.activation_checkpointing
 
     def validate(self) -> None:
         require(self.device in DEVICES or self.device.startswith("cuda:"), "device",
@@ -254,6 +272,10 @@ class RuntimeSettings(Settings):
         require(self.peak_flops >= 0, "peak_flops", f"must be >= 0, got {self.peak_flops}")
         require(self.strategy in STRATEGIES, "strategy",
                 f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
+        require(self.activation_checkpointing in ACTIVATION_CHECKPOINTING, "activation_checkpointing",
+                f"unknown value {self.activation_checkpointing!r}; choose {', '.join(ACTIVATION_CHECKPOINTING)}")
+        require(self.activation_checkpointing_every >= 1, "activation_checkpointing_every",
+                f"must be positive, got {self.activation_checkpointing_every}")
         require(0 < self.hang_timeout_minutes <= MAX_HANG_TIMEOUT_MINUTES, "hang_timeout_minutes",
                 f"must be positive and at most {MAX_HANG_TIMEOUT_MINUTES} (a year), got {self.hang_timeout_minutes}")
 
@@ -366,9 +388,11 @@ WITH_ROLLBACKS_KEYS = frozenset({"checkpoint_interval"})
 # Keys that cannot change the training math: where the files go, logging, evaluation (which draws from its
 # own generator; the training reseeds dropout every step), diagnostics, checkpoint storage, how the model is
 # spread over the ranks (ddp and fsdp: the same math, rounded differently), the chunked loss (the same math,
-# rounded differently), and init_from (a resumed run's weights are its checkpoint's).
+# rounded differently), activation checkpointing (the same forward run again in the backward, with the same
+# dropout masks), and init_from (a resumed run's weights are its checkpoint's).
 OTHER_KEYS = frozenset({
     "out_dir", "init_from", "resume", "log_interval", "peak_flops", "strategy", "loss_chunk_size",
+    "activation_checkpointing", "activation_checkpointing_every",
     "eval_interval", "val_tokens", "val_sets", "hellaswag_interval", "hellaswag_path", "hellaswag_limit",
     "sample_interval", "sample_prompt", "sample_count", "sample_tokens",
     "final_checkpoint", "keep_last", "checkpoint_dir", "checkpoint_format", "checkpoint_async",

@@ -1,4 +1,4 @@
-"""Where and how the math runs: device, precision, compile, loss chunking, the FLOP/s peak.
+"""Where and how the math runs: device, precision, compile, loss chunking, recomputation, the FLOP/s peak.
 
 One resolution of the `auto` settings, shared by the trainer and scripts/bench.py, so both report
 what really runs: `--device cpu` on a machine with a GPU means no compile, no bf16 unless the
@@ -29,6 +29,7 @@ class Runtime:
     loss_chunk_size: int  # 0: the plain lm_head + cross-entropy
     peak_flops: float | None  # bf16 FLOP/s of one device, for MFU; None where unknown
     device_name: str
+    recompute_every: int = 0  # activation checkpointing: one block in every N recomputed in backward (0: none)
 
     @property
     def device_type(self) -> str:
@@ -94,8 +95,9 @@ def deterministic_kernels(enabled: bool):
 
 
 def resolve_runtime(device: str, dtype: str, compile: bool | None, loss_chunk_size: int | None,
-                    peak_flops: float = 0.0, local_rank: int = 0) -> Runtime:
-    """The Runtime for the config's device/dtype/compile/loss_chunk_size/peak_flops values."""
+                    peak_flops: float = 0.0, local_rank: int = 0, recompute_every: int = 0) -> Runtime:
+    """The Runtime for the config's device/dtype/compile/loss_chunk_size/peak_flops values (and
+    recompute_every: the config's recompute_every(), its activation_checkpointing)."""
     chosen = pick_device(device, local_rank)
     use_compile = compile if compile is not None else chosen.type == "cuda"
     if loss_chunk_size is None:
@@ -103,6 +105,7 @@ def resolve_runtime(device: str, dtype: str, compile: bool | None, loss_chunk_si
     return Runtime(
         device=chosen, dtype=resolve_dtype(dtype, chosen), compile=use_compile, loss_chunk_size=loss_chunk_size,
         peak_flops=detect_peak_flops(chosen, peak_flops), device_name=device_name(chosen),
+        recompute_every=recompute_every,
     )
 
 
