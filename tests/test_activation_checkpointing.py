@@ -101,7 +101,8 @@ def test_a_bad_value_is_one_error_naming_the_key(key, value, tmp_path):
 def test_the_training_model_recomputes_the_blocks_the_config_names(shards, tmp_path, setting, recomputed):
     from training.train.runtime import resolve_runtime
 
-    cfg, _, _, run = build_tiny_run(shards, tmp_path / "out", activation_checkpointing=setting)
+    ctx, run = build_tiny_run(shards, tmp_path / "out", activation_checkpointing=setting)
+    cfg = ctx.cfg
     runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size,
                               recompute_every=cfg.recompute_every())
     assert run.model.transformer.h[0].recompute is False  # built plain: only the training forward recomputes
