@@ -22,7 +22,7 @@ from data.loader import Prefetcher
 from common.errors import ConfigError, NonFiniteLossError
 from training.train.config import TrainConfig, parse_args
 from training.train.lockstep import Lockstep
-from training.train.optimizers import MuonWithAdamW, build_optimizer, split_parameters
+from training.train.optimizers import MuonWithAdamW, OptimizerSettings, build_optimizer, split_parameters
 from training.train.run import with_current_settings
 from training.train.schedule import cooldown_start, learning_rate
 
@@ -153,7 +153,7 @@ def test_muon_gets_exactly_the_blocks_matrices_and_adamw_everything_else_once(da
 def test_adamw_is_still_model_configure_optimizers(data, tmp_path):
     ctx, run = build_tiny_run(data, tmp_path / "run")
     cfg = ctx.cfg
-    ours = build_optimizer(run.model, cfg, "cpu")
+    ours = build_optimizer(run.model, cfg.section(OptimizerSettings), cfg.max_lr, "cpu")
     theirs = run.model.configure_optimizers(cfg.weight_decay, cfg.max_lr, (cfg.beta1, cfg.beta2), cfg.adam_eps, "cpu")
     assert type(run.optimizer) is type(ours) is torch.optim.AdamW
     assert ours.state_dict() == theirs.state_dict()

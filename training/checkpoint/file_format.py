@@ -149,12 +149,11 @@ def legacy_optimizer_by_name(state: dict) -> dict:
     the indices. The only place a model is rebuilt to read a checkpoint.
     """
     from model import GPT, GPTConfig
-    from training.train.config import TrainConfig
-    from training.train.optimizers import build_optimizer
+    from training.train.optimizers import OptimizerSettings, build_optimizer
     from training.distributed.strategies import by_name, parameter_names
 
     with torch.device("meta"):
         model = GPT(GPTConfig(**state["model_args"]))
     kind = state.get("config", {}).get("optimizer", "adamw")
-    optimizer = build_optimizer(model, TrainConfig(optimizer=kind), "cpu")
+    optimizer = build_optimizer(model, OptimizerSettings(optimizer=kind), 6e-4, "cpu")  # the groups' order only
     return by_name(state["optimizer"], parameter_names(model, optimizer))

@@ -38,25 +38,27 @@ MUON_TORCH = "2.9"  # the first PyTorch release with torch.optim.Muon (requireme
 BLOCK_MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def build_optimizer(model: GPT, cfg, device_type: str) -> torch.optim.Optimizer:
-    """The optimizer the config names, over the model's (possibly FSDP-sharded) parameters."""
-    if cfg.optimizer == "adamw":
-        return model.configure_optimizers(cfg.weight_decay, cfg.max_lr, (cfg.beta1, cfg.beta2), cfg.adam_eps,
-                                          device_type)
-    if cfg.optimizer != "muon":
-        raise ValueError(f"unknown optimizer {cfg.optimizer!r}")  # the config refuses it first
+def build_optimizer(model: GPT, settings: OptimizerSettings, peak_lr: float,
+                    device_type: str) -> torch.optim.Optimizer:
+    """The optimizer the optimizer section names, over the model's (possibly FSDP-sharded) parameters;
+    peak_lr is the schedule's max_lr (every group's lr in the schedule's units)."""
+    if settings.optimizer == "adamw":
+        return model.configure_optimizers(settings.weight_decay, peak_lr, (settings.beta1, settings.beta2),
+                                          settings.adam_eps, device_type)
+    if settings.optimizer != "muon":
+        raise ValueError(f"unknown optimizer {settings.optimizer!r}")  # the config refuses it first
     muon, adamw = split_parameters(model)
     fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
     adamw_groups = [
-        {"params": [p for p in adamw if p.dim() >= 2], "weight_decay": cfg.weight_decay},  # embeddings
+        {"params": [p for p in adamw if p.dim() >= 2], "weight_decay": settings.weight_decay},  # embeddings
         {"params": [p for p in adamw if p.dim() < 2], "weight_decay": 0.0},  # LayerNorm gains, biases
     ]
-    inner_adamw = torch.optim.AdamW(adamw_groups, lr=cfg.max_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                                    fused=fused)
+    inner_adamw = torch.optim.AdamW(adamw_groups, lr=peak_lr, betas=(settings.beta1, settings.beta2),
+                                    eps=settings.adam_eps, fused=fused)
     # torch.optim.Muon's math, each matrix orthogonalised whole on one rank (training/distributed/muon.py)
-    inner_muon = DistributedMuon([{"params": muon}], lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                                 weight_decay=cfg.muon_weight_decay, nesterov=True)
-    return MuonWithAdamW(inner_adamw, inner_muon, peak_lr=cfg.max_lr)
+    inner_muon = DistributedMuon([{"params": muon}], lr=settings.muon_lr, momentum=settings.muon_momentum,
+                                 weight_decay=settings.muon_weight_decay, nesterov=True)
+    return MuonWithAdamW(inner_adamw, inner_muon, peak_lr=peak_lr)
 
 
 def muon_unavailable() -> str | None:

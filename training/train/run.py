@@ -21,7 +21,7 @@ from training.checkpoint.folder import checkpoints_folder, format_of
 from training.checkpoint.storage import Location
 from training.train.config import TrainConfig
 from training.distributed.process_group import run_on_all_ranks
-from training.train.optimizers import build_optimizer, check_same_optimizer
+from training.train.optimizers import OptimizerSettings, build_optimizer, check_same_optimizer
 from training.distributed.strategies import Strategy
 from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
 from training.train.context import Context
@@ -157,7 +157,8 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
     load_initial_weights(model, cfg.init_from)
     strategy.shard(model)  # under FSDP: before the optimizer, which must hold the sharded parameters
     model.to(runtime.device, dtype=runtime.weights_dtype)
-    optimizer = build_optimizer(model, cfg, runtime.device_type)  # AdamW (configure_optimizers), or Muon + AdamW
+    # AdamW (configure_optimizers), or Muon + AdamW: the optimizer section, and the schedule's peak lr
+    optimizer = build_optimizer(model, cfg.section(OptimizerSettings), cfg.max_lr, runtime.device_type)
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.loss_scaling)
     spikes = SpikeWindow(cfg.spike_window, cfg.spike_threshold, runtime.device, runtime.weights_dtype) \
         if cfg.spike_skip else None
