@@ -178,6 +178,9 @@ def applicable_references(configs: list[dict], mode: str) -> tuple[bool, list[tu
     return loss, [ref for size, (_, refs) in HELLASWAG_REFS.items() if mode == "all" or size in sizes for ref in refs]
 
 
+SET_STYLES = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1)), "D")]  # (line style, marker) of each val set
+
+
 def val_sets(records: list[dict]) -> list[str]:
     """The named val sets of a run's val records (evals/val_loss.py): [] for the one default set."""
     own = ("kind", "step", "tokens", "loss")
@@ -215,9 +218,10 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
                 if window > 1:
                     ax.plot(x / scale, y, color=color, alpha=0.2, linewidth=0.8)
                 ax.plot(x / scale, smooth(y, window), color=color, linewidth=1.2, label=name)
-            else:  # evaluations: every N steps
-                ax.plot(x / scale, y, color=color, linestyle="--" if shared[s.panel] else "-", marker="o",
-                        markersize=3, label=name)
+            else:  # evaluations: every N steps; several val sets in styles of their own
+                style, marker = SET_STYLES[list(sets).index(s.field) % len(SET_STYLES)] if s.field in sets else \
+                    ("--" if shared[s.panel] else "-", "o")
+                ax.plot(x / scale, y, color=color, linestyle=style, marker=marker, markersize=3, label=name)
         for tokens in resume_tokens(runs[label].records):
             for ax in axes.values():
                 ax.axvline(tokens / scale, color=color, linewidth=0.8, alpha=0.6, label=f"{label} resumed")

@@ -47,7 +47,7 @@ class ValLoss(Evaluator):
 
     def describe(self, record: dict) -> str:
         sets = [f"{name} {loss:.4f}" for name, loss in record.items() if name not in ("kind", "step", "tokens", "loss")]
-        return f"val loss {record['loss']:.4f}" + "".join(f" | {s}" for s in sets)
+        return "val loss " + (" | ".join(sets) if sets else f"{record['loss']:.4f}")  # "val loss edu 3.2 | code 2.9"
 
 
 @torch.no_grad()

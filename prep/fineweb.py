@@ -4,7 +4,7 @@
     python prep/fineweb.py --input a.txt b.jsonl c.parquet --out data/mycorpus
 
 Inputs. FineWeb-Edu is streamed from the Hugging Face Hub with the `datasets` library (no
-30 GB download cache). Local files are read directly: `.txt` (one UTF-8 document per file,
+30 GB download cache). Local files are read directly: `.txt`, `.md` or `.py` (one UTF-8 document per file,
 CRLF and CR line ends read as LF), `.jsonl` / `.json` (JSON Lines: one object per line, the
 document in its `text` field) and `.parquet` (a `text` string column). Every input is checked
 before anything is written; a bad document is an error naming its file and line (row, counted
@@ -62,7 +62,8 @@ from common.errors import ArgumentParser, ConfigError, DataError, ReproError, pr
 
 HUB_DATASET = "HuggingFaceFW/fineweb-edu"
 HUB_SUBSET = "sample-10BT"
-INPUT_KINDS = {".txt": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+# plain text, one document per file: .txt, and Markdown and Python sources (a prose or a code corpus from a folder)
+INPUT_KINDS = {".txt": "txt", ".md": "txt", ".py": "txt", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 PIECE_BYTES = 1 << 20  # .jsonl bytes per worker task: about 250K tokens, 0.5 MB of them to send back
 HUB_BATCH_DOCS = 512  # Hub documents per worker task
 EOT_IDS = np.array([EOT_TOKEN], dtype=np.uint32)
@@ -306,7 +307,7 @@ def check_inputs(names: list[str], text_field: str) -> list[Input]:
         path = Path(name)
         kind = INPUT_KINDS.get(path.suffix.lower())
         if kind is None:
-            raise DataError(f"{path}: unsupported input type {path.suffix!r} (use .txt, .jsonl, .json or .parquet)")
+            raise DataError(f"{path}: unsupported input type {path.suffix!r} (use .txt, .md, .py, .jsonl, .json or .parquet)")
         if not path.exists():
             raise DataError(f"{path}: no such file")
         if not path.is_file():
@@ -560,7 +561,7 @@ def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="prep/fineweb.py", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", nargs="+", metavar="FILE",
-                        help="local .txt/.jsonl/.json/.parquet files instead of the Hub")
+                        help="local .txt/.md/.py/.jsonl/.json/.parquet files instead of the Hub")
     parser.add_argument("--out", default=None,
                         help="output folder (default data/edu_fineweb10B, or data/local with --input)")
     parser.add_argument("--prefix", default=None, help="shard name prefix (default edufineweb, or local with --input)")

@@ -113,6 +113,18 @@ def test_one_panel_per_kind_of_data(tmp_path):
     check_image(tmp_path / "curves.png", panels=2)
 
 
+def test_a_run_with_several_val_sets_gets_one_val_curve_per_set_in_a_style_of_its_own(tmp_path):
+    records = fake_run(steps=30, batch=2048, hellaswag=False)
+    for r in records:
+        if r["kind"] == "val":  # evals/val_loss.py's record with named sets: `loss` is the first set's
+            r.update(edu=r["loss"], code=r["loss"] - 0.5)
+    fig = figure(tmp_path, {"mix": (records, DEMO), "plain": (fake_run(steps=30, batch=2048, hellaswag=False), DEMO)})
+    assert labels(fig.axes[0]) == ["mix train", "mix val/edu", "mix val/code", "plain train", "plain val"]
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert lines["mix val/edu"].get_linestyle() != lines["mix val/code"].get_linestyle()
+    assert list(lines["mix val/code"].get_ydata()) == [r["code"] for r in records if r["kind"] == "val"]
+
+
 @pytest.mark.slow
 def test_train_records_only(tmp_path):
     records = [r for r in fake_run(steps=30, batch=2048, hellaswag=False) if r["kind"] == "train"]
