@@ -307,7 +307,8 @@ def check_inputs(names: list[str], text_field: str) -> list[Input]:
         path = Path(name)
         kind = INPUT_KINDS.get(path.suffix.lower())
         if kind is None:
-            raise DataError(f"{path}: unsupported input type {path.suffix!r} (use .txt, .md, .py, .jsonl, .json or .parquet)")
+            raise DataError(f"{path}: unsupported input type {path.suffix!r} "
+                            f"(use .txt, .md, .py, .jsonl, .json or .parquet)")
         if not path.exists():
             raise DataError(f"{path}: no such file")
         if not path.is_file():
