@@ -316,11 +316,14 @@ def test_rank_zero_write_failures_reach_every_rank_as_one_line(data, tmp_path):
     assert f"out_dir: cannot create {blocker / 'run'} (Not a directory)" in errors[0]
     assert proc.exitcodes == [2, 2] and "train_gpt2.py\", line" not in proc.stderr
 
-    def small_files_only():  # the log outgrows 1.5 KB first (no checkpoint before the end): a full disk
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1500, 1500))
+    # a full disk: config.yaml (about 1.6 KB with these paths) and run.json fit in 2.5 KB; the log of 24
+    # steps (about 200 bytes a step) outgrows it first, before the only checkpoint, at the end
+    def small_files_only():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2500, 2500))
 
     out = tmp_path / "full_log"
-    proc = subprocess.run(torchrun_cmd(base_args(data, out, **{**ARGS, "checkpoint_interval": 0})), cwd=REPO,
+    full_log = {**ARGS, "checkpoint_interval": 0, "max_steps": 24}
+    proc = subprocess.run(torchrun_cmd(base_args(data, out, **full_log)), cwd=REPO,
                           env=env_for_workers(), capture_output=True, text=True, timeout=guard(120), preexec_fn=small_files_only)
     errors = error_lines(proc.stderr)
     assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]
