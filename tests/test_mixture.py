@@ -191,3 +191,4 @@ def test_each_val_set_is_the_same_figure_on_one_and_two_ranks(folders, tmp_path)
         run_trainer(base_args(edu, out, **sets), nproc=nproc)
         figures[nproc] = [(r["edu"], r["code"]) for r in read_log(out / "log.jsonl") if r["kind"] == "val"]
     assert len(figures[None]) == 3 and figures[None][0] == figures[2][0]  # step 0: the same weights, bitwise
+    assert all(edu != code for edu, code in figures[None])  # each set its own window
