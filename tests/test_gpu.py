@@ -385,7 +385,7 @@ DRY_RUN_SPEED = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the
 ON_COMPILED_RUN = "hellaswag_in_a_compiled_run or sample_py_with_kv_cache or a_cuda_checkpoint_exports"
 DRY_RUN_CALLS = {  # results folder: (part, GPU_CHECK_TESTS)
     "tests-compiled": ("tests", ON_COMPILED_RUN), "tests-other": ("tests", f"not ({ON_COMPILED_RUN})"),
-    "speed": ("speed", ""), "reference": ("reference", ""), "checkpoint": ("checkpoint", "")}
+    "speed": ("speed", ""), "reference": ("reference", ""), "checkpoint": ("checkpoint", ""), "memory": ("memory", "")}
 
 
 @pytest.fixture(scope="module")
@@ -477,6 +477,22 @@ def test_gpu_check_dry_run_checkpoint_part_saves_and_loads_in_every_format(gpu_c
         f"checkpoint-tiny-{v}" for v in ("file", "sharded", "sharded-async", "load-file", "load-sharded")]
     assert all(c["total_s"] >= c["blocking_s"] > 0 and c["bytes_on_disk"] > 0 for c in saves)
     assert all(c["load_s"] > 0 for c in loads) and "| checkpoint-tiny-load-file |" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_memory_part_sets_auto_beside_the_tables_estimate(gpu_check):
+    """On the CPU micro_batch_size auto falls back (4): the rehearsal checks the plumbing, each setting's run,
+    run.json's record, the estimate, and the summary's table."""
+    out, results, details = dry_run_part(gpu_check, "memory")
+    settings = ("none", "selective", "full")
+    assert [m["label"] for m in results["memory"]] == [f"memory-tiny-{s}" for s in settings]
+    assert all(m["exit"] == 0 and m["chosen_B"] == 4 and m["how"] == "fallback (cpu)" and m["peak_gib"] is None
+               for m in results["memory"])
+    per_sequence = [m["activations_per_sequence_gib"] for m in results["memory"]]
+    assert per_sequence[2] < per_sequence[0]  # full recomputation keeps less per sequence than none
+    assert all(m["estimate_peak_gib"] > 0 for m in results["memory"]) and "memory-gpt2.log" in details
+    summary = (out / "summary.md").read_text()
+    assert "## Memory: micro_batch_size auto" in summary and "| tiny | full | 4 | fallback (cpu) | 0 | - |" in summary
 
 
 @pytest.mark.slow

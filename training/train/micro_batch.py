@@ -186,6 +186,7 @@ def probe_search(ctx, strategy, candidates: list[int]) -> SearchResult:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)  # the train records' peak_mem_gb is the run's, not a probe's
 
 
 def search_with_probe_model(ctx, strategy, candidates: list[int]) -> SearchResult:
