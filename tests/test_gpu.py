@@ -306,7 +306,8 @@ def test_a_cuda_checkpoint_exports_and_loads_in_transformers_with_the_same_logit
 @pytest.mark.slow  # it starts bash (bench_gpu.sh's listing), though for well under a second
 def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     """The trainer arguments of every GPU launch: bench_gpu.sh's variants (every micro-batch size a
-    `fit` may try), compare_recipes.py --gpu, repro_check.py's runs and this file's CUDA setting.
+    `fit` may try), compare_recipes.py --gpu, repro_check.py's runs, memory_check.py's and this file's CUDA
+    setting.
 
     CI has no GPU and the dry runs replace the model and device, so a renamed key or a new rule
     between keys would otherwise first fail on a lent GPU. World size 1, as gpu_check runs them.
@@ -314,8 +315,10 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
     import bench
     import compare_recipes
+    import memory_check
     import repro_check
     from training.train.config import parse_args
+    from training.train.micro_batch import candidate_sizes
 
     listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-"], env=dict(os.environ, BENCH_LIST="1"),
                              capture_output=True, text=True, timeout=guard(60))
@@ -335,10 +338,16 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     for mode, extra in repro_check.MODES.items():
         launches[f"repro-{mode}"] = [*repro_check.SHAPES["gpu"]["args"], *extra, "--max_steps", "50"]
     launches["test_gpu"] = base_args(tmp_path, tmp_path, **trainer_settings(*CUDA[:4]))
+    for model in ("gpt2", "gpt2-xl"):
+        for setting in memory_check.SETTINGS:
+            launches[f"memory-{model}-{setting}"] = memory_check.trainer_args(model, setting, "data", tmp_path, False)
     for label, arguments in launches.items():
         cfg = parse_args(arguments)  # a ConfigError names the key
         assert cfg.device == "cuda" or "--device" not in arguments, label
-        cfg.grad_accum_steps(1)
+        if cfg.micro_batch_size is None:  # auto: some micro-batch keeps grad_accum_steps whole
+            assert candidate_sizes(cfg.total_batch_size, cfg.seq_len, 1), label
+        else:
+            cfg.grad_accum_steps(1)
 
 
 # A stand-in for build-nanogpt's train_gpt2.py, whose code may not live in this repository: the
