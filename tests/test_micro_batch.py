@@ -230,3 +230,18 @@ def test_on_the_cpu_auto_is_one_warning_and_the_fallback(shards, tmp_path):
     assert "micro_batch_size: 8\n" in (out / "config.yaml").read_text()  # what the checkpoints' config holds too
     checkpoint = torch.load(next(Path(out / "checkpoints").glob("step_*.pt")), weights_only=True)
     assert checkpoint["config"]["micro_batch_size"] == 8
+
+
+def test_a_resume_with_auto_chooses_again_and_names_the_change(shards, tmp_path):
+    """The checkpoint holds the concrete B; a resume with auto chooses anew, and a different B is named (it
+    changes the math only with dropout: WITH_DROPOUT_KEYS)."""
+    from conftest import base_args, run_trainer
+
+    out = tmp_path / "out"
+    common = dict(micro_batch_size="auto", eval_interval=0, checkpoint_interval=2)
+    run_trainer(base_args(shards, out, micro_batch_size_fallback=8, max_steps=2, **common))
+    proc = run_trainer(base_args(shards, out, micro_batch_size_fallback=4, max_steps=3, **common))
+    assert "resumed from" in proc.stdout and "micro_batch_size 4 (auto: fallback (cpu))" in proc.stdout
+    changed = [line for line in proc.stderr.splitlines() if "differ from the checkpoint's" in line]
+    assert len(changed) == 1 and "micro_batch_size 8 -> 4" in changed[0]
+    assert "values; max_steps changes the training math" in changed[0]  # B does not (no dropout here)
