@@ -94,6 +94,8 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
         run = build_run(ctx, strategy)  # data, model, optimizer, the checkpoint it resumes
         if run is not None:  # None: that checkpoint already reached max_steps
             record = provenance(ctx, argv, run.data_fingerprint, run.run_id)
+            if run.micro_batch is not None:  # micro_batch_size auto: how B was chosen (config.yaml has the B)
+                record["micro_batch_size"] = run.micro_batch
             open_run_folder(ctx, run, record)
             train(ctx, run, preemption, record, wrap_step)
         barrier(env)  # leave together: a gloo rank torn down while its peer still talks can abort
@@ -174,6 +176,7 @@ def describe_launch(ctx: Context, run: Run) -> None:
         f"model {cfg.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
         f"device {runtime.device} | {runtime.dtype} | compile {runtime.compile} | {cfg.strategy} | "
         + (f"activation checkpointing {cfg.activation_checkpointing_label()} | " if runtime.recompute_every else "") +
+        (f"micro_batch_size {cfg.micro_batch_size} (auto: {run.micro_batch['how']}) | " if run.micro_batch else "") +
         f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.summary()}"
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
 

@@ -5,7 +5,7 @@
 #   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh /tmp/dry    # every part's plumbing on the CPU, tiny models
 #   bash scripts/gpu_check.sh --report DIR RESULTS...         # one summary of several calls' results
 #
-# Parts, most valuable first (the default is all ten, in this order):
+# Parts, most valuable first (the default is all eleven, in this order):
 #   tests      pytest -m gpu tests/test_gpu.py: compiled vs eager, fused loss, resume, HellaSwag under
 #              compile, sample.py's KV cache, export to transformers (124M, bf16, real tokens)
 #   speed      GPT-2 124M, T=1024, 524,288 tokens/step: compiled/eager x plain/fused loss, B=64 and 32
@@ -23,6 +23,9 @@
 #   checkpoint scripts/bench_checkpoint.py on the GPU, 124M and 1558M: the file, a sharded save, an
 #              async sharded save (how long the loop is blocked, how long until complete), and the
 #              loads of the first two
+#   memory     micro_batch_size auto (scripts/memory_check.py) for gpt2, gpt2-medium, gpt2-large and gpt2-xl
+#              with activation_checkpointing none, selective and full: the B chosen, the peak memory of
+#              2 real steps (eager, 524,288 tokens), against scripts/memory_table.py's estimate
 #   repro      scripts/repro_check.py: two identical compiled 124M runs of 50 steps and a resume, with
 #              and without --deterministic true, compared bit for bit; the kernels and gradients that
 #              differ; then what deterministic costs at B=64 (bench_gpu.sh group repro)
@@ -35,6 +38,9 @@
 #   run  command: bash scripts/gpu_check.sh "$OUT" reference presets fsdp levers  carry: [".ref"]
 # and, while device time is left, a third:  bash scripts/gpu_check.sh "$OUT" repro longrun recipe checkpoint
 #                                          carry: ["data/shakespeare"] (python prep/shakespeare.py here first)
+# and a fourth:  bash scripts/gpu_check.sh "$OUT" memory   (12 short runs, estimated, not measured, at
+#                0.5-1 min each; what the budget skips is listed, and GPU_CHECK_MEMORY_MODELS="gpt2-large
+#                gpt2-xl" reruns only those presets)
 # then, on the session's own machine:  bash scripts/gpu_check.sh --report DIR FILES_AT_1 FILES_AT_2
 #
 # Budget, estimated for one H100 before any was measured (the first run's part and variant
@@ -59,7 +65,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-ALL_PARTS="tests speed reference presets fsdp levers longrun recipe checkpoint repro"
+ALL_PARTS="tests speed reference presets fsdp levers longrun recipe checkpoint repro memory"
 SKIPPED=99  # a part's exit status for "nothing to run here" (not one pytest or timeout uses)
 
 summarize() {  # environment DRY_RUN PARTS BUDGET | collect WORK RESULTS | report OUT RESULTS...
@@ -137,6 +143,7 @@ def collect(work, results):
         "muon": [json.loads(line) for line in tail(bench / "muon.jsonl", None)],
         "recipe": json.loads((bench / "recipes.json").read_text()) if (bench / "recipes.json").exists() else [],
         "repro": [(bench / "repro.md").read_text()] if (bench / "repro.md").exists() else [],
+        "memory": [json.loads(line) for line in tail(bench / "memory.jsonl", None)],
         "failed": [{"label": label, "why": why, "log_tail": tail(bench / f"{label}.log")}
                    for label, why in table_lines(bench / "failed.txt")],
         "skipped": [{"label": label, "why": why} for label, why in table_lines(bench / "skipped.txt")],
@@ -187,11 +194,11 @@ def report(out, *sources):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "muon": [], "recipe": [], "repro": [],
-              "failed": [], "skipped": []}
+              "memory": [], "failed": [], "skipped": []}
     for source in sources:
         path = Path(source) / "results.json" if Path(source).is_dir() else Path(source)
         for key, value in json.loads(path.read_text()).items():
-            merged[key] += value
+            merged.setdefault(key, []).extend(value)  # results of an older script lack the newer keys
     numerics = compare_losses(merged["rows"])
     (out / "results.json").write_text(json.dumps(merged, indent=2) + "\n")
     (out / "numerics.json").write_text(json.dumps(numerics, indent=2) + "\n")
@@ -262,6 +269,17 @@ def report(out, *sources):
                   r["faithful_steps"], r["modern_steps"] or "not reached", fmt(r["speedup"], ".2f")]
                  for r in merged["recipe"]])
     md += [line for text in merged["repro"] for line in text.splitlines() + [""]]  # repro_check.py's own summary
+    measured = [m for m in merged["memory"] if "chosen_B" in m]
+    md += table("Memory: micro_batch_size auto (scripts/memory_check.py, 2 eager steps of 524,288 tokens) "
+                "against scripts/memory_table.py's estimate",
+                ["model", "activation checkpointing", "auto B", "how", "probes", "peak GiB", "estimate B",
+                 "estimated peak GiB at auto B", "step ms", "s"],
+                [[m["model"], m["activation_checkpointing"], m["chosen_B"], m["how"], len(m["probes"]),
+                  fmt(m["peak_gib"], ".1f"), fmt(m["estimate_B"], "d"), f"{m['estimate_peak_gib']:.2f}",
+                  fmt(m["step_ms"], ".0f"), m["seconds"]] for m in measured])
+    merged["failed"] += [{"label": m["label"], "why": m["error"], "log_tail": []} for m in merged["memory"]
+                         if "error" in m]
+    merged["skipped"] += [{"label": m["label"], "why": m["skipped"]} for m in merged["memory"] if "skipped" in m]
     if merged["failed"] or merged["skipped"]:
         md += ["## Not measured", ""]
         md += [f"- {f['label']}: failed, {f['why']} (log tail in results.json)" for f in merged["failed"]]
@@ -409,6 +427,26 @@ part_repro() {  # $1: seconds left. repro_check.py, then (with the time left) th
     cp "$WORK/repro/repro.json" "$WORK/repro/repro.md" "$BENCH/" 2>/dev/null
     [ $status = 0 ] || printf 'repro\texit %s\n' "$status" >> "$BENCH/failed.txt"
     bench_group repro
+    return $status
+}
+
+part_memory() {  # $1: seconds left. One scripts/memory_check.py per preset (its settings each check the budget)
+    local models=(${GPU_CHECK_MEMORY_MODELS:-gpt2 gpt2-medium gpt2-large gpt2-xl}) args=() model left status=0
+    [ "$DRY_RUN" = 1 ] && models=(gpt2) args=(--dry_run)
+    corpus || return
+    for model in "${models[@]}"; do
+        left=$(( DEADLINE - $(date +%s) ))
+        if (( left < MIN_START_S )); then
+            printf 'memory-%s\t%ss of the time budget left\n' "$model" "$left" >> "$BENCH/skipped.txt"
+            continue
+        fi
+        echo "=== memory $model"
+        timeout --kill-after=20 "$left" "$PY" scripts/memory_check.py --model "$model" --data_dir "$WORK/corpus" \
+            --work "$WORK/memory" "${args[@]}" > "$BENCH/memory-$model.log" 2>&1 \
+            || { status=$?; printf 'memory-%s\texit %s\n' "$model" "$status" >> "$BENCH/failed.txt"; }
+        grep '^{' "$BENCH/memory-$model.log" | tee -a "$BENCH/memory.jsonl"
+        rm -rf "$WORK/memory"
+    done
     return $status
 }
 

@@ -306,7 +306,8 @@ def test_a_cuda_checkpoint_exports_and_loads_in_transformers_with_the_same_logit
 @pytest.mark.slow  # it starts bash (bench_gpu.sh's listing), though for well under a second
 def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     """The trainer arguments of every GPU launch: bench_gpu.sh's variants (every micro-batch size a
-    `fit` may try), compare_recipes.py --gpu, repro_check.py's runs and this file's CUDA setting.
+    `fit` may try), compare_recipes.py --gpu, repro_check.py's runs, memory_check.py's and this file's CUDA
+    setting.
 
     CI has no GPU and the dry runs replace the model and device, so a renamed key or a new rule
     between keys would otherwise first fail on a lent GPU. World size 1, as gpu_check runs them.
@@ -314,8 +315,10 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
     import bench
     import compare_recipes
+    import memory_check
     import repro_check
     from training.train.config import parse_args
+    from training.train.micro_batch import candidate_sizes
 
     listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-"], env=dict(os.environ, BENCH_LIST="1"),
                              capture_output=True, text=True, timeout=guard(60))
@@ -335,10 +338,16 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     for mode, extra in repro_check.MODES.items():
         launches[f"repro-{mode}"] = [*repro_check.SHAPES["gpu"]["args"], *extra, "--max_steps", "50"]
     launches["test_gpu"] = base_args(tmp_path, tmp_path, **trainer_settings(*CUDA[:4]))
+    for model in ("gpt2", "gpt2-xl"):
+        for setting in memory_check.SETTINGS:
+            launches[f"memory-{model}-{setting}"] = memory_check.trainer_args(model, setting, "data", tmp_path, False)
     for label, arguments in launches.items():
         cfg = parse_args(arguments)  # a ConfigError names the key
         assert cfg.device == "cuda" or "--device" not in arguments, label
-        cfg.grad_accum_steps(1)
+        if cfg.micro_batch_size is None:  # auto: some micro-batch keeps grad_accum_steps whole
+            assert candidate_sizes(cfg.total_batch_size, cfg.seq_len, 1), label
+        else:
+            cfg.grad_accum_steps(1)
 
 
 # A stand-in for build-nanogpt's train_gpt2.py, whose code may not live in this repository: the
@@ -385,7 +394,7 @@ DRY_RUN_SPEED = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the
 ON_COMPILED_RUN = "hellaswag_in_a_compiled_run or sample_py_with_kv_cache or a_cuda_checkpoint_exports"
 DRY_RUN_CALLS = {  # results folder: (part, GPU_CHECK_TESTS)
     "tests-compiled": ("tests", ON_COMPILED_RUN), "tests-other": ("tests", f"not ({ON_COMPILED_RUN})"),
-    "speed": ("speed", ""), "reference": ("reference", ""), "checkpoint": ("checkpoint", "")}
+    "speed": ("speed", ""), "reference": ("reference", ""), "checkpoint": ("checkpoint", ""), "memory": ("memory", "")}
 
 
 @pytest.fixture(scope="module")
@@ -477,6 +486,22 @@ def test_gpu_check_dry_run_checkpoint_part_saves_and_loads_in_every_format(gpu_c
         f"checkpoint-tiny-{v}" for v in ("file", "sharded", "sharded-async", "load-file", "load-sharded")]
     assert all(c["total_s"] >= c["blocking_s"] > 0 and c["bytes_on_disk"] > 0 for c in saves)
     assert all(c["load_s"] > 0 for c in loads) and "| checkpoint-tiny-load-file |" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_memory_part_sets_auto_beside_the_tables_estimate(gpu_check):
+    """On the CPU micro_batch_size auto falls back (4): the rehearsal checks the plumbing, each setting's run,
+    run.json's record, the estimate, and the summary's table."""
+    out, results, details = dry_run_part(gpu_check, "memory")
+    settings = ("none", "selective", "full")
+    assert [m["label"] for m in results["memory"]] == [f"memory-tiny-{s}" for s in settings]
+    assert all(m["exit"] == 0 and m["chosen_B"] == 4 and m["how"] == "fallback (cpu)" and m["peak_gib"] is None
+               for m in results["memory"])
+    per_sequence = [m["activations_per_sequence_gib"] for m in results["memory"]]
+    assert per_sequence[2] < per_sequence[0]  # full recomputation keeps less per sequence than none
+    assert all(m["estimate_peak_gib"] > 0 for m in results["memory"]) and "memory-gpt2.log" in details
+    summary = (out / "summary.md").read_text()
+    assert "## Memory: micro_batch_size auto" in summary and "| tiny | full | 4 | fallback (cpu) | 0 | - |" in summary
 
 
 @pytest.mark.slow

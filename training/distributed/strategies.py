@@ -90,6 +90,12 @@ class Strategy:
         model.recompute_blocks(self.runtime.recompute_every)
         return torch.compile(model) if self.runtime.compile else model
 
+    def probe_model(self, model: GPT) -> torch.nn.Module:
+        """The training forward for micro_batch_size auto's probes (training/train/micro_batch.py): recomputed
+        and compiled as training_model's, but never syncing gradients, and without DDP's wrapper (its
+        construction and its hooks are collectives a probe that runs out of memory would leave unmatched)."""
+        return Strategy.training_model(self, model)
+
     # --- the step ------------------------------------------------------------------------------
     def gradient_sync(self, model: GPT, train_model: torch.nn.Module, enabled: bool) -> SyncContext:
         """Context for one micro-step's forward and backward: sync gradients only when enabled."""
@@ -187,6 +193,12 @@ class FSDP(Strategy):
         with torch.no_grad():
             model(torch.zeros((1, 1), dtype=torch.long, device=self.runtime.device))
         return super().training_model(model)
+
+    def probe_model(self, model: GPT) -> torch.nn.Module:
+        # the forwards all-gather, so every rank probes the same sizes (micro_batch.py agrees on each probe)
+        train_model = self.training_model(model)
+        model.set_requires_gradient_sync(False)  # no reduce-scatter; the step sets it again every micro-step
+        return train_model
 
     def gradient_sync(self, model: GPT, train_model: torch.nn.Module, enabled: bool) -> SyncContext:
         model.set_requires_gradient_sync(enabled)  # no reduce-scatter before the last micro-step

@@ -87,7 +87,13 @@ class DataSettings(Settings):
                                                    "YAML), every step the same share of rows from each "
                                                    "(data/mixture.py)")
     total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)")
-    micro_batch_size: int = option(64, "sequences in one forward pass on one rank (B)")
+    micro_batch_size: int | None = option(64, "sequences in one forward pass on one rank (B), or auto: on CUDA the "
+                                              "largest B that fits the GPU's free memory with headroom, found by "
+                                              "probing the training step before training (the smallest over the "
+                                              "ranks, keeping grad_accum_steps whole; run.json and the startup "
+                                              "line say which); on CPU and MPS micro_batch_size_fallback")
+    micro_batch_size_fallback: int = option(16, "micro_batch_size auto on CPU and MPS, where no memory is probed: "
+                                                "this B, with a warning")
     seq_len: int = option(1024, "tokens per sequence (T)")
     shuffle: bool = option(False, "read the train rows in a new order every epoch, seeded by seed and epoch (false: "
                                   "build-nanogpt's order, the shards in order, then in a seeded shard order)")
@@ -97,8 +103,9 @@ class DataSettings(Settings):
 
     def validate(self) -> None:
         parse_sources(self.data_dir)  # its form and weights; the folders are opened at launch
-        for key in ("total_batch_size", "micro_batch_size", "seq_len"):
-            require(getattr(self, key) > 0, key, f"must be positive, got {getattr(self, key)}")
+        for key in ("total_batch_size", "micro_batch_size", "micro_batch_size_fallback", "seq_len"):
+            value = getattr(self, key)
+            require(value is None or value > 0, key, f"must be positive, got {value}")  # None: micro_batch_size auto
         require(self.total_batch_size % self.seq_len == 0, "total_batch_size",
                 f"{self.total_batch_size} is not a multiple of seq_len {self.seq_len}")
 
@@ -381,7 +388,7 @@ TRAJECTORY_KEYS = frozenset({
 # Keys that change only the rounding (other kernels, other orders of sums) unless dropout is on: then which
 # dropout mask falls on which row (micro-batches hold other rows; compiled kernels draw their masks apart
 # from eager ones; deterministic mode may pick another attention kernel, which draws its own).
-WITH_DROPOUT_KEYS = frozenset({"micro_batch_size", "compile", "deterministic"})
+WITH_DROPOUT_KEYS = frozenset({"micro_batch_size", "micro_batch_size_fallback", "compile", "deterministic"})
 # Keys that change nothing unless rollbacks are on: a rollback goes back to the newest checkpoint, so the
 # checkpoint cadence decides which batches it passes over.
 WITH_ROLLBACKS_KEYS = frozenset({"checkpoint_interval"})

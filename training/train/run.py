@@ -25,6 +25,7 @@ from training.train.optimizers import OptimizerSettings, build_optimizer, check_
 from training.distributed.strategies import Strategy
 from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
 from training.train.context import Context
+from training.train.micro_batch import choose_micro_batch_size
 from training.train.spikes import RollbackRequested, SpikeWindow
 from training.train.weights import load_initial_weights
 
@@ -66,6 +67,7 @@ class Run:
     start_step: int = 0  # where this launch began: 0, or the step of the checkpoint it resumed
     resumed_from: Location | None = None  # the checkpoint it resumed (a rollback candidate, wherever it lies)
     resumed_step: int = 0  # and its step
+    micro_batch: dict | None = None  # micro_batch_size auto: how this launch chose it (run.json)
 
     @property
     def val_loader(self) -> ValLoader:
@@ -133,6 +135,9 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
     long_run, evaluation's val_tokens) from ctx.cfg: building the run is where they meet.
     """
     cfg, env, runtime, logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
+    micro_batch = None
+    if cfg.micro_batch_size is None:  # auto: probed now, and the concrete B is what every part of the run reads
+        cfg.micro_batch_size, micro_batch = choose_micro_batch_size(ctx, strategy)
     grad_accum_steps = cfg.grad_accum_steps(strategy.dp_size)  # a ConfigError when the batch does not divide
     resume_path = choose_resume_checkpoint(ctx)
 
@@ -163,7 +168,8 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
     spikes = SpikeWindow(cfg.spike_window, cfg.spike_threshold, runtime.device, runtime.weights_dtype) \
         if cfg.spike_skip else None
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
-              val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes)
+              val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes,
+              micro_batch=micro_batch)
     if resume_path is None:
         return run
 
