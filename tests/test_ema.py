@@ -129,6 +129,29 @@ def test_evaluating_the_average_leaves_the_live_weights_and_the_average_bitwise_
     assert evaluate_val_loss(run.model, run.val_loader, ctx.env, ctx.runtime.autocast()) == record["ema_loss"]
 
 
+def test_hellaswag_of_the_average_is_its_own_field(shards, tmp_path):
+    from conftest import GPT2_VOCAB
+    from data.tokenizer import get_tokenizer
+    from evals.hellaswag import HellaSwag
+    from evals.periodic import PeriodicEvaluation
+    from test_hellaswag import write_fixture
+
+    fixture = write_fixture(tmp_path / "hellaswag.jsonl", n=8)
+    ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=0.5, vocab_size=GPT2_VOCAB, max_steps=2,
+                              hellaswag_interval=1, hellaswag_path=fixture)
+    steps(ctx, run, 2)
+    logged = []
+    ctx.logger.log = logged.append
+    evaluation = PeriodicEvaluation(ctx, run.strategy, get_tokenizer())
+    evaluation.evaluators = [e for e in evaluation.evaluators if isinstance(e, HellaSwag)]
+    live = weights(run.model)
+    evaluation.run_due(run, last_step=True, agree_to_stop=lambda: False)
+    (record,) = logged
+    assert {"acc_norm", "acc", "n", "ema_acc_norm", "ema_acc"} <= record.keys() and "ema_n" not in record
+    assert run.metrics["ema_hellaswag_acc_norm"] == record["ema_acc_norm"]
+    assert all(torch.equal(p, live[name]) for name, p in run.model.named_parameters())
+
+
 def test_no_average_is_evaluated_before_ema_start(shards, tmp_path):
     from evals.periodic import PeriodicEvaluation
 
