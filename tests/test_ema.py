@@ -232,11 +232,14 @@ def test_a_two_rank_resume_is_bitwise(straight, data, tmp_path, strategy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_a_resume_on_another_world_size_matches_within_tolerance(straight, data, tmp_path, strategy):
-    """2 ranks -> 1 process (a fsdp run's sharded checkpoint, a ddp run's file), float64 as test_fsdp."""
+@pytest.mark.parametrize("strategy,then,nproc", [("ddp", "ddp", None), ("fsdp", "ddp", None), ("ddp", "fsdp", 2)],
+                         ids=["ddp-file-to-1-process", "fsdp-sharded-to-1-process", "ddp-file-to-fsdp-shards"])
+def test_a_resume_on_another_world_size_or_strategy_matches_within_tolerance(straight, data, tmp_path, strategy,
+                                                                             then, nproc):
+    """2 ranks -> 1 process (a fsdp run's sharded checkpoint, a ddp run's file), and a whole file's average cut
+    into FSDP shards; float64, as test_fsdp."""
     out = tmp_path / "resumed"
-    resume_from_step_3(straight[f"{strategy}64"], out, data, None, strategy="ddp", **F64)
+    resume_from_step_3(straight[f"{strategy}64"], out, data, nproc, strategy=then, **F64)
     a, b = averages(out, 6), averages(straight[f"{strategy}64"], 6)
     assert a.keys() == b.keys()
     for key in a:
