@@ -36,7 +36,7 @@ from pathlib import Path
 from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer
 from common.errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
 from training.checkpoint import storage
-from training.checkpoint.folder import CHECKPOINT_DIR, read_model
+from training.checkpoint.folder import CHECKPOINT_DIR, WEIGHTS, read_model
 from training.observe.logger import write_text_file
 from training.train.runtime import resolve_runtime
 
@@ -59,6 +59,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--include_path", default=None, help="a folder of extra task YAML files")
     parser.add_argument("--out_dir", default=None,
                         help="where lm_eval/step_XXXXXXXX.json goes (default: the checkpoint's run folder)")
+    parser.add_argument("--weights", default="live", choices=WEIGHTS,
+                        help="live (the trained weights) or ema (the checkpoint's EMA of them: its results are "
+                             "keyed ema/<task>)")
     parser.add_argument("--wandb_mode", default=None, choices=["online", "offline", "disabled"],
                         help="W&B mode for runs that used W&B (default: the run's own)")
     args = parser.parse_args(argv)
@@ -83,7 +86,7 @@ def main(argv: list[str]) -> int:
     task_manager = task_manager_for(tasks, args.include_path, TaskManager)
     check_tasks(tasks, task_manager.all_tasks)
     runtime = resolve_runtime(args.device, args.dtype, compile=False, loss_chunk_size=0)
-    model, state, path = read_model(args.ckpt, "eval_lm.py")
+    model, state, path = read_model(args.ckpt, "eval_lm.py", args.weights)
     state.pop("model", None)  # the model holds the weights now
     if model.config.vocab_size < GPT2_VOCAB_SIZE:
         raise CheckpointError(f"{path}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
@@ -107,6 +110,8 @@ def main(argv: list[str]) -> int:
                     device=str(runtime.device), dtype=runtime.dtype,
                     date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
     entries = task_entries(results, settings)
+    if args.weights == "ema":  # beside the live weights' figures in the same file and W&B run, never over them
+        entries = {f"ema/{task}": {**entry, "weights": "ema"} for task, entry in entries.items()}
     out_dir = Path(args.out_dir) if args.out_dir else run_folder(path)
     written = write_results(out_dir, path, state, entries)
     print(format_table(entries))

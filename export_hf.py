@@ -15,18 +15,25 @@ import sys
 
 from common.errors import ArgumentParser, WriteError, run_cli
 from hf_interop.export import export_hf
-from training.checkpoint.folder import WEIGHTS_ENTRIES, read_full_state, require_entries, resolve_checkpoint
+from training.checkpoint.folder import (WEIGHTS, WEIGHTS_ENTRIES, read_full_state, require_average, require_entries,
+                                        resolve_checkpoint, with_average)
 
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="export_hf.py", description=__doc__)
     parser.add_argument("ckpt", help="checkpoint (.pt file or sharded step folder), or a run folder (its newest)")
     parser.add_argument("out_dir", help="folder to write the Hugging Face files into")
+    parser.add_argument("--weights", default="live", choices=WEIGHTS,
+                        help="live (the trained weights) or ema (the checkpoint's EMA of them)")
     parser.add_argument("--license", default="mit", help="license named in the model card (default mit)")
     args = parser.parse_args(argv)
     path, state = resolve_checkpoint(args.ckpt)
     require_entries(state, WEIGHTS_ENTRIES, path, "export_hf.py")
+    if args.weights == "ema":
+        require_average(state, path)
     state = read_full_state(path, state)  # a sharded checkpoint's tensors, whole (a file's are already)
+    if args.weights == "ema":
+        state = with_average(state)
     try:
         out = export_hf(state, args.out_dir, license=args.license)
     except OSError as e:  # the output folder cannot be written

@@ -39,7 +39,7 @@ import yaml  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from common.errors import ArgumentParser, DataError, WriteError, run_cli  # noqa: E402
-from evals.base import TRAIN_LOSS, Series  # noqa: E402
+from evals.base import EMA_PREFIX, TRAIN_LOSS, Series, averaged_series  # noqa: E402
 from evals.periodic import EVALUATORS  # noqa: E402
 from training.observe.logger import LOG_NAME, read_log  # noqa: E402
 
@@ -55,6 +55,8 @@ HELLASWAG_REFS = {
 PANEL_SIZE, DPI = (6.0, 4.5), 100  # each panel 600 x 450 pixels
 MIN_FILL = 0.6
 SERIES: list[Series] = [TRAIN_LOSS] + [cls.series for cls in EVALUATORS if cls.series]  # what is plotted
+# the same figures of the EMA of the weights (runs with ema_decay), each its own curve in the same panel
+SERIES += [averaged_series(cls.series) for cls in EVALUATORS if cls.series and cls.averaged]
 
 
 class PlottedRun(NamedTuple):
@@ -73,7 +75,7 @@ def load_run(out_dir: str | Path) -> PlottedRun:
     except OSError as e:
         raise DataError(f"{path}: {e.strerror or e}") from None
     if not any(len(series(records, s.kind, s.field)[0]) for s in SERIES):
-        kinds = [s.kind for s in SERIES]
+        kinds = list(dict.fromkeys(s.kind for s in SERIES))
         raise DataError(f"{path}: no {', '.join(kinds[:-1])} or {kinds[-1]} records")
     return PlottedRun(records, load_config(out_dir))
 
@@ -184,7 +186,8 @@ SET_STYLES = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1)), "D")]  # (line
 def val_sets(records: list[dict]) -> list[str]:
     """The named val sets of a run's val records (evals/val_loss.py): [] for the one default set."""
     own = ("kind", "step", "tokens", "loss")
-    return list({k: None for r in records if r.get("kind") == "val" for k in r if k not in own})
+    return list({k: None for r in records if r.get("kind") == "val" for k in r
+                 if k not in own and not k.startswith(EMA_PREFIX)})
 
 
 def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | None = None,
@@ -194,13 +197,15 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
     A run with several val sets gets one val curve per set (`val/<name>`) instead of the plain val loss."""
     named = {label: val_sets(run.records) for label, run in runs.items()}
     sets = dict.fromkeys(n for names in named.values() for n in names)
-    every = SERIES + [Series("val", name, "loss", "loss") for name in sets]
+    every = SERIES + [Series("val", prefix + name, "loss", "loss") for name in sets for prefix in ("", EMA_PREFIX)]
     data = {label: {s: series(without_skipped_steps(run.records), s.kind, s.field)
-                    if not (named[label] and s.kind == "val" and s.field == "loss") else (np.array([]), np.array([]))
+                    if not (named[label] and s.kind == "val" and s.field in ("loss", EMA_PREFIX + "loss"))
+                    else (np.array([]), np.array([]))
                     for s in every}
             for label, run in runs.items()}
     panels = list(dict.fromkeys(s.panel for s in every if any(len(d[s][0]) for d in data.values())))
-    shared = {panel: sum(s.panel == panel for s in every) > 1 for panel in panels}  # label curves by kind
+    drawn = [s for s in every if not s.field.startswith(EMA_PREFIX) or any(len(d[s][0]) for d in data.values())]
+    shared = {panel: sum(s.panel == panel for s in drawn) > 1 for panel in panels}  # label curves by kind
     fig, row = plt.subplots(1, len(panels), figsize=(PANEL_SIZE[0] * len(panels), PANEL_SIZE[1]), dpi=DPI,
                             squeeze=False)
     axes = dict(zip(panels, row[0]))
@@ -212,7 +217,8 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
             if not len(x):
                 continue
             ax, y = axes[s.panel], y * 100 if s.percent else y
-            kind = s.kind if s.field == "loss" or s.kind != "val" else f"val/{s.field}"
+            kind = s.kind if s.field == "loss" or (s.kind != "val" and not s.field.startswith(EMA_PREFIX)) \
+                else f"{s.kind}/{s.field}"
             name = f"{label} {kind}" if shared[s.panel] else label
             if s is TRAIN_LOSS:  # every step: smoothed, raw values faint behind
                 if window > 1:

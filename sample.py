@@ -22,18 +22,21 @@ from data.tokenizer import get_tokenizer
 from common.errors import ArgumentParser, ConfigError, run_cli
 from hf_interop.convert import load_hf_gpt2
 from model import GPT, PRESETS
-from training.checkpoint.folder import read_model
+from training.checkpoint.folder import WEIGHTS, read_model
 from training.train.runtime import pick_device
 from evals.samples import encode_prompt
 
 
-def load_model(ckpt: str, device: torch.device) -> tuple[GPT, str]:
-    """The model of --ckpt (see above), in eval mode on device, and what it is for the header line."""
+def load_model(ckpt: str, device: torch.device, weights: str = "live") -> tuple[GPT, str]:
+    """The model of --ckpt (see above), in eval mode on device, and what it is for the header line.
+    weights: live, or ema (a checkpoint's EMA of the weights)."""
     if ckpt in PRESETS or (Path(ckpt) / "config.json").is_file():  # OpenAI's GPT-2, or an HF export
+        if weights != "live":
+            raise ConfigError(f"--weights: {weights} needs one of our checkpoints; {ckpt} has its weights only")
         model, what = load_hf_gpt2(ckpt), f"Hugging Face GPT-2 {ckpt}"
     else:
-        model, state, path = read_model(ckpt, "sample.py")
-        what = f"step {state['step']} of {path}"
+        model, state, path = read_model(ckpt, "sample.py", weights)
+        what = f"step {state['step']} of {path}" + (" (EMA weights)" if weights == "ema" else "")
     return model.to(device).eval(), what
 
 
@@ -49,13 +52,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--num_samples", type=int, default=4)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
+    parser.add_argument("--weights", default="live", choices=WEIGHTS,
+                        help="live (the trained weights) or ema (the checkpoint's EMA of them)")
     args = parser.parse_args(argv)
     for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0), ("temperature", 0), ("seed", 0)):
         if getattr(args, name) < low:
             raise ConfigError(f"--{name}: must be >= {low}, got {getattr(args, name)}")
 
     device = pick_device(args.device, 0)
-    model, what = load_model(args.ckpt, device)
+    model, what = load_model(args.ckpt, device, args.weights)
     tokenizer = get_tokenizer()
     prompt = encode_prompt(tokenizer, args.prompt)
     if max(prompt) >= model.config.vocab_size:  # a model trained on other token ids than GPT-2's

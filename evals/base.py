@@ -36,6 +36,12 @@ class Series:
 
 
 TRAIN_LOSS = Series("train", "loss", "loss", "loss")  # not an evaluation, but val shares its panel
+EMA_PREFIX = "ema_"  # of the fields an evaluation of the EMA weights adds to its record (evals/periodic.py)
+
+
+def averaged_series(series: Series) -> Series:
+    """The curve of the same figure of the EMA weights, in the same panel."""
+    return Series(series.kind, EMA_PREFIX + series.field, series.panel, series.ylabel, series.percent)
 
 
 class Evaluator:
@@ -46,6 +52,10 @@ class Evaluator:
     # (key in the checkpoint's metrics, record field): the latest figure, saved with checkpoints
     # (the Hugging Face model card shows it)
     metric: ClassVar[tuple[str, str] | None] = None
+    # whether it also runs on the EMA of the weights, where there is one (evals/periodic.py): its figures
+    # then join the record prefixed ema_, but unweighted_fields (the same for any weights)
+    averaged: ClassVar[bool] = False
+    unweighted_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, interval: int):
         self.interval = interval  # every N steps, and after the last step; 0: only after the last

@@ -279,6 +279,8 @@ class HellaSwag(Evaluator):
     kind = "hellaswag"
     series = Series("hellaswag", "acc_norm", "HellaSwag", "acc_norm (%)", percent=True)
     metric = ("hellaswag_acc_norm", "acc_norm")
+    averaged = True
+    unweighted_fields = ("n",)
 
     def __init__(self, path: str, limit: int, env: DistEnv, tokenizer, batch_examples: int = 16,
                  cache_dir: str | Path | None = None, *, url: str = VAL_URL,

@@ -3,13 +3,17 @@
 Adding an evaluation is one Evaluator subclass (evals/base.py) with its keys in the evaluation
 section (EvalSettings, training/train/config.py), listed here: the runner schedules it, logs its
 records, keeps its figure for checkpoints, and plot_log.py draws its series.
+
+With an EMA of the weights (training/train/ema.py), an evaluator whose `averaged` is set runs again on
+the average, swapped into the model and back out (bitwise), and its figures join the live record
+prefixed `ema_` (val's `ema_loss`: val/ema_loss in W&B and TensorBoard, its own curve in plot_log.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from evals.base import Evaluator
+from evals.base import EMA_PREFIX, Evaluator
 from evals.hellaswag import HellaSwag
 from evals.samples import Samples
 from evals.val_loss import ValLoss
@@ -45,10 +49,33 @@ class PeriodicEvaluation:
                 return True
             with run.strategy.evaluation(run.model):
                 records = evaluator.evaluate(run)
-            for record in records:
-                self.logger.log({"kind": evaluator.kind, "step": run.step, "tokens": run.tokens_seen, **record})
+            averaged = self.evaluate_average(evaluator, run)
+            for record, average in zip(records, averaged or [None] * len(records)):
+                self.logger.log({"kind": evaluator.kind, "step": run.step, "tokens": run.tokens_seen, **record,
+                                 **({} if average is None else averaged_fields(evaluator, average))})
                 self.logger.console(f"step {run.step:6d} | {evaluator.describe(record)}")
+                if average is not None:
+                    self.logger.console(f"step {run.step:6d} | ema {evaluator.describe(average)}")
             if evaluator.metric and records:
                 key, field = evaluator.metric
                 run.metrics[key] = records[-1][field]
+                if averaged:
+                    run.metrics[f"ema_{key}"] = averaged[-1][field]
         return bool(due) and agree_to_stop()
+
+    @staticmethod
+    def evaluate_average(evaluator: Evaluator, run) -> list[dict] | None:
+        """The evaluator's records of the EMA weights, or None where there is none to evaluate (decided by
+        the step alone: the same on every rank, so every rank runs the same collectives). The average is
+        swapped in before the strategy's evaluation context (whose gathers must see it) and out after."""
+        ema = getattr(run, "ema", None)
+        if not evaluator.averaged or ema is None or not ema.ready:
+            return None
+        with ema.swapped_in(run.model), run.strategy.evaluation(run.model):
+            return evaluator.evaluate(run)
+
+
+def averaged_fields(evaluator: Evaluator, record: dict) -> dict:
+    """The EMA's record as fields of the live one: each prefixed ema_, but those that do not depend on the
+    weights (HellaSwag's example count)."""
+    return {EMA_PREFIX + key: value for key, value in record.items() if key not in evaluator.unweighted_fields}

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from data.loader import ValLoader
-from evals.base import Evaluator, Series, in_lockstep
+from evals.base import EMA_PREFIX, Evaluator, Series, in_lockstep
 from training.distributed.process_group import DistEnv, all_reduce_sum
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ class ValLoss(Evaluator):
     kind = "val"
     series = Series("val", "loss", "loss", "loss")
     metric = ("val_loss", "loss")
+    averaged = True
 
     def __init__(self, interval: int, env: DistEnv, autocast: Callable[[], contextlib.AbstractContextManager]):
         super().__init__(interval)
@@ -46,7 +47,8 @@ class ValLoss(Evaluator):
         return [{"loss": first} if list(losses) == ["val"] else {"loss": first, **losses}]
 
     def describe(self, record: dict) -> str:
-        sets = [f"{name} {loss:.4f}" for name, loss in record.items() if name not in ("kind", "step", "tokens", "loss")]
+        sets = [f"{name} {loss:.4f}" for name, loss in record.items()
+                if name not in ("kind", "step", "tokens", "loss") and not name.startswith(EMA_PREFIX)]
         return "val loss " + (" | ".join(sets) if sets else f"{record['loss']:.4f}")  # "val loss edu 3.2 | code 2.9"
 
 

@@ -168,7 +168,7 @@ def test_the_sections_partition_the_keys():
     """TrainConfig declares no key itself: each is a field of exactly one section, in the sections' order."""
     assert [key for section in SECTIONS for key in section.keys()] == list(TrainConfig.keys())
     names = [section.SECTION for section in SECTIONS]
-    assert len(set(names)) == len(names) == 11 and "config" not in names
+    assert len(set(names)) == len(names) == 12 and "config" not in names
     cfg = TrainConfig()
     for section in SECTIONS:
         assert cfg.section(section) == section(), section.SECTION  # a section stands alone, with its defaults

@@ -45,7 +45,8 @@ def count_syncs(monkeypatch):
     return counts
 
 
-@pytest.mark.parametrize("settings", [{}, {"spike_skip": "true", "spike_window": 2}], ids=["default", "spike-skip"])
+@pytest.mark.parametrize("settings", [{}, {"spike_skip": "true", "spike_window": 2}, {"ema_decay": 0.9}],
+                         ids=["default", "spike-skip", "ema"])
 def test_a_training_step_syncs_with_the_host_once(shards, tmp_path, count_syncs, settings):
     """With spike_skip, steps 2 and 3 are judged against a full window: on the same sync."""
     ctx, run = build_tiny_run(shards, tmp_path / "run", **settings)
@@ -59,6 +60,7 @@ def test_a_training_step_syncs_with_the_host_once(shards, tmp_path, count_syncs,
     assert run.step == 4 and run.grad_accum_steps == 4  # micro-steps do not sync
     assert list(count_syncs.values()) == [4] and next(iter(count_syncs)).startswith("training/train/lockstep.py:")
     assert run.spikes is None or (run.spikes.full and run.skips_in_a_row == 0)
+    assert run.ema is None or run.ema.updates == 4  # the EMA's update adds no sync
 
 
 def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs):

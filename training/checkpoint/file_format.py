@@ -29,6 +29,7 @@ from common.errors import CheckpointError, CheckpointWriteError, first_line
 from training.checkpoint import storage
 from training.checkpoint.format import FORMAT_VERSION, CheckpointFormat, TrainingState
 from training.checkpoint.storage import Location
+from training.distributed.strategies import load_full_tensors
 
 _TEMP = re.compile(r"^\.step_\d{8}\.pt\.tmp$")  # atomic_write's temp file of a checkpoint
 BY_NAME_VERSION = 3  # the first format_version whose optimizer state is keyed by parameter name
@@ -83,9 +84,14 @@ class FileFormat(CheckpointFormat):
         """Every rank has the whole file (memory-mapped) and keeps its part."""
         run.strategy.load_full_state(run.model, run.optimizer, state["model"],
                                      adapt_optimizer(optimizer_by_name(state)))
+        for entry, tensors in run.extra_tensors().items():  # the EMA: each rank keeps its part
+            load_full_tensors(tensors, state[entry])
 
     def read_model(self, model: torch.nn.Module, path: Location, state: dict) -> None:
         model.load_state_dict(state["model"])
+
+    def read_entry(self, path: Location, state: dict, entry: str, like: dict[str, torch.Tensor]) -> dict:
+        return {name: state[entry][name] for name in like if name in state[entry]}
 
     def read_full_state(self, path: Location, state: dict) -> dict:
         if state.get("format_version", 1) >= BY_NAME_VERSION:

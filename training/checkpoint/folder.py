@@ -179,11 +179,33 @@ def run_checkpoints_folder(folder: Path) -> Location:
     return folder / CHECKPOINT_DIR if (folder / CHECKPOINT_DIR).is_dir() else folder
 
 
-def read_model(ckpt: str | Path, reader: str) -> tuple[GPT, dict, Location]:
+WEIGHTS = ("live", "ema")  # the readers' --weights: the trained weights, or their EMA (training/train/ema.py)
+
+
+def require_average(state: dict, path: Location) -> None:
+    """A CheckpointError naming the checkpoint unless it holds an EMA of the weights (`--weights ema`)."""
+    if not format_of(path).holds(state, "ema"):
+        raise CheckpointError(f"{path}: checkpoint has no EMA weights (trained with ema_decay 0, or saved before "
+                              f"ema_start); use --weights live")
+
+
+def with_average(state: dict) -> dict:
+    """A whole checkpoint (read_full_state's) whose `model` holds the EMA weights (a tied weight under both
+    names, as in the model's state dict); the buffers stay the model's."""
+    model = {**state["model"], **state["ema"]}
+    if "transformer.wte.weight" in state["ema"] and "lm_head.weight" in model:  # GPT's tied weight (model.py)
+        model["lm_head.weight"] = state["ema"]["transformer.wte.weight"]
+    return {**state, "model": model}
+
+
+def read_model(ckpt: str | Path, reader: str, weights: str = "live") -> tuple[GPT, dict, Location]:
     """The model of a checkpoint file or run folder (its newest readable checkpoint), on the CPU,
-    with the checkpoint's state and path: what sample.py, eval_lm.py and export read."""
+    with the checkpoint's state and path: what sample.py, eval_lm.py and export read. weights: live
+    (the trained weights) or ema (their average, where the checkpoint holds one)."""
     path, state = resolve_checkpoint(ckpt)
     require_entries(state, WEIGHTS_ENTRIES, path, reader)
+    if weights == "ema":
+        require_average(state, path)
     try:
         model = GPT(GPTConfig(**state["model_args"]))
     except (TypeError, ValueError) as e:
@@ -192,7 +214,23 @@ def read_model(ckpt: str | Path, reader: str) -> tuple[GPT, dict, Location]:
         load_model_weights(model, path, state)
     except RuntimeError as e:
         raise CheckpointError(f"{path}: the checkpoint's model does not fit its model_args ({first_line(e)})") from None
+    if weights == "ema":
+        load_average(model, path, state)
     return model, state, path
+
+
+def load_average(model: GPT, path: Location, state: dict) -> None:
+    """Copy the checkpoint's EMA of the weights into a whole GPT's parameters (cast to their dtype)."""
+    import torch
+
+    params = dict(model.named_parameters())  # a tied weight once, under its first name, as the EMA keys it
+    like = {name: torch.empty(p.shape, dtype=torch.promote_types(p.dtype, torch.float32)) for name, p in params.items()}
+    average = format_of(path).read_entry(path, state, "ema", like)
+    with torch.no_grad():
+        for name, p in params.items():
+            if name not in average or average[name].shape != p.shape:
+                raise CheckpointError(f"{path}: the checkpoint's EMA does not fit its model_args ({name})")
+            p.copy_(average[name])
 
 
 def remove_stale_temp_files(folder: Location) -> list[Location]:

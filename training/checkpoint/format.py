@@ -14,6 +14,9 @@ a checkpoint of either resumes in the other, under any strategy and world size:
 - `optimizer`: keyed by parameter name, as torch.distributed.checkpoint's
   get_optimizer_state_dict gives it: {"state": {name: {...}}, "param_groups": [{..., "params":
   [names]}]} (a tied weight under its first name);
+- `ema` (only where the run keeps an EMA of the weights, training/train/ema.py, and it has started):
+  the average, keyed by parameter name like the model's parameters (a tied weight under its first
+  name), float32 (float64 in float64 runs); saved and read like the model;
 - beside them, plain Python values: the run's progress (training/train/run.py's Run.progress_state)
   and what wrote it (training/checkpoint/checkpointer.py's checkpoint_metadata), format_version included.
 """
@@ -36,6 +39,7 @@ from training.checkpoint.storage import Location
 # The sharded format's commit file carries the same number.
 FORMAT_VERSION = 3
 TENSOR_ENTRIES = ("model", "optimizer")  # the entries that hold tensors; every other one is a plain value
+OPTIONAL_TENSOR_ENTRIES = ("ema",)  # tensor entries a checkpoint may lack: the run's extra_tensors()
 
 
 class TrainingState(Protocol):
@@ -46,6 +50,8 @@ class TrainingState(Protocol):
     strategy: object  # training/distributed/strategies.py's Strategy: full_state / load_full_state
 
     def state_dict(self) -> dict: ...
+
+    def extra_tensors(self) -> dict[str, dict[str, torch.Tensor]]: ...  # entry -> {name: tensor}, like the weights
 
 
 class CheckpointFormat:
@@ -125,6 +131,11 @@ class CheckpointFormat:
 
     def read_model(self, model: torch.nn.Module, path: Location, state: dict) -> None:
         """Copy the checkpoint's model into a whole GPT in this process."""
+        raise NotImplementedError
+
+    def read_entry(self, path: Location, state: dict, entry: str, like: dict[str, torch.Tensor]) -> dict:
+        """A tensor entry keyed by parameter name (`ema`), whole in this process: `like` gives its names,
+        shapes and dtypes; the caller has checked that the checkpoint holds it."""
         raise NotImplementedError
 
     def read_full_state(self, path: Location, state: dict) -> dict:

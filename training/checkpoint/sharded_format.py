@@ -31,7 +31,8 @@ import torch
 
 from common.errors import CheckpointError, first_line
 from training.checkpoint import storage
-from training.checkpoint.format import FORMAT_VERSION, TENSOR_ENTRIES, CheckpointFormat, TrainingState
+from training.checkpoint.format import (FORMAT_VERSION, OPTIONAL_TENSOR_ENTRIES, TENSOR_ENTRIES, CheckpointFormat,
+                                        TrainingState)
 from training.checkpoint.storage import Location
 
 COMMIT_NAME = "checkpoint.json"
@@ -114,8 +115,9 @@ def _ordinary_failure(future: Future) -> Future:
 
 
 def start_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, location: Location,
-               asynchronous: bool, process_group=None):
+               asynchronous: bool, process_group=None, extra: dict | None = None):
     """Write the model and optimizer (this rank's part) into the folder; a Future when asynchronous.
+    extra: more entries of tensors laid out like the parameters (the EMA: {"ema": {name: tensor}}).
 
     Every rank calls it (a collective). Synchronous: returns once every part and DCP's index are
     written. Asynchronous: returns once the state is copied to host memory; the Future completes
@@ -126,7 +128,7 @@ def start_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, locatio
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    state = {"model": model_state, "optimizer": optimizer_state, **(extra or {})}
     storage.make_dirs(location)
     no_dist = not _distributed()
     try:
@@ -203,7 +205,7 @@ def read_commit(location: Location) -> dict:
     return {**metadata, "tensor_entries": entries}
 
 
-def read_tensors(location: Location) -> dict:
+def read_tensors(location: Location, entries: tuple[str, ...] = TENSOR_ENTRIES) -> dict:
     """The whole model and optimizer in this process, as saved: {"model": {name: tensor},
     "optimizer": {"state": {name: {...}}, "param_groups": [...]}} (parameters by name, a tied
     weight under its first name only). For consolidation and inspection: it holds everything."""
@@ -211,7 +213,7 @@ def read_tensors(location: Location) -> dict:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     try:
-        return _load_state_dict_from_keys(set(TENSOR_ENTRIES), storage_reader=_reader(location))
+        return _load_state_dict_from_keys(set(entries), storage_reader=_reader(location))
     except (Exception, CheckpointException) as e:
         raise CheckpointError(f"{location}: could not read the checkpoint ({first_line(_first_failure(e))})") from None
 
@@ -230,9 +232,24 @@ def load_model(model: torch.nn.Module, location: Location) -> None:
     set_model_state_dict(model, model_state)
 
 
+def load_entry(location: Location, entry: str, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A tensor entry keyed by name (the EMA), read whole into tensors shaped like `like`, in this process alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    state = {entry: {name: torch.empty_like(tensor) for name, tensor in like.items()}}
+    try:
+        dcp.load(state, storage_reader=_reader(location), no_dist=True)
+    except (Exception, CheckpointException) as e:
+        raise CheckpointError(f"{location}: could not read the {entry} entry "
+                              f"({first_line(_first_failure(e))})") from None
+    return state[entry]
+
+
 def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, location: Location,
-                        adapt_optimizer) -> None:
+                        adapt_optimizer, extra: dict | None = None) -> None:
     """Every rank reads its own part of the model and optimizer, resharded for this run. Collective.
+    extra: more entries to read in place, laid out like the parameters (the EMA: {"ema": {name: tensor}}).
 
     adapt_optimizer(saved optimizer state dict) -> the state dict to load (this run's settings).
     """
@@ -241,7 +258,7 @@ def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    state = {"model": model_state, "optimizer": optimizer_state, **(extra or {})}
     try:
         dcp.load(state, storage_reader=_reader(location), no_dist=not _distributed())
     except (Exception, CheckpointException) as e:
@@ -271,7 +288,7 @@ class ShardedFormat(CheckpointFormat):
 
     def save(self, run: TrainingState, path: Location, metadata: dict, asynchronous: bool = False,
              process_group=None) -> Future | None:
-        return start_save(run.model, run.optimizer, path, asynchronous, process_group)
+        return start_save(run.model, run.optimizer, path, asynchronous, process_group, run.extra_tensors())
 
     def commit(self, path: Location, metadata: dict, world_size: int) -> None:
         check_parts(path, world_size)
@@ -296,22 +313,28 @@ class ShardedFormat(CheckpointFormat):
 
     def holds(self, state: dict, key: str) -> bool:
         """The model and optimizer are in the DCP files: there when DCP's index lists them."""
-        return key in state.get("tensor_entries", ()) if key in TENSOR_ENTRIES else key in state
+        tensors = key in TENSOR_ENTRIES + OPTIONAL_TENSOR_ENTRIES
+        return key in state.get("tensor_entries", ()) if tensors else key in state
 
     def load_into(self, run: TrainingState, path: Location, state: dict, adapt_optimizer) -> None:
-        load_training_state(run.model, run.optimizer, path, adapt_optimizer)
+        load_training_state(run.model, run.optimizer, path, adapt_optimizer, run.extra_tensors())
 
     def read_model(self, model: torch.nn.Module, path: Location, state: dict) -> None:
         load_model(model, path)
 
+    def read_entry(self, path: Location, state: dict, entry: str, like: dict[str, torch.Tensor]) -> dict:
+        return load_entry(path, entry, like)
+
     def read_full_state(self, path: Location, state: dict) -> dict:
         self.require_entries(state, dict.fromkeys(TENSOR_ENTRIES, dict), path, "consolidation")
-        full = read_tensors(path)
+        optional = tuple(entry for entry in OPTIONAL_TENSOR_ENTRIES if self.holds(state, entry))
+        full = read_tensors(path, TENSOR_ENTRIES + optional)
         model = dict(full["model"])
         if "transformer.wte.weight" in model:  # GPT's tied weight (model.py): one tensor under both names, as in a file
             model["lm_head.weight"] = model["transformer.wte.weight"]
         entries = {key: value for key, value in state.items() if key != "tensor_entries"}
-        return {**entries, "model": model, "optimizer": full["optimizer"], "format_version": FORMAT_VERSION}
+        return {**entries, "model": model, "optimizer": full["optimizer"], **{e: full[e] for e in optional},
+                "format_version": FORMAT_VERSION}
 
 
 def _names_a_file(url: str) -> bool:

@@ -313,3 +313,28 @@ def local_state_bytes(model: GPT, optimizer: torch.optim.Optimizer) -> int:
     tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
     tensors += [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
     return sum(map(nbytes, tensors))
+
+
+def full_tensors(tensors: dict[str, torch.Tensor], master_process: bool) -> dict[str, torch.Tensor]:
+    """Tensors laid out like the parameters (DTensor shards under FSDP), whole on rank 0's CPU; the
+    other ranks get {}. Collective under FSDP: every rank gathers every tensor, in the same order."""
+    full = {}
+    for name, tensor in tensors.items():
+        whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        if master_process:
+            full[name] = whole.detach().to("cpu", copy=True)
+    return full
+
+
+@torch.no_grad()
+def load_full_tensors(tensors: dict[str, torch.Tensor], full: dict[str, torch.Tensor]) -> None:
+    """Copy whole tensors (every rank has them: a file checkpoint's) into tensors laid out like the
+    parameters, each rank its own part, cut locally (no collective)."""
+    for name, tensor in tensors.items():
+        source = full[name].to(tensor.device, tensor.dtype)
+        if hasattr(tensor, "device_mesh"):
+            from torch.distributed.tensor import distribute_tensor
+
+            source = distribute_tensor(source, tensor.device_mesh, tensor.placements, src_data_rank=None)
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        local.copy_(source.to_local() if hasattr(source, "to_local") else source)

@@ -10,6 +10,7 @@ rules that span sections. The sections, and where each is declared:
     model        the architecture, the initial weights       here: model.py imports nothing of the project
     optimizer    AdamW or Muon + AdamW, gradient clipping    training/train/optimizers.py
     schedule     max_steps and the learning-rate schedule    training/train/schedule.py
+    ema          an average of the weights, evaluated beside  training/train/ema.py
     evaluation   val loss, HellaSwag, samples                here: evals/ is a layer above training/
     checkpoint   cadence, retention, resume, where and how   here: checkpointer.py, checkpoint.py import it
     runtime      device, precision, kernels, seed, ranks     here: read by runtime.py, parallel.py, distributed.py
@@ -44,6 +45,7 @@ from data.mixture import mapping_text, parse_sources, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from common.errors import ArgumentParser, ConfigError, first_line
 from model import PRESETS, GPTConfig
+from training.train.ema import EMASettings
 from training.train.optimizers import OptimizerSettings
 from training.distributed.strategies import STRATEGIES, strategies_help
 from training.observe.logger import LoggingSettings
@@ -321,7 +323,8 @@ S = TypeVar("S", bound=Settings)
 # --help) come in the order of SECTIONS below.
 @dataclass
 class TrainConfig(LoggingSettings, DiagnosticsSettings, LongRunSettings, RuntimeSettings, CheckpointSettings,
-                  EvalSettings, ScheduleSettings, OptimizerSettings, ModelSettings, DataSettings, RunSettings):
+                  EvalSettings, EMASettings, ScheduleSettings, OptimizerSettings, ModelSettings, DataSettings,
+                  RunSettings):
     """Every key of every section, flat (cfg.max_lr); cfg.section(ScheduleSettings) is one section's values."""
 
     def __post_init__(self):
@@ -402,6 +405,7 @@ OTHER_KEYS = frozenset({
     "activation_checkpointing", "activation_checkpointing_every",
     "eval_interval", "val_tokens", "val_sets", "hellaswag_interval", "hellaswag_path", "hellaswag_limit",
     "sample_interval", "sample_prompt", "sample_count", "sample_tokens",
+    "ema_decay", "ema_start",  # an average kept beside the weights: never read by the training
     "final_checkpoint", "keep_last", "checkpoint_dir", "checkpoint_format", "checkpoint_async",
     "hang_timeout_minutes", "rank_stats_interval", "straggler_factor", "profile_from", "profile_steps",
     "memory_snapshot", "tensorboard", "wandb", "wandb_project", "wandb_run_name", "wandb_mode", "wandb_tags",

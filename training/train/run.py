@@ -22,10 +22,11 @@ from training.checkpoint.storage import Location
 from training.train.config import TrainConfig
 from training.distributed.process_group import run_on_all_ranks
 from training.train.optimizers import OptimizerSettings, build_optimizer, check_same_optimizer
-from training.distributed.strategies import Strategy
+from training.distributed.strategies import Strategy, full_tensors
 from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
 from training.train.context import Context
 from training.train.micro_batch import choose_micro_batch_size
+from training.train.ema import EMASettings, WeightAverage
 from training.train.spikes import RollbackRequested, SpikeWindow
 from training.train.weights import load_initial_weights
 
@@ -60,6 +61,7 @@ class Run:
     metrics: dict = field(default_factory=dict)  # the latest val / HellaSwag figures
     wandb_run_id: str | None = None  # set on rank 0 when W&B starts (a resume continues that W&B run)
     spikes: SpikeWindow | None = None  # with spike_skip: the recent steps a spike is judged against
+    ema: WeightAverage | None = None  # with ema_decay: the average of the weights (training/train/ema.py)
     skips_in_a_row: int = 0  # spikes skipped since the last applied update
     rollbacks: int = 0  # rollbacks so far in this run (max_rollbacks bounds them)
     data_offset: int = 0  # batches passed over by rollbacks: step s trains on the data of step s + data_offset
@@ -83,7 +85,14 @@ class Run:
         optimizer through DCP, each rank its part, and `progress_state()` beside them.
         """
         model_state, optimizer_state = self.strategy.full_state(self.model, self.optimizer)
-        return {"model": model_state, "optimizer": optimizer_state, **self.progress_state()}
+        extra = {entry: full_tensors(tensors, self.strategy.env.master_process)
+                 for entry, tensors in self.extra_tensors().items()}  # gathered like the model
+        return {"model": model_state, "optimizer": optimizer_state, **extra, **self.progress_state()}
+
+    def extra_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The tensor entries beside the model and optimizer, each keyed by parameter name and laid out like
+        the parameters (this rank's shards under FSDP): the EMA of the weights, once it has started."""
+        return {"ema": self.ema.average} if self.ema is not None and self.ema.ready else {}
 
     def progress_state(self) -> dict:
         """The state beside the model and optimizer: plain Python values, the same on every rank."""
@@ -95,6 +104,7 @@ class Run:
             "ancestry": list(self.ancestry),
             "metrics": dict(self.metrics),
             "wandb_run_id": self.wandb_run_id,
+            "ema_state": self.ema.progress_state() if self.ema is not None and self.ema.ready else None,
             "long_run": {"spike_window": self.spikes.state_dict() if self.spikes else None,
                          "skips_in_a_row": self.skips_in_a_row, "rollbacks": self.rollbacks,
                          "data_offset": self.data_offset},
@@ -109,7 +119,14 @@ class Run:
         with what config.yaml says. The lineage goes on: the same run_id, and the checkpoint's own
         id appended to the ancestry.
         """
-        format_of(path).load_into(self, path, state, lambda saved: with_current_settings(saved, self.optimizer))
+        fmt = format_of(path)
+        if self.ema is not None:  # the checkpoint's average is loaded into tensors laid out like the weights
+            self.ema.reset()
+            if fmt.holds(state, "ema"):
+                self.ema.allocate(self.model)
+        fmt.load_into(self, path, state, lambda saved: with_current_settings(saved, self.optimizer))
+        if self.ema is not None and self.ema.ready:
+            self.ema.updates = (state.get("ema_state") or {}).get("updates", 0)
         if self.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
             self.scaler.load_state_dict(state["scaler"])
         self.step = self.start_step = state["step"]
@@ -167,9 +184,11 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.loss_scaling)
     spikes = SpikeWindow(cfg.spike_window, cfg.spike_threshold, runtime.device, runtime.weights_dtype) \
         if cfg.spike_skip else None
+    averaging = cfg.section(EMASettings)
+    ema = WeightAverage(averaging.ema_decay, averaging.start_step(cfg.max_steps)) if averaging.ema_decay else None
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
               val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes,
-              micro_batch=micro_batch)
+              micro_batch=micro_batch, ema=ema)
     if resume_path is None:
         return run
 
@@ -183,6 +202,9 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
     check_same_optimizer(cfg, state["config"], resume_path)  # another optimizer's state does not fit
     run.load_state_dict(state, resume_path)
     run.resumed_from, run.resumed_step = resume_path, run.step
+    if run.ema is not None and not run.ema.ready and run.step > run.ema.start_step:
+        logger.warn(f"{resume_path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts "
+                    f"from the weights of step {run.step}, not of step {run.ema.start_step}")
     warn_on_changed_settings(cfg, state["config"], logger.warn)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
     if trained_on is not None and trained_on != fingerprint:

@@ -42,8 +42,11 @@ def train_step(run: Run, model: torch.nn.Module, micro_batches: Iterable[tuple[t
 
 
 def apply_update(run: Run, skip: bool) -> None:
-    """Apply the gradients (unless the ranks agreed to skip this update), then clear them."""
+    """Apply the gradients (unless the ranks agreed to skip this update), then clear them; the EMA of the
+    weights (if on) folds in the updated weights, on the device (a skipped update is not folded in)."""
     if not skip:
         run.optimizer.step()
+        if run.ema is not None:
+            run.ema.update(run.model, run.step)
     run.scaler.update()  # float16: from the overflow check unscale_ recorded, no host sync
     run.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,128 @@
+"""An exponential moving average (EMA) of the weights, the `ema_decay` and `ema_start` keys.
+
+After each applied optimizer update of step s >= start (start = floor(ema_start * max_steps)),
+
+    average = ema_decay * average + (1 - ema_decay) * weights      (one lerp per tensor)
+
+and at the first such step the average is the weights themselves. A skipped update (a NaN
+verdict, a loss spike, float16's overflow) is not folded in. The average is one tensor per
+parameter, laid out like it (under FSDP a DTensor with the parameter's shard), in float32 (float64
+in a float64 run): every rank updates its own part with torch._foreach ops on the device, with no
+host synchronisation and no collective. It never feeds back into the training: with it on the
+live weights, losses and checkpointed optimizer state are those of a run without it.
+
+It is part of the run's state: saved in both checkpoint formats beside the model (`ema`, keyed by
+parameter name), resumed exactly, and evaluated beside the live weights (evals/periodic.py swaps it
+in for the evaluation, and back out). The readers (sample.py, export_hf.py, eval_lm.py) take it
+with `--weights ema`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from training.train.settings import Settings, option, require
+
+
+@dataclass
+class EMASettings(Settings):
+    """The ema section: an average of the weights, evaluated and saved beside them (never trained on)."""
+
+    SECTION = "ema"
+    SUMMARY = "an exponential moving average of the weights, evaluated and saved beside them"
+
+    ema_decay: float = option(0.0, "EMA of the weights: average = decay * average + (1 - decay) * weights after "
+                                   "each applied update, in (0, 1) (0: off); evaluated beside the live weights "
+                                   "(val/ema_loss, hellaswag/ema_acc_norm) and saved with the checkpoints")
+    ema_start: float = option(0.0, "the share of max_steps after which the EMA starts, in [0, 1): it is the "
+                                   "weights after update floor(ema_start * max_steps), then averages on (0: from "
+                                   "the first update; 0.5: a tail average of the second half)")
+
+    def validate(self) -> None:
+        require(self.ema_decay == 0 or 0 < self.ema_decay < 1, "ema_decay",
+                f"must be 0 (off) or in (0, 1), got {self.ema_decay}")
+        require(0 <= self.ema_start < 1, "ema_start", f"must be in [0, 1), got {self.ema_start}")
+
+    def start_step(self, max_steps: int) -> int:
+        """The first update the average holds (max_steps: the schedule section's)."""
+        return math.floor(self.ema_start * max_steps)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a DTensor's shard (FSDP), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def average_dtype(p: torch.Tensor) -> torch.dtype:
+    """float32, or the parameter's own dtype where that is wider (float64 runs)."""
+    return torch.promote_types(p.dtype, torch.float32)
+
+
+class WeightAverage:
+    """The EMA of a model's parameters (see the module docstring). Every rank holds one and does the same work."""
+
+    def __init__(self, decay: float, start_step: int):
+        self.decay, self.start_step = decay, start_step
+        self.average: dict[str, torch.Tensor] | None = None  # parameter name -> average; None until start_step
+        self.updates = 0  # updates folded in (the first one included)
+
+    @property
+    def ready(self) -> bool:
+        """Whether there is an average (the same on every rank: decided by the step alone)."""
+        return self.average is not None
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module, step: int) -> None:
+        """Fold in the weights after the applied update of `step`. No host sync, no collective."""
+        if step < self.start_step:
+            return
+        if self.average is None:
+            self.allocate(model)
+        else:
+            params = dict(model.named_parameters())
+            torch._foreach_lerp_([_local(a) for a in self.average.values()],
+                                 [_local(params[name]) for name in self.average], 1.0 - self.decay)
+        self.updates += 1
+
+    @torch.no_grad()
+    def allocate(self, model: torch.nn.Module) -> None:
+        """The average set to the model's weights (each laid out like its parameter)."""
+        self.average = {name: p.detach().to(dtype=average_dtype(p), copy=True)
+                        for name, p in model.named_parameters()}  # a tied weight once, under its first name
+
+    def reset(self) -> None:
+        """No average: the next update from start_step on starts one from the weights."""
+        self.average, self.updates = None, 0
+
+    # --- state -----------------------------------------------------------------------------------
+    def progress_state(self) -> dict:
+        """The plain values a checkpoint keeps beside the tensors."""
+        return {"decay": self.decay, "start_step": self.start_step, "updates": self.updates}
+
+    # --- evaluation ------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def swapped_in(self, model: torch.nn.Module):
+        """The average in the model's parameters for the context's duration, the live weights kept in the
+        average's tensors meanwhile; both are back, bitwise, on exit (an exchange of equal dtypes is
+        exact). Every rank swaps its own part: no collective. Enter it before the strategy's evaluation
+        context, whose gathers then see the average."""
+        self._exchange(model)
+        try:
+            yield
+        finally:
+            self._exchange(model)
+
+    @torch.no_grad()
+    def _exchange(self, model: torch.nn.Module) -> None:
+        params = dict(model.named_parameters())
+        for name, tensor in self.average.items():
+            live, average = _local(params[name]), _local(tensor)
+            if live.dtype != average.dtype:  # weights are float32 or float64, as the average is
+                raise TypeError(f"{name}: weights of {live.dtype} cannot exchange with an average of {average.dtype}")
+            kept = live.clone()
+            live.copy_(average)
+            average.copy_(kept)
