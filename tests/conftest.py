@@ -71,6 +71,8 @@ def pytest_configure(config):
             workers = config.getoption("numprocesses", None) if config.getoption("dist", "no") != "no" else None
             os.environ[slowness.ENV] = str(slowness.calibrate(workers or 1))
         config.stash[RUN_FILES] = start_private_tmpdir(config)
+    else:  # an xdist worker: its in-process torch work gets one thread, as each launched rank does
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // int(config.workerinput["workercount"])))
     # pyproject.toml's per-test limit is for the reference machine; an explicit --timeout or PYTEST_TIMEOUT is kept
     if config.getoption("timeout", None) is None and "PYTEST_TIMEOUT" not in os.environ:
         try:
