@@ -301,6 +301,19 @@ def load_weights(out_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return read_full_state(path)["model"]
 
 
+def crashed_copy(run: Path, out: Path, last_checkpoint: int) -> Path:
+    """run's folder copied to out (or out itself, when they are one) as if the run had died just after
+    checkpoint `last_checkpoint`: the checkpoints after it deleted, whatever their format."""
+    from training.checkpoint.folder import delete_checkpoint, list_checkpoints
+
+    if Path(out) != Path(run):
+        shutil.copytree(run, out)
+    for step, path in list_checkpoints(Path(out) / "checkpoints"):
+        if step > last_checkpoint:
+            delete_checkpoint(path)
+    return Path(out)
+
+
 def train_losses(out_dir: Path) -> dict[int, float]:
     from training.observe.logger import read_log
 

@@ -5,7 +5,6 @@ The fast tests drive the step in this process; the slow ones launch the trainer 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, base_args, build_tiny_run, load_weights, make_shards, run_trainer, train_losses
+from conftest import REPO, base_args, build_tiny_run, crashed_copy, load_weights, make_shards, run_trainer, train_losses
 from common.errors import CheckpointError, ConfigError
 from data.loader import Prefetcher
 from slowness import guard
-from training.checkpoint.folder import delete_checkpoint, list_checkpoints, read_full_state, read_model
+from training.checkpoint.folder import list_checkpoints, read_full_state, read_model
 from training.observe.logger import read_log
 from training.train.config import parse_args
 from training.train.lockstep import Lockstep
@@ -212,10 +211,7 @@ def test_ema_on_trains_bitwise_like_ema_off(straight):
 
 
 def resume_from_step_3(source: Path, out: Path, data: Path, nproc, **settings) -> None:
-    shutil.copytree(source, out)
-    for step, path in list_checkpoints(out / "checkpoints"):
-        if step > 3:
-            delete_checkpoint(path)
+    crashed_copy(source, out, 3)
     run_trainer(base_args(data, out, **EMA, **settings), nproc=nproc)
 
 
@@ -251,10 +247,7 @@ def test_a_resume_on_another_world_size_or_strategy_matches_within_tolerance(str
 @pytest.mark.slow
 def test_turning_ema_on_at_a_resume_starts_it_fresh_with_a_warning(straight, data, tmp_path):
     out = tmp_path / "resumed"
-    shutil.copytree(straight["off"], out)
-    for step, path in list_checkpoints(out / "checkpoints"):
-        if step > 3:
-            delete_checkpoint(path)
+    crashed_copy(straight["off"], out, 3)
     proc = run_trainer(base_args(data, out, **EMA))
     assert "holds no EMA of the weights" in proc.stderr and "from the weights of step 3, not of step 1" in proc.stderr
     assert train_losses(out) == train_losses(straight["off"])

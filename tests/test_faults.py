@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+from conftest import GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, make_shards, run_trainer, train_losses
 from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint.folder import list_checkpoints
@@ -141,14 +141,6 @@ def test_worker_killed_under_max_restarts_recovers_and_matches(data, straight, t
     assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
     assert "resumed from" in stdout
     assert_same_run(out, straight)
-
-
-def crashed_copy(straight: Path, out: Path, last_checkpoint: int) -> None:
-    """The reference run's folder as if the run had died just after checkpoint `last_checkpoint`."""
-    shutil.copytree(straight, out)
-    for step, path in list_checkpoints(out / "checkpoints"):
-        if step > last_checkpoint:
-            path.unlink()
 
 
 @pytest.mark.slow

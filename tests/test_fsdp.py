@@ -7,7 +7,6 @@ summation noise, and a resume under the same strategy is bitwise.
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+from conftest import GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, make_shards, run_trainer, train_losses
 from slowness import guard
 from test_faults import SIGNAL_PAUSE, children, env_for_workers, start_torchrun, wait_for_step
-from training.checkpoint.folder import delete_checkpoint, list_checkpoints, read_full_state
+from training.checkpoint.folder import list_checkpoints, read_full_state
 from training.observe.logger import read_log
 
 pytestmark = pytest.mark.slow  # every test here starts processes
@@ -77,10 +76,7 @@ def test_fsdp_holds_about_half_the_model_state_per_rank_on_two_ranks(runs):
                          ids=["fsdp-to-ddp", "ddp-to-fsdp_zero2", "fsdp-2-ranks-to-1-process"])
 def test_a_checkpoint_resumes_under_another_strategy_or_world_size(runs, data, tmp_path, first, then, nproc):
     out = tmp_path / "resumed"
-    shutil.copytree(runs[first], out)
-    for step, path in list_checkpoints(out / "checkpoints"):
-        if step > 3:
-            delete_checkpoint(path)
+    crashed_copy(runs[first], out, 3)
     run_trainer(base_args(data, out, strategy=then, **F64), nproc=nproc)
     assert_same_training(out, runs["ddp"], rtol=1e-12)  # fsdp_zero2's three steps included
 
@@ -155,10 +151,7 @@ def test_evaluations_that_split_unevenly_over_the_ranks_finish_with_the_ddp_figu
 
 def test_fsdp_resumes_with_another_micro_batch_size(runs, data, tmp_path):
     out = tmp_path / "resumed"
-    shutil.copytree(runs["fsdp"], out)
-    for step, path in list_checkpoints(out / "checkpoints"):
-        if step > 3:
-            delete_checkpoint(path)
+    crashed_copy(runs["fsdp"], out, 3)
     run_trainer(base_args(data, out, strategy="fsdp", micro_batch_size=2, **F64), nproc=2)
     assert_same_training(out, runs["ddp"], rtol=1e-12)  # 4 micro-steps of 2 rows per rank instead of 2 of 4
 

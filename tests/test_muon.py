@@ -10,16 +10,15 @@ under fsdp trains like one process, and a run resumes across world sizes, strate
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import base_args, make_shards, run_trainer, train_losses
+from conftest import base_args, crashed_copy, make_shards, run_trainer, train_losses
 from launch import launch
 from muon_worker import SHAPES
-from training.checkpoint.folder import delete_checkpoint, list_checkpoints, read_full_state
+from training.checkpoint.folder import list_checkpoints, read_full_state
 from training.distributed.muon import assign_owners, newton_schulz_cost
 
 STEPS = 3  # the worker's steps
@@ -111,11 +110,7 @@ def final_state(out: Path) -> dict[str, torch.Tensor]:
 
 def resume_from(source: Path, out: Path, step: int, data: Path, nproc: int | None, strategy: str) -> None:
     """Continue source's run in out from its checkpoint at `step`, on nproc ranks under strategy."""
-    if not out.exists():
-        shutil.copytree(source, out)
-    for s, path in list_checkpoints(out / "checkpoints"):
-        if s > step:
-            delete_checkpoint(path)
+    crashed_copy(source, out, step)
     run_trainer(base_args(data, out, strategy=strategy, **MUON), nproc=nproc)
 
 

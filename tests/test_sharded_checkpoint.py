@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import train_gpt2
-from conftest import GPT2_VOCAB, base_args, build_tiny_run, make_shards, run_trainer, train_losses
+from conftest import GPT2_VOCAB, base_args, build_tiny_run, crashed_copy, make_shards, run_trainer, train_losses
 from common.errors import run_cli
 from launch import launch
 from training.checkpoint import folder as ckpt
@@ -81,14 +81,6 @@ def args(data: Path, name: str, out: Path, **overrides) -> list[str]:
 
 def checkpoint_at(out: Path, step: int, folder: ckpt.Location | None = None) -> ckpt.Location:
     return dict(ckpt.list_checkpoints(folder or out / "checkpoints"))[step]
-
-
-def crashed_copy(run: Path, out: Path, last_checkpoint: int) -> None:
-    """The run's folder as if it had died just after checkpoint `last_checkpoint`."""
-    shutil.copytree(run, out)
-    for step, path in ckpt.list_checkpoints(out / "checkpoints"):
-        if step > last_checkpoint:
-            ckpt.delete_checkpoint(path)
 
 
 def assert_same_state(a: dict, b: dict, rtol: float = 0.0) -> None:

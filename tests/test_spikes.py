@@ -10,13 +10,12 @@ rollback trains exactly like the straight run, and that the bound on rollbacks s
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import base_args, make_shards, run_trainer, train_losses
+from conftest import base_args, crashed_copy, make_shards, run_trainer, train_losses
 from training.checkpoint import folder as ckpt
 from training.observe.logger import read_log
 from training.train.spikes import SpikeWindow
@@ -42,10 +41,7 @@ def records(out: Path, kind: str) -> list[dict]:
 
 def resumed_from(run: Path, out: Path, checkpoint_step: int, data: Path, positions: str, **overrides):
     """The same command as `run`, relaunched after a crash just after checkpoint `checkpoint_step`."""
-    shutil.copytree(run, out)
-    for step, path in ckpt.list_checkpoints(out / "checkpoints"):
-        if step > checkpoint_step:
-            ckpt.delete_checkpoint(path)
+    crashed_copy(run, out, checkpoint_step)
     return spiky_run(data, out, positions, **overrides)
 
 
