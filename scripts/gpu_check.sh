@@ -5,7 +5,7 @@
 #   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh /tmp/dry    # every part's plumbing on the CPU, tiny models
 #   bash scripts/gpu_check.sh --report DIR RESULTS...         # one summary of several calls' results
 #
-# Parts, most valuable first (the default is all eleven, in this order):
+# Parts, most valuable first (the default is all twelve, in this order):
 #   tests      pytest -m gpu tests/test_gpu.py: compiled vs eager, fused loss, resume, HellaSwag under
 #              compile, sample.py's KV cache, export to transformers (124M, bf16, real tokens)
 #   speed      GPT-2 124M, T=1024, 524,288 tokens/step: compiled/eager x plain/fused loss, B=64 and 32
@@ -29,6 +29,8 @@
 #   repro      scripts/repro_check.py: two identical compiled 124M runs of 50 steps and a resume, with
 #              and without --deterministic true, compared bit for bit; the kernels and gradients that
 #              differ; then what deterministic costs at B=64 (bench_gpu.sh group repro)
+#   recompute  what activation checkpointing costs per step: 124M selective and full, compiled and
+#              eager, and 1558M full (bench_gpu.sh group recompute, against the speed rows)
 # Numerics (final losses after the same steps on the same tokens, across variants) come with
 # every summary. The variants themselves are listed in scripts/bench_gpu.sh.
 #
@@ -38,7 +40,7 @@
 #   run  command: bash scripts/gpu_check.sh "$OUT" reference presets fsdp levers  carry: [".ref"]
 # and, while device time is left, a third:  bash scripts/gpu_check.sh "$OUT" repro longrun recipe checkpoint
 #                                          carry: ["data/shakespeare"] (python prep/shakespeare.py here first)
-# and a fourth:  bash scripts/gpu_check.sh "$OUT" memory   (12 short runs, estimated, not measured, at
+# and a fourth:  bash scripts/gpu_check.sh "$OUT" memory recompute   (memory: 12 short runs, estimated, not measured, at
 #                0.5-1 min each; what the budget skips is listed, and GPU_CHECK_MEMORY_MODELS="gpt2-large
 #                gpt2-xl" reruns only those presets)
 # then, on the session's own machine:  bash scripts/gpu_check.sh --report DIR FILES_AT_1 FILES_AT_2
@@ -65,7 +67,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-ALL_PARTS="tests speed reference presets fsdp levers longrun recipe checkpoint repro memory"
+ALL_PARTS="tests speed reference presets fsdp levers longrun recipe checkpoint memory repro recompute"
 SKIPPED=99  # a part's exit status for "nothing to run here" (not one pytest or timeout uses)
 
 summarize() {  # environment DRY_RUN PARTS BUDGET | collect WORK RESULTS | report OUT RESULTS...
@@ -343,6 +345,7 @@ part_presets() { bench_group presets; }
 part_fsdp() { bench_group fsdp; }
 part_levers() { bench_group levers; }
 part_longrun() { bench_group longrun; }
+part_recompute() { bench_group recompute; }
 
 part_reference() {  # $1: seconds left
     local label=reference-build-nanogpt-b64 status

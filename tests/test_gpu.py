@@ -516,6 +516,16 @@ def test_gpu_check_dry_run_recipe_part_times_muons_step_before_the_recipes(gpu_c
 
 
 @pytest.mark.slow
+def test_gpu_check_dry_run_recompute_part_benches_activation_checkpointing(gpu_check):
+    """The part runs bench_gpu.sh's group recompute (one of its variants here, to keep it short)."""
+    out, _ = gpu_check("recompute", "recompute", BENCH_ONLY="124m-eager-fused-b64-full")
+    results = json.loads((out / "results.json").read_text())
+    assert [(p["part"], p["status"]) for p in results["parts"]] == [("recompute", "ok")] and not results["failed"]
+    assert [r["label"] for r in results["rows"]] == ["124m-eager-fused-b64-full"]
+    assert "| 124m-eager-fused-b64-full |" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow
 def test_gpu_check_skips_every_part_a_spent_budget_leaves_no_time_for(gpu_check):
     skipped, _ = gpu_check("skipped", "tests", "presets", GPU_CHECK_BUDGET_S="1")
     parts = json.loads((skipped / "results.json").read_text())["parts"]
