@@ -19,6 +19,12 @@ run's shape built for them (before the run's own, which they never touch), with 
 generators restored after, the compiler's caches reset, and the memory freed. So the first step
 is bitwise the step of a run launched with the chosen B set by hand (tests/test_micro_batch.py).
 
+Under fsdp every forward is a collective (its all-gathers), so every rank probes the same sizes, and
+one all-reduce per probe agrees on whether it fit. A limit: a rank that runs out of memory part-way
+through a probe's forward while the others go on leaves them waiting in that forward's all-gather
+until the startup timeout (30 minutes), then every rank stops. Ranks on GPUs of one kind with the
+same free memory run out at the same size; on a mixed node, set micro_batch_size by hand.
+
 On CPU and MPS there is no memory to probe: auto is one warning line and
 micro_batch_size_fallback is used. The search itself (`search_micro_batch_size`) is a pure
 function of a probe and a memory query, tested on the CPU (tests/test_micro_batch.py).
