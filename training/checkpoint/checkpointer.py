@@ -31,6 +31,7 @@ from common.errors import CheckpointWriteError, NonFiniteLossError, ReproError, 
 from training.checkpoint.folder import FORMAT_VERSION, checkpoints_folder, format_for, prune_checkpoints
 from training.train.config import CheckpointSettings, TrainConfig
 from training.distributed.process_group import any_rank, run_on_all_ranks
+from training.distributed.strategies import local_part
 from training.train.context import Context
 from training.train.run import Run
 from training.checkpoint.run_folder import adopt_checkpoint_folder
@@ -141,7 +142,7 @@ class Checkpointer:
     def check_finite(self, run: Run) -> None:
         """Refuse to save weights with a NaN/inf (an update of step run.step - 1 that blew up: the loss
         guard checks a step's loss before its update, never the weights after it). Collective."""
-        local = [p.to_local() if hasattr(p, "to_local") else p for p in run.model.parameters()]  # FSDP: the shard
+        local = [local_part(p) for p in run.model.parameters()]  # FSDP: the shard
         finite = bool(torch.stack([torch.isfinite(p).all() for p in local]).all())
         if not any_rank(not finite, self.env):
             return

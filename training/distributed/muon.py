@@ -34,6 +34,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from training.distributed.strategies import is_sharded, local_part
+
 # torch.optim.Muon's own Newton-Schulz and lr adjustment (PyTorch 2.9+): the math is torch's,
 # this module only decides where it runs. Both are private names; muon_math_missing() says so
 # in one line if a PyTorch release drops them.
@@ -109,7 +111,7 @@ class DistributedMuon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
             for p, o in zip(params, orthogonal):  # 4. and 5.
                 mine = self._share(p, o)
                 p.mul_(1 - group["lr"] * group["weight_decay"])
-                local(p).add_(mine, alpha=-_adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
+                local_part(p).add_(mine, alpha=-_adjust_lr(group["lr"], group["adjust_lr_fn"], p.shape))
         return loss
 
     # --- the five steps' parts -------------------------------------------------------------------
@@ -121,7 +123,7 @@ class DistributedMuon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
         buf = state["momentum_buffer"]
         buf.lerp_(p.grad, 1 - group["momentum"])
         update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-        return local(update)
+        return local_part(update)
 
     def _owner(self, p: torch.Tensor) -> int:
         return self.owners[id(p)]
@@ -157,16 +159,16 @@ class DistributedMuon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
             dist.broadcast(whole, src=owner, group=self.group)
             return whole
         rows = self._rows_per_rank(p)
-        mine = torch.empty((rows, *p.shape[1:]), dtype=self._result_dtype(p), device=local(p).device)
+        mine = torch.empty((rows, *p.shape[1:]), dtype=self._result_dtype(p), device=local_part(p).device)
         blocks = None
         if orthogonal is not None:
             blocks = list(pad_rows(orthogonal, rows * self.world_size).split(rows))
         dist.scatter(mine, blocks, src=owner, group=self.group)
-        return mine[: local(p).shape[0]]
+        return mine[: local_part(p).shape[0]]
 
     def _rows_per_rank(self, p: torch.Tensor) -> int:
         rows = -(-p.shape[0] // self.world_size)  # ceil
-        held = local(p).shape[0]
+        held = local_part(p).shape[0]
         expected = max(0, min(rows, p.shape[0] - self.rank * rows))
         if held != expected:  # a split other than torch.chunk's would put rows in the wrong place
             raise RuntimeError(f"DistributedMuon: rank {self.rank} holds {held} rows of a {tuple(p.shape)} matrix, "
@@ -177,18 +179,9 @@ class DistributedMuon(getattr(torch.optim, "Muon", torch.optim.Optimizer)):
         """The dtype Newton-Schulz returns for p's dtype (bfloat16 in torch's): what the non-owners
         receive into. Found once per dtype, on a 2x2 matrix, so it follows torch's function."""
         if p.dtype not in self.result_dtypes:
-            probe = torch.eye(2, dtype=p.dtype, device=local(p).device)
+            probe = torch.eye(2, dtype=p.dtype, device=local_part(p).device)
             self.result_dtypes[p.dtype] = self._orthogonalize(probe, self.param_groups[0]).dtype
         return self.result_dtypes[p.dtype]
-
-
-def is_sharded(t: torch.Tensor) -> bool:
-    return hasattr(t, "device_mesh") and hasattr(t, "to_local")  # a DTensor
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's shard on this rank (the same memory: in-place updates reach the DTensor), or t itself."""
-    return t.to_local() if is_sharded(t) else t
 
 
 def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:

@@ -304,15 +304,27 @@ def by_name(state: dict, names: list[str]) -> dict:
                              for group in state["param_groups"]]}
 
 
+def is_sharded(t: torch.Tensor) -> bool:
+    """Whether t is a DTensor (a parameter, gradient or state laid out over a mesh, as under FSDP)."""
+    return hasattr(t, "device_mesh") and hasattr(t, "to_local")
+
+
+def local_part(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of t: a DTensor's shard (the same memory: in-place updates reach the DTensor), or t."""
+    return t.to_local() if is_sharded(t) else t
+
+
+def local_nbytes(t: torch.Tensor) -> int:
+    """Bytes of this rank's part of t."""
+    local = local_part(t)
+    return local.numel() * local.element_size()
+
+
 def local_state_bytes(model: GPT, optimizer: torch.optim.Optimizer) -> int:
     """Bytes this rank holds of parameters, gradients and optimizer state (its shards under FSDP)."""
-    def nbytes(t: torch.Tensor) -> int:
-        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
-        return local.numel() * local.element_size()
-
     tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
     tensors += [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
-    return sum(map(nbytes, tensors))
+    return sum(map(local_nbytes, tensors))
 
 
 def full_tensors(tensors: dict[str, torch.Tensor], master_process: bool) -> dict[str, torch.Tensor]:
@@ -320,7 +332,7 @@ def full_tensors(tensors: dict[str, torch.Tensor], master_process: bool) -> dict
     other ranks get {}. Collective under FSDP: every rank gathers every tensor, in the same order."""
     full = {}
     for name, tensor in tensors.items():
-        whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        whole = tensor.full_tensor() if is_sharded(tensor) else tensor
         if master_process:
             full[name] = whole.detach().to("cpu", copy=True)
     return full
@@ -332,9 +344,8 @@ def load_full_tensors(tensors: dict[str, torch.Tensor], full: dict[str, torch.Te
     parameters, each rank its own part, cut locally (no collective)."""
     for name, tensor in tensors.items():
         source = full[name].to(tensor.device, tensor.dtype)
-        if hasattr(tensor, "device_mesh"):
+        if is_sharded(tensor):
             from torch.distributed.tensor import distribute_tensor
 
             source = distribute_tensor(source, tensor.device_mesh, tensor.placements, src_data_rank=None)
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        local.copy_(source.to_local() if hasattr(source, "to_local") else source)
+        local_part(tensor).copy_(local_part(source))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from training.distributed.strategies import local_part
 from training.train.settings import Settings, option, require
 
 
@@ -50,11 +51,6 @@ class EMASettings(Settings):
     def start_step(self, max_steps: int) -> int:
         """The first update the average holds (max_steps: the schedule section's)."""
         return math.floor(self.ema_start * max_steps)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a tensor: a DTensor's shard (FSDP), or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def average_dtype(p: torch.Tensor) -> torch.dtype:
@@ -84,8 +80,8 @@ class WeightAverage:
             self.allocate(model)
         else:
             params = dict(model.named_parameters())
-            torch._foreach_lerp_([_local(a) for a in self.average.values()],
-                                 [_local(params[name]) for name in self.average], 1.0 - self.decay)
+            torch._foreach_lerp_([local_part(a) for a in self.average.values()],
+                                 [local_part(params[name]) for name in self.average], 1.0 - self.decay)
         self.updates += 1
 
     @torch.no_grad()
@@ -120,7 +116,7 @@ class WeightAverage:
     def _exchange(self, model: torch.nn.Module) -> None:
         params = dict(model.named_parameters())
         for name, tensor in self.average.items():
-            live, average = _local(params[name]), _local(tensor)
+            live, average = local_part(params[name]), local_part(tensor)
             if live.dtype != average.dtype:  # weights are float32 or float64, as the average is
                 raise TypeError(f"{name}: weights of {live.dtype} cannot exchange with an average of {average.dtype}")
             kept = live.clone()

@@ -40,6 +40,7 @@ import torch
 
 from common.errors import ConfigError, ReproError
 from training.distributed.process_group import DistEnv, as_repro_error, raise_first_error
+from training.distributed.strategies import local_nbytes
 
 HEADROOM = 0.10  # of the GPU's total memory, left free beyond the probe's peak (allocator fragmentation, evals)
 FAILED = -1  # a rank's vote when its search raised: every rank stops
@@ -139,11 +140,7 @@ def reserved_bytes(device: torch.device) -> int:
 def later_state_bytes(model: torch.nn.Module, ddp_buckets: bool) -> int:
     """What the run allocates after the probes that they do not: the optimizer state (AdamW: two moments
     per parameter of this rank; Muon keeps less), and DDP's gradient buckets (one more gradient's worth)."""
-    def nbytes(t: torch.Tensor) -> int:
-        local = t.to_local() if hasattr(t, "to_local") else t  # a DTensor's shard on this rank
-        return local.numel() * local.element_size()
-
-    params = sum(nbytes(p) for p in model.parameters() if p.requires_grad)
+    params = sum(local_nbytes(p) for p in model.parameters() if p.requires_grad)
     return params * (2 + int(ddp_buckets))
 
 
