@@ -138,6 +138,19 @@ def validate_shards(paths: list[Path], vocab_size: int, rank: int, world_size: i
         check_token_range(p, vocab_size)
 
 
+ROWS_TAG = int.from_bytes(b"rows", "little")  # the row shuffles' own stream: never the same draws as a shard order
+
+
+def shard_order(seed: int, epoch: int, num_shards: int, source: tuple[int, ...] = ()) -> list[int]:
+    """An epoch's shard order, seeded by (seed, epoch[, source]): a mixture's sources each draw their own."""
+    return np.random.default_rng([seed, epoch, *source]).permutation(num_shards).tolist()
+
+
+def row_permutation(seed: int, epoch: int, num_rows: int, source: tuple[int, ...] = ()) -> np.ndarray:
+    """With shuffle: an epoch's order of the train rows, seeded by (seed, epoch[, source])."""
+    return np.random.default_rng([seed, epoch, *source, ROWS_TAG]).permutation(num_rows)
+
+
 def grad_accum_steps(total_batch_size: int, seq_len: int, micro_batch_size: int, world_size: int) -> int:
     """Micro-steps per optimizer step on each rank: total_batch_size / (micro_batch_size * seq_len * world_size).
 
@@ -207,15 +220,13 @@ class TrainLoader:
     def row_order(self, epoch: int) -> np.ndarray:
         """With shuffle: the epoch's order of the train rows, a permutation seeded by (seed, epoch)."""
         if self._permutation is None or self._permutation[0] != epoch:
-            # a stream of its own ("rows"): never the same draws as the shard orders below
-            rng = np.random.default_rng([self.seed, epoch, int.from_bytes(b"rows", "little")])
-            self._permutation = (epoch, rng.permutation(self.stream.num_rows))
+            self._permutation = (epoch, row_permutation(self.seed, epoch, self.stream.num_rows))
         return self._permutation[1]
 
     def epoch_stream(self, epoch: int) -> RowStream:
         """Epoch 0 reads the shards in order; later epochs in an order seeded by (seed, epoch)."""
         if epoch not in self._epoch_streams:
-            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.paths)).tolist()
+            order = shard_order(self.seed, epoch, len(self.paths))
             self._epoch_streams = {0: self.stream, epoch: self.stream.reordered(order)}
         return self._epoch_streams[epoch]
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from common.errors import ConfigError, DataError
-from data.loader import RowStream, TrainLoader, grad_accum_steps
+from data.loader import RowStream, TrainLoader, grad_accum_steps, row_permutation, shard_order
 from data.manifest import data_fingerprint
 from data.shards import find_shards
 from data.tokenizer import EOT_TOKEN
@@ -134,14 +134,13 @@ class SourceStream:
     def _order(self, epoch: int):
         """The epoch's row permutation (shuffle) or its reordered stream, seeded by (seed, epoch, source)."""
         if self._epoch is None or self._epoch[0] != epoch:
-            tag = [self.seed, epoch, 1 + self.index]
+            source = (1 + self.index,)  # TrainLoader's draws with the source's number appended
             if self.shuffle:
-                rows = int.from_bytes(b"rows", "little")
-                order = np.random.default_rng([*tag, rows]).permutation(self.num_rows)
+                order = row_permutation(self.seed, epoch, self.num_rows, source)
             elif epoch == 0:
                 order = self.stream
             else:
-                order = self.stream.reordered(np.random.default_rng(tag).permutation(len(self.paths)).tolist())
+                order = self.stream.reordered(shard_order(self.seed, epoch, len(self.paths), source))
             self._epoch = (epoch, order)
         return self._epoch[1]
 
