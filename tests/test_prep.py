@@ -189,6 +189,15 @@ def test_txt_files_are_read_with_universal_newlines(tmp_path):
     assert np.array_equal(np.load(tmp_path / "out" / "local_val_000000.npy"), tokens_of(["one\ntwo\nthree\n"]))
 
 
+def test_markdown_and_python_files_are_plain_text_documents(tmp_path):
+    """A prose corpus and a code corpus from a repository's own files (the README's mixture example)."""
+    docs = ["# Title\n\nSome *prose*.\n", "def f(x):\n    return x + 1\n"]
+    (tmp_path / "notes.md").write_text(docs[0], encoding="utf-8")
+    (tmp_path / "code.py").write_text(docs[1], encoding="utf-8")
+    prep_here([tmp_path / "notes.md", tmp_path / "code.py"], tmp_path / "out", 100, val_size=1)
+    assert np.array_equal(all_tokens(tmp_path / "out"), tokens_of(docs))
+
+
 @pytest.mark.slow
 def test_max_tokens_stops_exactly_there(tmp_path):
     inputs, docs = write_inputs(tmp_path / "in")
