@@ -17,6 +17,7 @@ import atexit
 import importlib
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.forkserver
 import os
 import signal
 import socket
@@ -29,9 +30,8 @@ from pathlib import Path
 from slowness import guard
 
 REPO = Path(__file__).resolve().parents[1]
-# Imported once in the forkserver: what every rank would otherwise import itself.
-PRELOAD = ["torch", "torch.optim", "torch._dynamo", "torch.distributed", "torch.distributed.fsdp",
-           "torch.distributed.checkpoint.state_dict", "numpy", "yaml", "tiktoken", "train_gpt2"]
+# Imported once in the forkserver: what every rank would otherwise import itself, then gc.freeze().
+PRELOAD = ["rank_preload"]
 GRACE_S = 10.0  # after one rank fails, how long the others get to end on their own before they are killed (guard()ed)
 
 _context = None
@@ -43,6 +43,14 @@ def forkserver() -> multiprocessing.context.BaseContext:
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(PRELOAD)
+        # Python 3.11's forkserver ignores this process's sys.path (3.12's applies it) and skips a preload
+        # it cannot import: it starts here, with the folders PRELOAD needs on its PYTHONPATH.
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), *([saved] if saved else [])])
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            os.environ.pop("PYTHONPATH") if saved is None else os.environ.update(PYTHONPATH=saved)
     return _context
 
 
