@@ -108,10 +108,15 @@ def launch(args: list[str], log: Path, cache: Path, timeout: float) -> str | Non
                                   stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
         except subprocess.TimeoutExpired:
             return f"timed out after {timeout:.0f} s"
-    if proc.returncode == 0:
+    return outcome(proc.returncode, log)
+
+
+def outcome(returncode: int, log: Path) -> str | None:
+    """None for a run that finished, else its exit code and error line (or its log's last line)."""
+    if returncode == 0:
         return None
     lines = log.read_text(errors="replace").splitlines()
-    return f"exit {proc.returncode}: " + next((x for x in reversed(lines) if x.startswith("error:")),
+    return f"exit {returncode}: " + next((x for x in reversed(lines) if x.startswith("error:")),
                                               lines[-1] if lines else "no output")
 
 

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import REPO, base_args, train_losses
+from conftest import REPO, base_args, run_trainer, train_losses
 from slowness import guard
 
 sys.path.insert(0, str(REPO / "scripts"))
 
 import repro_check  # noqa: E402
 import train_gpt2  # noqa: E402
+from common.errors import run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from training.train.runtime import deterministic_kernels  # noqa: E402
 
@@ -141,20 +141,44 @@ def test_gradient_check_names_the_first_module_whose_forward_output_differs():
     assert not result["loss_equal"] and result["first_forward_difference"] == "transformer.h.0.mlp"
 
 
+def forked_launch(args: list[str], log, cache, timeout: float) -> str | None:
+    """repro_check.launch with the trainer's process forked by tests/launch.py instead of started afresh:
+    the same trainer code, arguments and environment (this process's, as a subprocess inherits it),
+    without the seconds of imports that each of the six launches would spend. What launch adds, the
+    command line and its timeout, is the GPU check's (scripts/gpu_check.sh's repro part)."""
+    proc = run_trainer(args, check=False, timeout=120, extra_env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    log.write_text(proc.stdout + proc.stderr)
+    return repro_check.outcome(proc.returncode, log)
+
+
 @pytest.mark.slow
-def test_repro_check_dry_run_finds_deterministic_cpu_runs_and_resumes_bitwise(tmp_path):
-    """The script end to end on the CPU: three launches of the trainer in each mode.
+def test_a_launch_that_fails_is_its_exit_code_and_error_line(tmp_path):
+    """launch's own process (the dry run's are forked): a trainer that refuses its arguments."""
+    log = tmp_path / "a.log"
+    error = repro_check.launch(["--max_steps", "0"], log, tmp_path / "inductor", timeout=guard(120))
+    assert error == "exit 2: error: max_steps: must be positive, got 0", log.read_text()
+    log.write_text("Segmentation fault\n")
+    assert repro_check.outcome(-11, log) == "exit -11: Segmentation fault"  # no error line: the log's last
+
+
+@pytest.mark.slow
+def test_repro_check_dry_run_finds_deterministic_cpu_runs_and_resumes_bitwise(tmp_path, monkeypatch):
+    """The script's runs stage on the CPU: three launches of the trainer in each mode (forked_launch).
 
     The default mode's launches run as the user's would: without the fixed cuBLAS workspace that
     the deterministic mode sets (and the script's own in-process stages need later)."""
     from conftest import make_shards
 
     data = make_shards(tmp_path / "data")
-    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "repro_check.py"), "--data_dir", str(data),
-                           "--out", str(tmp_path / "out"), "--dry_run", "--steps", "4", "--stages", "runs"],
-                          capture_output=True, text=True, timeout=guard(240), env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    monkeypatch.setattr(repro_check, "launch", forked_launch)
+    saved = os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    try:
+        assert run_cli(repro_check.main, ["--data_dir", str(data), "--out", str(tmp_path / "out"), "--dry_run",
+                                          "--steps", "4", "--stages", "runs"]) == 0
+    finally:  # main sets it for its in-process stages
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        if saved is not None:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved
     report = json.loads((tmp_path / "out" / "repro.json").read_text())
     assert [run["mode"] for run in report["runs"]] == ["default", "deterministic"]
     for run in report["runs"]:
