@@ -1,10 +1,10 @@
 """Every CUDA path, checked on GPT-2 124M in bf16 on real tokens (pytest marker `gpu`).
 
-Skipped without CUDA. scripts/gpu_check.sh runs them first on a lent GPU (about 3 minutes on
-one H100, most of it compilation); each test stays well under a minute once the first compile
-is cached. With GPU_CHECK_DRY_RUN=1 they run on the CPU instead, with conftest's tiny model and
-the same assertions: a rehearsal that proves the tests themselves before a GPU lease is spent
-on them (`GPU_CHECK_DRY_RUN=1 python -m pytest -m gpu tests/test_gpu.py`).
+scripts/gpu_check.sh runs them first on a lent GPU (about 3 minutes on one H100, most of it
+compilation); each test stays well under a minute once the first compile is cached. Without CUDA
+(CI), or with GPU_CHECK_DRY_RUN=1, they run on the CPU instead, with conftest's tiny model and the
+same assertions: a rehearsal, in every `make test`, that proves the tests themselves before a GPU
+lease is spent on them.
 
 Real tokens: the repository's own text (README, docs, code), tokenized with data/tokenizer.py
 into shards by write_corpus_shards, which scripts/gpu_check.sh also uses for its benchmarks.
@@ -30,14 +30,12 @@ from slowness import guard
 from data.shards import shard_name, write_shard
 from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, tokenize_document
 
-DRY_RUN = os.environ.get("GPU_CHECK_DRY_RUN") == "1"
+DRY_RUN = os.environ.get("GPU_CHECK_DRY_RUN") == "1" or not torch.cuda.is_available()  # the CPU rehearsal
 
 
 def gpu(test):
-    """Marker `gpu`, and skipped without CUDA unless rehearsing on the CPU."""
-    skip = pytest.mark.skipif(not DRY_RUN and not torch.cuda.is_available(),
-                              reason="needs CUDA (GPU_CHECK_DRY_RUN=1 rehearses it on the CPU)")
-    return pytest.mark.gpu(skip(test))
+    """Marker `gpu` (gpu_check.sh's tests part selects them)."""
+    return pytest.mark.gpu(test)
 
 
 # (device, B, T, model keys, fused-loss chunk) of each setting, 2 micro-steps of B x T tokens:
@@ -180,6 +178,7 @@ def test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients(corpus, tmp
         assert relative_error(head, plain_head) <= 1e-2, (name, relative_error(head, plain_head))
 
 
+@pytest.mark.slow  # four trainer runs
 @gpu
 def test_resume_on_cuda_matches_a_straight_run(corpus, tmp_path, record_property):
     """10 straight steps vs 5 + resume + 5, eager (the CUDA default then: the fused loss).
@@ -217,6 +216,7 @@ def test_resume_on_cuda_matches_a_straight_run(corpus, tmp_path, record_property
         assert worst <= tolerance, f"resumed vs straight: {worst:.3g} > {tolerance:.3g}\n{losses}\n{reference}"
 
 
+@pytest.mark.slow  # compiled_run starts the trainer
 @gpu
 def test_hellaswag_in_a_compiled_run_matches_an_eager_eval_of_its_checkpoint(compiled_run):
     """HellaSwag and samples interleaved with compiled training steps, then the same eval of the saved weights.
@@ -260,6 +260,7 @@ def test_hellaswag_in_a_compiled_run_matches_an_eager_eval_of_its_checkpoint(com
     assert abs(result["acc"] - logged[-1]["acc"]) * 11 <= near_ties(lambda s: s.sum_losses)
 
 
+@pytest.mark.slow  # sample.py, and compiled_run the trainer
 @gpu
 def test_sample_py_with_kv_cache_equals_greedy_decoding_without_it(compiled_run, exact_fp32):
     from sample import load_model
@@ -281,6 +282,7 @@ def test_sample_py_with_kv_cache_equals_greedy_decoding_without_it(compiled_run,
     assert proc.stdout.count(f"\n{enc.decode(ids[0].tolist())}\n") == 2, proc.stdout
 
 
+@pytest.mark.slow  # export_hf.py, and compiled_run the trainer
 @gpu
 def test_a_cuda_checkpoint_exports_and_loads_in_transformers_with_the_same_logits(compiled_run, tmp_path, exact_fp32):
     pytest.importorskip("transformers")
@@ -384,17 +386,16 @@ raise SystemExit("the reference's top-level training code ran")
 """
 
 
-# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1), one test per part: tests, speed, reference and
-# checkpoint, each its own call into its own results folder as on a lent GPU; then a budget that skips
-# every part, and --report merging them all. The tests part runs every `gpu` test above on the tiny
-# model: CI has no GPU, so this is what keeps them in step with the code they call. It is two calls
-# (GPU_CHECK_TESTS): the tests on compiled_run, whose trainer compiles through Inductor (60 s of CPU
-# here on a cold Inductor cache, as CI's is; 25 s on a warm one), and the other three (25-45 s).
+# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1), one test per part: tests, speed, reference,
+# checkpoint and memory, each its own call into its own results folder as on a lent GPU; then a budget that
+# skips every part, and --report merging them all. The `gpu` tests above run in this suite itself (their
+# CPU form, without CUDA): the tests part's call runs one of them (GPU_CHECK_TESTS), which proves the part's
+# own plumbing (its pytest command, the junit XML read into results.json) without running them twice.
 DRY_RUN_SPEED = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the part short
-ON_COMPILED_RUN = "hellaswag_in_a_compiled_run or sample_py_with_kv_cache or a_cuda_checkpoint_exports"
+DRY_RUN_TEST = "test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients"  # in-process: seconds
 DRY_RUN_CALLS = {  # results folder: (part, GPU_CHECK_TESTS)
-    "tests-compiled": ("tests", ON_COMPILED_RUN), "tests-other": ("tests", f"not ({ON_COMPILED_RUN})"),
-    "speed": ("speed", ""), "reference": ("reference", ""), "checkpoint": ("checkpoint", ""), "memory": ("memory", "")}
+    "tests": ("tests", DRY_RUN_TEST), "speed": ("speed", ""), "reference": ("reference", ""),
+    "checkpoint": ("checkpoint", ""), "memory": ("memory", "")}
 
 
 @pytest.fixture(scope="module")
@@ -442,23 +443,19 @@ def dry_run_part(gpu_check, name: str) -> tuple[Path, dict, set[str]]:
     return out, results, details
 
 
-def gpu_tests(on_compiled_run: bool | None = None) -> list[str]:
-    """The `gpu` tests above (those that take the compiled_run fixture, or the others), sorted."""
-    import inspect
-
+def gpu_tests() -> list[str]:
+    """The `gpu` tests above, sorted."""
     return sorted(name for name, test in globals().items() if name.startswith("test_") and "gpu" in
-                  {mark.name for mark in getattr(test, "pytestmark", [])} and on_compiled_run in
-                  (None, "compiled_run" in inspect.signature(test).parameters))
+                  {mark.name for mark in getattr(test, "pytestmark", [])})
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tests-compiled", "tests-other"])
-def test_gpu_check_dry_run_tests_part_runs_the_gpu_tests_and_they_pass(gpu_check, name):
-    """The `gpu` tests above through gpu_check.sh's pytest, in two calls (together every one)."""
-    _, results, _ = dry_run_part(gpu_check, name)
-    expected = gpu_tests(on_compiled_run=name == "tests-compiled")
-    assert len(expected) == 3 and sorted(t["test"] for t in results["tests"]) == expected
-    assert all(t["outcome"] == "passed" for t in results["tests"]), results["tests"]
+def test_gpu_check_dry_run_tests_part_runs_the_chosen_gpu_tests_and_reads_their_outcome(gpu_check):
+    """gpu_check.sh's pytest on the one `gpu` test GPU_CHECK_TESTS names, its outcome read from the junit XML."""
+    _, results, details = dry_run_part(gpu_check, "tests")
+    assert DRY_RUN_TEST in gpu_tests() and len(gpu_tests()) == 6
+    assert [(t["test"], t["outcome"]) for t in results["tests"]] == [(DRY_RUN_TEST, "passed")]
+    assert {"tests.xml", "tests.log"} <= details
 
 
 @pytest.mark.slow
@@ -542,7 +539,7 @@ def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
     results = json.loads((merged / "results.json").read_text())
     parts = [(p["part"], p["status"].split(":")[0]) for p in results["parts"]]
     assert parts == [*((part, "ok") for part, _ in DRY_RUN_CALLS.values()), ("tests", "skipped"), ("presets", "skipped")]
-    assert len(gpu_tests()) == 6 and sorted(t["test"] for t in results["tests"]) == gpu_tests()
+    assert [t["test"] for t in results["tests"]] == [DRY_RUN_TEST]
     assert [r["label"] for r in results["rows"]] == [*DRY_RUN_SPEED, "reference-build-nanogpt-b64"]
     summary = (merged / "summary.md").read_text()
     assert "speed ok" in summary and "reference ok" in summary and "tests skipped" in summary
