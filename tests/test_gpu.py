@@ -386,16 +386,18 @@ raise SystemExit("the reference's top-level training code ran")
 """
 
 
-# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1), one test per part: tests, speed, reference,
-# checkpoint and memory, each its own call into its own results folder as on a lent GPU; then a budget that
-# skips every part, and --report merging them all. The `gpu` tests above run in this suite itself (their
-# CPU form, without CUDA): the tests part's call runs one of them (GPU_CHECK_TESTS), which proves the part's
+# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the parts in four calls, grouped as a lent GPU's
+# calls are (docs/PERFORMANCE.md), each into its own results folder, and one test per part; then a budget
+# that skips every part, and --report merging them all. The `gpu` tests above run in this suite itself
+# (their CPU form, without CUDA): the tests part runs one of them (GPU_CHECK_TESTS), which proves the part's
 # own plumbing (its pytest command, the junit XML read into results.json) without running them twice.
 DRY_RUN_SPEED = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the part short
+DRY_RUN_RECOMPUTE = ["124m-eager-fused-b64-full"]  # one of bench_gpu.sh's group recompute
 DRY_RUN_TEST = "test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients"  # in-process: seconds
-DRY_RUN_CALLS = {  # results folder: (part, GPU_CHECK_TESTS)
-    "tests": ("tests", DRY_RUN_TEST), "speed": ("speed", ""), "reference": ("reference", ""),
-    "checkpoint": ("checkpoint", ""), "memory": ("memory", "")}
+DRY_RUN_CALLS = {"call1": ("tests", "speed"), "call2": ("reference",), "call3": ("recipe", "checkpoint"),
+                 "call4": ("memory", "recompute")}  # results folder: its call's parts
+# recipe's comparison of two recipes needs data/shakespeare (`make demo` makes it), and is skipped without it
+RECIPE_WITHOUT_DATA = ("recipe", "no data/shakespeare (python prep/shakespeare.py, then carry it)")
 
 
 @pytest.fixture(scope="module")
@@ -409,7 +411,7 @@ def gpu_check(tmp_path_factory):
     reference.write_text(REFERENCE_STAND_IN)
     env = dict(os.environ, GPU_CHECK_DRY_RUN="1", GPU_REFERENCE=str(reference), PYTHON=sys.executable,
                MALLOC_MMAP_THRESHOLD_="17179869184", MALLOC_TRIM_THRESHOLD_="17179869184",
-               BENCH_ONLY=" ".join(DRY_RUN_SPEED + ["reference-*"]))
+               BENCH_ONLY=" ".join(DRY_RUN_SPEED + DRY_RUN_RECOMPUTE + ["reference-*"]), GPU_CHECK_TESTS=DRY_RUN_TEST)
     env.pop("OUT", None)
     done = {}
 
@@ -426,17 +428,20 @@ def gpu_check(tmp_path_factory):
     return run
 
 
-def dry_run_part(gpu_check, name: str) -> tuple[Path, dict, set[str]]:
-    """One of DRY_RUN_CALLS, its results folder checked as every call's is
+def dry_run_part(gpu_check, part: str) -> tuple[Path, dict, set[str]]:
+    """The call of DRY_RUN_CALLS that runs `part`, its results folder checked as every call's is
     -> (the folder, its results.json, the names in its details.tar.gz)."""
-    part, tests = DRY_RUN_CALLS[name]
-    out, proc = gpu_check(name, part, GPU_CHECK_TESTS=tests)
+    (name, parts), = [(name, parts) for name, parts in DRY_RUN_CALLS.items() if part in parts]
+    out, proc = gpu_check(name, *parts)
     assert sorted(p.name for p in out.iterdir()) == [
         "details.tar.gz", "gpu_check.log", "numerics.json", "results.json", "summary.md"]
     assert proc.stdout.endswith((out / "summary.md").read_text())  # the summary is printed last
     results = json.loads((out / "results.json").read_text())
-    assert [(p["part"], p["status"]) for p in results["parts"]] == [(part, "ok")]
-    assert results["environment"][0]["dry_run"] and not results["failed"] and not results["skipped"]
+    skipped = [(s["label"], s["why"]) for s in results["skipped"]]
+    assert skipped in ([], [RECIPE_WITHOUT_DATA]), skipped
+    assert [(p["part"], p["status"]) for p in results["parts"]] == [
+        (p, "skipped: nothing to run" if p == "recipe" and skipped else "ok") for p in parts]
+    assert results["environment"][0]["dry_run"] and not results["failed"]
     with tarfile.open(out / "details.tar.gz") as tar:
         details = set(tar.getnames())
     assert {"parts.tsv", "environment.json"} <= details
@@ -504,22 +509,18 @@ def test_gpu_check_dry_run_memory_part_sets_auto_beside_the_tables_estimate(gpu_
 @pytest.mark.slow
 def test_gpu_check_dry_run_recipe_part_times_muons_step_before_the_recipes(gpu_check):
     """Muon's optimizer step needs no data; the recipes need data/shakespeare, and are skipped without it."""
-    out, _ = gpu_check("recipe", "recipe")
-    results = json.loads((out / "results.json").read_text())
+    out, results, _ = dry_run_part(gpu_check, "recipe")
     assert [m["label"] for m in results["muon"]] == ["muon-replicated", "muon-whole", "muon-rows"]
     assert all(m["step_ms"] > 0 and m["newton_schulz_runs"] == 8 for m in results["muon"])  # one process: all 8
-    assert [p["part"] for p in results["parts"]] == ["recipe"] and not results["failed"]
     assert "| muon-whole | dry_run | 1 | cpu |" in (out / "summary.md").read_text()
 
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_recompute_part_benches_activation_checkpointing(gpu_check):
     """The part runs bench_gpu.sh's group recompute (one of its variants here, to keep it short)."""
-    out, _ = gpu_check("recompute", "recompute", BENCH_ONLY="124m-eager-fused-b64-full")
-    results = json.loads((out / "results.json").read_text())
-    assert [(p["part"], p["status"]) for p in results["parts"]] == [("recompute", "ok")] and not results["failed"]
-    assert [r["label"] for r in results["rows"]] == ["124m-eager-fused-b64-full"]
-    assert "| 124m-eager-fused-b64-full |" in (out / "summary.md").read_text()
+    out, results, _ = dry_run_part(gpu_check, "recompute")
+    assert [r["label"] for r in results["rows"]] == DRY_RUN_RECOMPUTE
+    assert f"| {DRY_RUN_RECOMPUTE[0]} |" in (out / "summary.md").read_text()
 
 
 @pytest.mark.slow
@@ -532,15 +533,17 @@ def test_gpu_check_skips_every_part_a_spent_budget_leaves_no_time_for(gpu_check)
 @pytest.mark.slow
 def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
     """--report over the part calls above (run here if this test runs alone) and the skipped one."""
-    for name in DRY_RUN_CALLS:
-        dry_run_part(gpu_check, name)
+    for parts in DRY_RUN_CALLS.values():
+        dry_run_part(gpu_check, parts[0])
     gpu_check("skipped", "tests", "presets", GPU_CHECK_BUDGET_S="1")
     merged, _ = gpu_check("merged", *DRY_RUN_CALLS, "skipped", report=True)
     results = json.loads((merged / "results.json").read_text())
     parts = [(p["part"], p["status"].split(":")[0]) for p in results["parts"]]
-    assert parts == [*((part, "ok") for part, _ in DRY_RUN_CALLS.values()), ("tests", "skipped"), ("presets", "skipped")]
+    assert [p for p in parts if p[0] != "recipe"] == [
+        *((p, "ok") for parts in DRY_RUN_CALLS.values() for p in parts if p != "recipe"),
+        ("tests", "skipped"), ("presets", "skipped")]
     assert [t["test"] for t in results["tests"]] == [DRY_RUN_TEST]
-    assert [r["label"] for r in results["rows"]] == [*DRY_RUN_SPEED, "reference-build-nanogpt-b64"]
+    assert [r["label"] for r in results["rows"]] == [*DRY_RUN_SPEED, "reference-build-nanogpt-b64", *DRY_RUN_RECOMPUTE]
     summary = (merged / "summary.md").read_text()
     assert "speed ok" in summary and "reference ok" in summary and "tests skipped" in summary
     assert "1.000x" in summary  # the reference's row, with ratios beside the speed rows
