@@ -27,7 +27,7 @@ import torch
 
 import slowness
 from data.shards import shard_name, write_shard
-from launch import launch
+from launch import Started, launch, start
 from slowness import guard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,6 +203,23 @@ def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
     return args
 
 
+def trainer_env(extra_env: dict | None = None) -> dict:
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", PYTHONPATH=str(REPO),
+                PYTHONFAULTHANDLER="1", **(extra_env or {}))
+
+
+def target_of(script: str) -> str:
+    """tests/launch.py's target for a script: "train_gpt2.py" -> "train_gpt2:main"."""
+    return script.removeprefix("tests/").removesuffix(".py").replace("/", ".") + ":main"
+
+
+def start_trainer(args: list[str], nproc: int | None = None, script: str = "train_gpt2.py",
+                  extra_env: dict | None = None) -> Started:
+    """run_trainer's forked launch, returned while its ranks run (tests/launch.py's Started: poll, send_signal,
+    communicate), for a test that signals them as torchrun's agent would forward a signal."""
+    return start(list(map(str, args)), nproc, target=target_of(script), extra_env=trainer_env(extra_env))
+
+
 def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, timeout: float = 300,
                 script: str = "train_gpt2.py", extra_env: dict | None = None, torchrun_args=(),
                 cwd: Path = REPO, torchrun: bool = False, grace: float | None = None):
@@ -216,11 +233,10 @@ def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, t
     still running `grace` seconds after another failed is killed: -9; default launch.GRACE_S).
     `timeout` is a hang guard in seconds on the reference machine (tests/slowness.py).
     """
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", PYTHONPATH=str(REPO),
-               PYTHONFAULTHANDLER="1", **(extra_env or {}))
+    env = trainer_env(extra_env)
     if not (torchrun or torchrun_args):
-        target = script.removeprefix("tests/").removesuffix(".py").replace("/", ".") + ":main"
-        proc = launch(list(map(str, args)), nproc, target=target, extra_env=env, timeout=timeout, cwd=cwd, grace=grace)
+        proc = launch(list(map(str, args)), nproc, target=target_of(script), extra_env=env, timeout=timeout, cwd=cwd,
+                      grace=grace)
         if check and proc.returncode != 0:
             raise AssertionError(f"{script} {' '.join(map(str, args))} exited {proc.exitcodes}\n{proc.stdout[-3000:]}\n"
                                  f"{proc.stderr[-5000:]}")

@@ -111,38 +111,91 @@ def run_rank(target: str, argv: list[str], env: dict[str, str], stdout: str, std
     sys.exit(code)
 
 
-def launch(argv: list[str], nproc: int | None = None, *, target: str = "train_gpt2:main", extra_env: dict | None = None,
-           timeout: float = 300, cwd: Path = REPO, grace: float | None = None) -> Launched:
-    """Run target(argv) as `python SCRIPT argv` (nproc None) or as torchrun's nproc workers would.
+class Started:
+    """A launch's ranks while they run, shaped like subprocess.Popen for the tests: poll(), send_signal()
+    (to every rank still running, as torchrun's agent forwards a signal it handles: SIGTERM, SIGINT) and
+    communicate(); finish() gives the Launched. A `with` block kills what still runs at its end."""
 
-    The ranks see this process's environment, with extra_env on top.
-    Raises AssertionError (after killing every rank) when the ranks do not all end in `timeout`
-    seconds on the reference machine (a hang guard: guard() scales it to this one). A rank that
-    fails leaves the others `grace` seconds to end (they may be waiting for it in a collective;
-    default GRACE_S, guard()ed), then they are killed, as torchrun tears a failed group down.
+    def __init__(self, argv: list[str], script: str, procs: list, outputs: list[tuple[str, str]],
+                 folder: tempfile.TemporaryDirectory, grace: float):
+        self.args, self.script, self.procs, self.outputs, self.folder, self.grace = \
+            [script, *argv], script, procs, outputs, folder, grace
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """None while a rank runs; then the launch's return code (Launched.returncode)."""
+        if any(p.exitcode is None for p in self.procs):
+            return None
+        self.returncode = next((p.exitcode for p in self.procs if p.exitcode != 0), 0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        for p in self.procs:
+            if p.exitcode is None:
+                os.kill(p.pid, sig)
+
+    def finish(self, timeout: float) -> Launched:
+        """Wait until every rank ended (`timeout` seconds as given, not guard()ed; then every rank is
+        killed and AssertionError raised), read their outputs and remove their folder."""
+        try:
+            killed = wait_for(self.procs, timeout, self.grace)
+            texts = [(read(out), read(err)) for out, err in self.outputs]
+        finally:
+            self.close()
+        stdout, stderr = "".join(t[0] for t in texts), "".join(t[1] for t in texts)
+        if killed == "timeout":
+            raise AssertionError(f"{' '.join(self.args)} did not finish in {timeout:.0f} s (killed)\n"
+                                 f"{stdout[-3000:]}\n{stderr[-5000:]}")
+        return Launched(self.args, self.poll(), stdout, stderr, [p.exitcode for p in self.procs])
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Popen.communicate: timeout in seconds as given; None, the reference machine's 300 s guard()ed."""
+        launched = self.finish(guard(300) if timeout is None else timeout)
+        return launched.stdout, launched.stderr
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+        self.folder.cleanup()
+
+    def __enter__(self) -> Started:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def start(argv: list[str], nproc: int | None = None, *, target: str = "train_gpt2:main", extra_env: dict | None = None,
+          cwd: Path = REPO, grace: float | None = None) -> Started:
+    """Start target(argv) as `python SCRIPT argv` (nproc None) or as torchrun's nproc workers would, and return.
+
+    The ranks see this process's environment, with extra_env on top. A rank that fails leaves the
+    others `grace` seconds to end (they may be waiting for it in a collective; default GRACE_S,
+    guard()ed), then they are killed, as torchrun tears a failed group down.
     """
-    timeout, grace = guard(timeout), guard(GRACE_S) if grace is None else grace
+    grace = guard(GRACE_S) if grace is None else grace
     script = target.split(":")[0].replace(".", "/") + ".py"
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     ranks = range(nproc or 1)
-    with tempfile.TemporaryDirectory(prefix="launch-") as folder:
-        outputs = [(os.path.join(folder, f"{r}.out"), os.path.join(folder, f"{r}.err")) for r in ranks]
-        procs = []
-        for rank, (out, err) in zip(ranks, outputs):
-            rank_env = {**env, **(rank_environment(rank, nproc, port) if nproc else {})}
-            procs.append(forkserver().Process(target=run_rank, args=(target, argv, rank_env, out, err, str(cwd), script),
-                                              name=f"rank{rank}", daemon=True))
-            procs[-1].start()
-        killed = wait_for(procs, timeout, grace)
-        texts = [(read(out), read(err)) for out, err in outputs]
-    stdout, stderr = "".join(t[0] for t in texts), "".join(t[1] for t in texts)
-    if killed == "timeout":
-        raise AssertionError(f"{script} {' '.join(argv)} did not finish in {timeout:.0f} s (killed)\n"
-                             f"{stdout[-3000:]}\n{stderr[-5000:]}")
-    exitcodes = [p.exitcode for p in procs]
-    returncode = next((code for code in exitcodes if code != 0), 0)
-    return Launched([script, *argv], returncode, stdout, stderr, exitcodes)
+    folder = tempfile.TemporaryDirectory(prefix="launch-")
+    outputs = [(os.path.join(folder.name, f"{r}.out"), os.path.join(folder.name, f"{r}.err")) for r in ranks]
+    procs = []
+    for rank, (out, err) in zip(ranks, outputs):
+        rank_env = {**env, **(rank_environment(rank, nproc, port) if nproc else {})}
+        procs.append(forkserver().Process(target=run_rank, args=(target, argv, rank_env, out, err, str(cwd), script),
+                                          name=f"rank{rank}", daemon=True))
+        procs[-1].start()
+    return Started(argv, script, procs, outputs, folder, grace)
+
+
+def launch(argv: list[str], nproc: int | None = None, *, target: str = "train_gpt2:main", extra_env: dict | None = None,
+           timeout: float = 300, cwd: Path = REPO, grace: float | None = None) -> Launched:
+    """start(), then wait for the ranks to end: they must in `timeout` seconds on the reference machine
+    (a hang guard: guard() scales it to this one), or they are killed and AssertionError raised."""
+    return start(argv, nproc, target=target, extra_env=extra_env, cwd=cwd, grace=grace).finish(guard(timeout))
 
 
 def read(path: str) -> str:

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, make_shards, run_trainer, train_losses
+from conftest import (GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, make_shards, run_trainer,
+                      start_trainer, train_losses)
 from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint.folder import list_checkpoints
@@ -69,10 +70,15 @@ def start_torchrun(args: list[str], *torchrun_args: str, step_pause: float = 0.0
     """
     env, script = env_for_workers(), "train_gpt2.py"
     if step_pause:
-        env.update(FAULT="slow", FAULT_RANK="0", FAULT_SLEEP=str(step_pause), PYTHONPATH=str(REPO))
+        env.update(slow_steps(step_pause), PYTHONPATH=str(REPO))
         script = "tests/inject_fault.py"
     return subprocess.Popen(torchrun_cmd(args, *torchrun_args, script=script), cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def slow_steps(step_pause: float) -> dict[str, str]:
+    """tests/inject_fault.py's environment for rank 0 to sleep step_pause seconds before every step."""
+    return {"FAULT": "slow", "FAULT_RANK": "0", "FAULT_SLEEP": str(step_pause)}
 
 
 def env_for_workers() -> dict:
@@ -326,16 +332,20 @@ def test_rank_zero_write_failures_reach_every_rank_as_one_line(data, tmp_path):
 
 @pytest.mark.slow
 def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path):
-    """The stop is agreed before each eval and after the last one: no extra step, no sample."""
+    """The stop is agreed before each eval and after the last one: no extra step, no sample.
+
+    The ranks are forked (start_trainer) and each gets the SIGTERM that torchrun forwards to its
+    workers; what torchrun itself does with the signal is the test above's."""
     data = make_shards(tmp_path / "shards", val_size=40000)
     out = tmp_path / "evals"
     # val (about 2 s) and a sample are due every 6 steps; the signal comes while step 5 ends or during val
     args = base_args(data, out, max_steps=STEPS, eval_interval=6, val_tokens=16384, sample_interval=6, vocab_size=GPT2_VOCAB,
                      sample_count=1, sample_tokens=4, checkpoint_interval=0, resume="never")
-    proc = start_torchrun(args)
-    wait_for_step(out, 5, proc)
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=guard(120))
+    with start_trainer(args, nproc=2) as proc:
+        wait_for_step(out, 5, proc)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=guard(120))
+    assert proc.returncode == 0, stderr[-3000:]
     assert "SIGTERM received: saved step 6; run the same command with --resume auto to resume" in stdout, stderr
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [6]
     records = read_log(out / "log.jsonl")

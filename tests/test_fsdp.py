@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, make_shards, run_trainer, train_losses
+from conftest import (GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, make_shards, run_trainer,
+                      start_trainer, train_losses)
 from slowness import guard
-from test_faults import SIGNAL_PAUSE, children, env_for_workers, start_torchrun, wait_for_step
+from test_faults import SIGNAL_PAUSE, env_for_workers, slow_steps, wait_for_step
 from training.checkpoint.folder import list_checkpoints, read_full_state
 from training.observe.logger import read_log
 
@@ -82,13 +83,14 @@ def test_a_checkpoint_resumes_under_another_strategy_or_world_size(runs, data, t
 
 
 def test_sigterm_under_fsdp_saves_and_the_same_command_continues_bitwise(runs, data, tmp_path):
+    """Each forked rank gets the SIGTERM torchrun forwards to its workers (test_faults has torchrun's part)."""
     out = tmp_path / "preempted"
     args = base_args(data, out, strategy="fsdp", max_steps=STEPS, checkpoint_interval=0)
-    proc = start_torchrun(args, step_pause=SIGNAL_PAUSE)
-    wait_for_step(out, 1, proc)
-    assert len(children(proc.pid)) == 2
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=guard(120))
+    with start_trainer(args, nproc=2, script="tests/inject_fault.py", extra_env=slow_steps(SIGNAL_PAUSE)) as proc:
+        wait_for_step(out, 1, proc)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=guard(120))
+    assert proc.returncode == 0, stderr[-3000:]
     assert "SIGTERM received: saved step" in stdout, stderr[-3000:]
     assert "in the background" not in stdout  # a save the process exits after is written at once
     assert 1 < [s for s, _ in list_checkpoints(out / "checkpoints")][-1] < STEPS
