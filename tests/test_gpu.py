@@ -141,6 +141,7 @@ def train_in_process(data: Path, out: Path, steps: int, compile: bool) -> list[f
         batches.close()
 
 
+@pytest.mark.slow  # not a process, but 40 steps and Dynamo's tracing: the longest of the fast set
 @gpu
 def test_compiled_and_eager_losses_agree_over_20_steps(corpus, tmp_path):
     eager = train_in_process(corpus, tmp_path / "eager", 20, compile=False)
