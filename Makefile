@@ -37,11 +37,11 @@ demo: install
 # Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once.
 XDIST := -n 2 --dist loadfile
 
-# everything (CI); about 5.5 minutes on 2 idle CPU cores. The 10 slowest tests are listed, so growth shows.
+# everything (CI); about 6 minutes on 2 idle CPU cores. The 10 slowest tests are listed, so growth shows.
 test: install lint
 	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10
 
-# the inner loop: no test that starts a process (trainer, torchrun, prep); about 35 seconds
+# the inner loop: no test that starts a process (trainer, torchrun, prep) or compiles; about 40 seconds
 test-fast: install
 	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) -m "not slow"
 
