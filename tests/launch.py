@@ -2,12 +2,12 @@
 
 A trainer process spends seconds before its first step on imports alone (torch, then
 torch._dynamo, which torch.optim imports on first use), and torchrun adds an agent process
-that imports torch too. The suite launches the trainer about a hundred times, so here the
-ranks are forked from a forkserver that has imported those modules once (it runs no torch op,
-so forking it is safe). Each rank gets what torchrun gives a worker: RANK, LOCAL_RANK,
-WORLD_SIZE, MASTER_ADDR/PORT and the rest, its own stdout and stderr (file descriptors 1 and
-2, so C-level output is kept), and runs `target(argv)` through errors.run_cli as the script's
-__main__ does. The trainer code runs unchanged; what torchrun itself does (its agent, restarts,
+that imports torch too. The suite launches the trainer a few hundred times, so here the
+ranks are forked from a forkserver that has imported those modules once (tests/rank_preload.py;
+it runs no torch op, so forking it is safe). Each rank gets what torchrun gives a worker: RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT and the rest, its own stdout and stderr (file
+descriptors 1 and 2, so C-level output is kept), and runs `target(argv)` through
+errors.run_cli as the script's __main__ does. The trainer code runs unchanged; what torchrun itself does (its agent, restarts,
 signal forwarding, its failure report) is tested through real torchrun launches.
 """
 
@@ -118,8 +118,7 @@ class Started:
 
     def __init__(self, argv: list[str], script: str, procs: list, outputs: list[tuple[str, str]],
                  folder: tempfile.TemporaryDirectory, grace: float):
-        self.args, self.script, self.procs, self.outputs, self.folder, self.grace = \
-            [script, *argv], script, procs, outputs, folder, grace
+        self.args, self.procs, self.outputs, self.folder, self.grace = [script, *argv], procs, outputs, folder, grace
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
