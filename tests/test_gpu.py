@@ -106,6 +106,14 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches emptied after the test: its compiled frames of GPT.forward would otherwise stay in
+    the process (an xdist worker runs other files next) and count toward the recompile limit there."""
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def exact_fp32():
     """fp32 matmuls without TF32 (a fresh process's default), restored afterwards."""
     saved = torch.backends.cuda.matmul.allow_tf32
@@ -143,7 +151,7 @@ def train_in_process(data: Path, out: Path, steps: int, compile: bool) -> list[f
 
 @pytest.mark.slow  # not a process, but 40 steps and Dynamo's tracing: the longest of the fast set
 @gpu
-def test_compiled_and_eager_losses_agree_over_20_steps(corpus, tmp_path):
+def test_compiled_and_eager_losses_agree_over_20_steps(corpus, tmp_path, fresh_dynamo):
     eager = train_in_process(corpus, tmp_path / "eager", 20, compile=False)
     compiled = train_in_process(corpus, tmp_path / "compiled", 20, compile=True)
     worst = max(abs(a - b) for a, b in zip(compiled, eager))
@@ -152,7 +160,7 @@ def test_compiled_and_eager_losses_agree_over_20_steps(corpus, tmp_path):
 
 
 @gpu
-def test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients(corpus, tmp_path):
+def test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients(corpus, tmp_path, fresh_dynamo):
     """The fused chunked lm_head + cross-entropy against the plain path, eager and compiled, in bf16.
 
     bf16 operands put both paths between 1e-3 and 1e-2 apart in relative norm; a wrong scale,
