@@ -542,14 +542,14 @@ def test_gpu_check_skips_every_part_a_spent_budget_leaves_no_time_for(gpu_check)
 @pytest.mark.slow
 def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
     """--report over the part calls above (run here if this test runs alone) and the skipped one."""
-    for parts in DRY_RUN_CALLS.values():
-        dry_run_part(gpu_check, parts[0])
+    for call_parts in DRY_RUN_CALLS.values():
+        dry_run_part(gpu_check, call_parts[0])
     gpu_check("skipped", "tests", "presets", GPU_CHECK_BUDGET_S="1")
     merged, _ = gpu_check("merged", *DRY_RUN_CALLS, "skipped", report=True)
     results = json.loads((merged / "results.json").read_text())
     parts = [(p["part"], p["status"].split(":")[0]) for p in results["parts"]]
     assert [p for p in parts if p[0] != "recipe"] == [
-        *((p, "ok") for parts in DRY_RUN_CALLS.values() for p in parts if p != "recipe"),
+        *((p, "ok") for call_parts in DRY_RUN_CALLS.values() for p in call_parts if p != "recipe"),
         ("tests", "skipped"), ("presets", "skipped")]
     assert [t["test"] for t in results["tests"]] == [DRY_RUN_TEST]
     assert [r["label"] for r in results["rows"]] == [*DRY_RUN_SPEED, "reference-build-nanogpt-b64", *DRY_RUN_RECOMPUTE]

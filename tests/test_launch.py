@@ -41,3 +41,20 @@ def test_a_rank_that_dies_is_reported_and_the_waiting_one_is_killed():
     proc = launch([], 2, target="test_launch:rank_one_dies", timeout=60, grace=1)
     assert proc.exitcodes == [-9, 7] and proc.returncode == -9  # rank 0 hung in the barrier: killed
     assert time.monotonic() - started < guard(30)  # the grace of 1 s, not the 60 s timeout
+
+
+def what_the_rank_inherited(argv: list[str]) -> int:
+    """A rank body for the test below: which preloads it found imported, and how many objects are frozen."""
+    import gc
+    import sys
+
+    print(" ".join(name for name in ("rank_preload", "train_gpt2", "torch._dynamo") if name in sys.modules),
+          gc.get_freeze_count() > 100_000)
+    return 0
+
+
+def test_a_rank_inherits_the_preloaded_modules_and_their_frozen_objects():
+    """The forkserver imported tests/rank_preload.py (it needs tests/ on its path, which Python 3.11's forkserver
+    does not take from this process) and froze what it made: a rank neither imports nor collects them again."""
+    proc = launch([], target="test_launch:what_the_rank_inherited", timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "rank_preload train_gpt2 torch._dynamo True\n", proc.stdout + proc.stderr
