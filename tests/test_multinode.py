@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 
 from conftest import REPO, base_args, load_weights, make_shards, run_trainer, train_losses
 from slowness import guard
+from test_faults import SIGNAL_PAUSE, STEPS, assert_same_run, children, slow_steps, wait_for_step
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -23,22 +25,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_two_nodes(args: list[str], cwds: tuple[Path, Path] = (REPO, REPO)) -> list[subprocess.Popen]:
+def start_two_nodes(args: list[str], cwds: tuple[Path, Path] = (REPO, REPO), torchrun_args: tuple[str, ...] = (),
+                    script: str = "train_gpt2.py", extra_env: dict | None = None) -> list[subprocess.Popen]:
     """One torchrun agent per "node" (each in its own working directory), meeting through c10d
-    rendezvous; the finished processes, with .stdout and .stderr read into .outputs."""
+    rendezvous, running in the background with their output piped."""
     port = free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    nodes = [
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
+    return [
         subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
              f"--node_rank={rank}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
-             "--rdzv_id=gpt2-repro-test", str(REPO / "train_gpt2.py"), *args],
+             "--rdzv_id=gpt2-repro-test", *torchrun_args, str(REPO / script), *args],
             cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for rank, cwd in enumerate(cwds)
     ]
-    for node in nodes:
-        node.outputs = node.communicate(timeout=guard(240))
+
+
+def finish(nodes: list[subprocess.Popen], timeout: float = 240) -> list[subprocess.Popen]:
+    """Wait for every node's agent (a hang guard of `timeout` s, tests/slowness.py); .outputs = (stdout, stderr)."""
+    try:
+        for node in nodes:
+            node.outputs = node.communicate(timeout=guard(timeout))
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.communicate()
     return nodes
+
+
+def run_two_nodes(args: list[str], cwds: tuple[Path, Path] = (REPO, REPO)) -> list[subprocess.Popen]:
+    """start_two_nodes, finished."""
+    return finish(start_two_nodes(args, cwds))
 
 
 def test_two_nodes_with_c10d_rendezvous_match_one_node(tmp_path):
@@ -69,3 +87,26 @@ def test_data_missing_on_one_node_stops_both_with_one_line(tmp_path):
                                       "`python prep/fineweb.py`)"], outputs
     for _, stderr in outputs:
         assert "exitcode  : 2" in stderr and "train_gpt2.py\", line" not in stderr
+
+
+def test_worker_killed_on_one_node_under_max_restarts_recovers_on_both(tmp_path):
+    """torchrun counts a restart only on the agent whose worker failed: the other node's new worker
+    has TORCHELASTIC_RESTART_COUNT 0, the failed node's 1. Both must still meet again and train on,
+    exactly as a run that never failed."""
+    data = make_shards(tmp_path / "shards", train_sizes=(6000, 5000, 8000))
+    steps = dict(max_steps=STEPS, checkpoint_interval=3, eval_interval=0, val_tokens=64)
+    run_trainer(base_args(data, tmp_path / "straight", **steps), nproc=2)
+
+    out = tmp_path / "killed"
+    nodes = start_two_nodes(base_args(data, out, **steps), torchrun_args=("--max-restarts=1",),
+                            script="tests/inject_fault.py", extra_env={**slow_steps(SIGNAL_PAUSE), "PYTHONPATH": str(REPO)})
+    try:
+        wait_for_step(out, 7, nodes[0])  # past the step-6 checkpoint
+        (worker,) = children(nodes[1].pid)
+        os.kill(worker, signal.SIGKILL)  # node 1's GPU falls off the bus; node 0's agent sees only a peer leave
+    finally:
+        finish(nodes, timeout=180)
+    for node in nodes:
+        assert node.returncode == 0, node.outputs[0][-2000:] + node.outputs[1][-4000:]
+    assert "resumed from" in nodes[0].outputs[0] + nodes[1].outputs[0]
+    assert_same_run(out, tmp_path / "straight")

@@ -14,7 +14,9 @@ import gc
 import os
 import signal
 import sys
+import time
 import traceback
+import uuid
 from dataclasses import dataclass
 
 import torch
@@ -40,21 +42,62 @@ class DistEnv:
         return self.device.type
 
 
-def restart_safe_store(world_size: int, timeout: datetime.timedelta):
-    """The rendezvous store for a worker that torchrun restarted, with keys of this attempt only.
+AGREEMENT = "gpt2-repro/attempt"  # the store keys with which the ranks name their launch attempt
 
-    torchrun's agent keeps one TCP store across restarts (--max-restarts), but the process
-    group's keys carry no attempt number: a restarted worker can read the address its dead
-    predecessor published and fail to connect ("Connection refused"). Prefixing the keys with
-    the restart count gives every attempt a clean namespace. None (the usual env:// init)
-    for a first attempt or outside torchrun's shared store.
+
+def attempt_store(rank: int, world_size: int, timeout: datetime.timedelta):
+    """The store for the process group under torchrun's shared agent store: keys of this attempt only.
+
+    torchrun's agents keep one TCP store for the whole job, across restarts (--max-restarts),
+    and the process group's keys carry no attempt number: a restarted worker could read the
+    address its dead predecessor published and fail to connect. Nor can the restart count name
+    the attempt: an agent counts a restart only when its own worker failed ("membership changes
+    do not count"), so after one node's worker dies, its new worker has
+    TORCHELASTIC_RESTART_COUNT 1 and the other nodes' new workers 0. So the ranks agree on a
+    number in the store itself (`agree_on_attempt`) and prefix every key with it. None (the
+    usual env:// init, where rank 0 hosts a store of this attempt's own) outside torchrun's
+    shared store.
     """
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
                           is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"gpt2-repro/attempt_{restart}", store)
+    attempt = agree_on_attempt(store, rank, world_size, timeout)
+    return dist.PrefixStore(f"{AGREEMENT}_{attempt}", store)
+
+
+def agree_on_attempt(store, rank: int, world_size: int, timeout: datetime.timedelta,
+                     poll_s: float = 0.01) -> int:
+    """A number that every rank of this launch attempt gets, and no earlier attempt had. Uses the store only.
+
+    Rank 0 draws the number from a counter (store.add is atomic, so it is new). Every other rank
+    asks under a token it made up and waits for the answer keyed by that token, so it can never
+    read an answer meant for a dead predecessor; rank 0 answers every ask it finds (a stale one
+    from a dead worker too, harmlessly) until all the others have acknowledged its number.
+    """
+    if rank != 0:
+        token = uuid.uuid4().hex
+        answer = f"{AGREEMENT}/answer/{token}"
+        store.set(f"{AGREEMENT}/ask/{rank}", token)
+        store.wait([answer], timeout)
+        attempt = int(store.get(answer))
+        store.add(f"{AGREEMENT}/joined/{attempt}", 1)
+        return attempt
+    attempt = store.add(f"{AGREEMENT}/count", 1)
+    answered: dict[int, bytes] = {}  # rank -> the last token answered
+    deadline = time.monotonic() + timeout.total_seconds()
+    while store.add(f"{AGREEMENT}/joined/{attempt}", 0) < world_size - 1:
+        for other in range(1, world_size):
+            ask = f"{AGREEMENT}/ask/{other}"
+            if store.check([ask]) and (token := store.get(ask)) != answered.get(other):
+                store.set(f"{AGREEMENT}/answer/{token.decode()}", str(attempt))
+                answered[other] = token
+        if time.monotonic() > deadline:
+            missing = world_size - 1 - store.add(f"{AGREEMENT}/joined/{attempt}", 0)
+            raise ReproError(f"torchrun's launch attempt: {missing} of {world_size - 1} other ranks did not "
+                             f"arrive within {timeout}")
+        time.sleep(poll_s)
+    return attempt
 
 
 def stop_when_launcher_dies() -> None:
@@ -95,7 +138,7 @@ def setup_distributed(device: torch.device, timeout: datetime.timedelta) -> Dist
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
-            backend=backend, timeout=timeout, store=restart_safe_store(world_size, timeout),
+            backend=backend, timeout=timeout, store=attempt_store(rank, world_size, timeout),
             rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None,
         )
     elif device.type == "cuda":
