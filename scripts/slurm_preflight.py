@@ -1,0 +1,104 @@
+"""The health check scripts/slurm.sbatch runs on every node before it starts torchrun there.
+
+    srun --ntasks-per-node=1 python scripts/slurm_preflight.py --workers_per_node 8 --config configs/x.yaml ...
+
+Everything after --workers_per_node N (torchrun's --nproc_per_node) is the trainer's own
+arguments. On each node (one task per node, under srun) it checks, and fails the job with one
+`error:` line naming the node if not:
+  - the configuration: the trainer's own parsing, so a bad key stops the job before any launch;
+  - the GPUs, when the job asked Slurm for some (--gpus-per-node, --gres) or the config says
+    device cuda: this node sees at least N, one per worker (a CPU partition: nothing to check);
+  - the run folder (out_dir, and checkpoint_dir when it is a path elsewhere): writable here, and
+    shared: every node writes a file into it and waits until it sees every other node's. A folder
+    on a node's local disk would otherwise pass the first launch and fail at the first sharded
+    checkpoint (each rank's part lands where rank 0 cannot see it), or at the first requeue onto
+    other nodes (the checkpoints stay behind).
+Exit 0 when all hold; 2 (an `error:` line) when one does not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.errors import ConfigError, run_cli  # noqa: E402
+from training.checkpoint.folder import checkpoints_folder  # noqa: E402
+from training.checkpoint.storage import is_url  # noqa: E402
+from training.train.config import parse_args  # noqa: E402
+
+SHARED_WAIT_S = float(os.environ.get("PREFLIGHT_SHARED_WAIT_S", 120))  # a network filesystem's caches may lag
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if len(argv) < 2 or argv[0] != "--workers_per_node" or not argv[1].isdigit():
+        raise ConfigError("usage: slurm_preflight.py --workers_per_node N [trainer arguments] (see --help)")
+    workers = int(argv[1])
+    cfg = parse_args(argv[2:])
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    if cfg.device == "cuda" or int(os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE") or 0):
+        check_gpus(node, workers)
+    node_id, nodes = int(os.environ.get("SLURM_NODEID", 0)), int(os.environ.get("SLURM_JOB_NUM_NODES", 1))
+    attempt = f"{os.environ.get('SLURM_JOB_ID', os.getpid())}.{os.environ.get('SLURM_RESTART_COUNT', 0)}"
+    folders = [("out_dir", Path(cfg.out_dir))]
+    checkpoints = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
+    if not is_url(checkpoints) and Path(cfg.out_dir).resolve() not in Path(checkpoints).resolve().parents:
+        folders.append(("checkpoint_dir", Path(checkpoints)))
+    for key, folder in folders:
+        check_shared(key, folder, node, node_id, nodes, attempt)
+    if node_id == 0:
+        print(f"preflight: {nodes} node(s) | {workers} worker(s) each | "
+              + ", ".join(f"{key} {folder} shared" for key, folder in folders), flush=True)
+    return 0
+
+
+def check_gpus(node: str, wanted: int) -> None:
+    import torch
+
+    found = torch.cuda.device_count()
+    if found < wanted:
+        raise ConfigError(f"node {node}: sees {found} GPU(s) but the job starts {wanted} workers per node "
+                          f"(GPUS_PER_NODE): check the node's GPUs (nvidia-smi), --gpus-per-node and "
+                          f"CUDA_VISIBLE_DEVICES")
+
+
+def check_shared(key: str, folder: Path, node: str, node_id: int, nodes: int, attempt: str) -> None:
+    """Every node writes `wrote_<id>` into folder/.preflight-<attempt>, then waits to see all the others';
+    node 0 removes the folder once every node has said it saw them all (`saw_<id>`)."""
+    meeting = folder / f".preflight-{attempt}"
+    try:
+        meeting.mkdir(parents=True, exist_ok=True)
+        (meeting / f"wrote_{node_id}").write_text(node)
+    except OSError as e:
+        raise ConfigError(f"{key} {folder}: not writable on node {node} ({e.strerror or e})") from None
+    missing = wait_for(meeting, "wrote", nodes)
+    if missing:
+        raise ConfigError(f"{key} {folder}: not shared between the job's nodes: node {node} sees no file from "
+                          f"node(s) {', '.join(map(str, missing))} after {SHARED_WAIT_S:.0f} s; put it on a "
+                          f"filesystem every node mounts")
+    (meeting / f"saw_{node_id}").write_text(node)
+    if node_id == 0:
+        wait_for(meeting, "saw", nodes)
+        shutil.rmtree(meeting, ignore_errors=True)
+
+
+def wait_for(meeting: Path, kind: str, nodes: int) -> list[int]:
+    """The node ids whose `<kind>_<id>` file has not appeared within SHARED_WAIT_S (empty: all there)."""
+    deadline = time.monotonic() + SHARED_WAIT_S
+    while True:
+        missing = [i for i in range(nodes) if not (meeting / f"{kind}_{i}").exists()]
+        if not missing or time.monotonic() > deadline:
+            return missing
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
