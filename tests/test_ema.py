@@ -293,3 +293,17 @@ def test_sample_with_ema_weights_and_its_error_without_them(straight):
     assert missing.returncode == 2
     (line,) = missing.stderr.strip().splitlines()
     assert line.startswith("error: ") and "has no EMA weights" in line
+
+
+@pytest.mark.slow
+def test_fsdp_zero2_evaluates_the_average_and_trains_on_as_fsdp(straight, data, tmp_path):
+    """fsdp_zero2 keeps a block's parameters gathered after a forward without a backward (an evaluation's): the
+    average is swapped with the shards all the same, and the step after the evaluations trains on the live weights
+    (gathered again from the shards), so the run is fsdp's, bitwise: its losses, its val and EMA val records, its
+    average."""
+    out = tmp_path / "zero2"
+    run_trainer(base_args(data, out, strategy="fsdp_zero2", **EMA), nproc=2)
+    assert train_losses(out) == train_losses(straight["fsdp"])
+    assert val_records(out) == val_records(straight["fsdp"]) and "ema_loss" in val_records(out)[-1]
+    a, b = averages(out, 6), averages(straight["fsdp"], 6)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training.distributed.strategies import local_part
+from training.distributed.strategies import is_sharded, local_part
 from training.train.settings import Settings, option, require
 
 
@@ -116,6 +116,11 @@ class WeightAverage:
     def _exchange(self, model: torch.nn.Module) -> None:
         params = dict(model.named_parameters())
         for name, tensor in self.average.items():
+            if is_sharded(params[name]) != is_sharded(tensor):
+                # FSDP registers gathered copies while a module is unsharded: a swap into them would be undone
+                # by the next gather from the shards, or lost (the strategy's evaluation context reshards on exit)
+                raise RuntimeError(f"{name}: the EMA swaps with the parameters' shards, but the model holds it "
+                                   f"gathered; reshard it first")
             live, average = local_part(params[name]), local_part(tensor)
             if live.dtype != average.dtype:  # weights are float32 or float64, as the average is
                 raise TypeError(f"{name}: weights of {live.dtype} cannot exchange with an average of {average.dtype}")
