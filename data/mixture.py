@@ -38,12 +38,12 @@ import numpy as np
 import torch
 
 from common.errors import ConfigError, DataError
+from common.log_fields import source_name_problem, val_set_name_problem
 from data.loader import RowStream, TrainLoader, grad_accum_steps, row_permutation, shard_order
 from data.manifest import data_fingerprint
 from data.shards import find_shards
 from data.tokenizer import EOT_TOKEN
 
-RESERVED_NAMES = ("loss", "kind", "step", "tokens")  # a val set's name is a field of the val record
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,11 @@ def parse_sources(text: str) -> list[Source]:
     if duplicate is not None:
         raise ConfigError(f"data_dir: two sources are named {duplicate!r} (a source is named by its folder's last "
                           f"part; rename a folder)")
+    for source in sources:  # the name makes the train record's tokens_<name> (common/log_fields.py)
+        problem = source_name_problem(source.name)
+        if problem:
+            raise ConfigError(f"data_dir: source {source.path} is named {source.name!r} (its folder's last part), "
+                              f"and {problem}; rename the folder")
     return sources
 
 
@@ -89,20 +94,31 @@ def mapping_text(key: str, mapping: dict, separator: str) -> str:
 
 
 def parse_val_sets(text: str, data_dir: str) -> dict[str, str]:
-    """name -> folder or val shard. Default (""): data_dir's val split as `val` (one folder), or each source's."""
+    """name -> folder or val shard. Default (""): data_dir's val split as `val` (one folder), or each source's.
+
+    Each name becomes fields of the val record (common/log_fields.py): one that cannot is a ConfigError naming
+    the key that gave it, val_sets or (a mixture source's folder name) data_dir."""
     if not text:
         sources = parse_sources(data_dir)
         if len(sources) == 1:
             return {"val": sources[0].path}
+        for source in sources:
+            problem = val_set_name_problem(source.name)
+            if problem:
+                raise ConfigError(f"data_dir: source {source.path} names its val set {source.name!r} by default, "
+                                  f"and {problem}; rename the folder, or name the val sets with val_sets "
+                                  f"(name=folder,...)")
         return {s.name: s.path for s in sources}
     sets = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, path = part.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"val_sets: {part!r} is not name=folder (or name=val shard)")
-        if name in RESERVED_NAMES or name in sets:
-            raise ConfigError(f"val_sets: the name {name!r} is " + ("used twice" if name in sets else
-                                                                   "taken by the val record's own fields"))
+        if name in sets:
+            raise ConfigError(f"val_sets: the name {name!r} is used twice")
+        problem = val_set_name_problem(name)
+        if problem:
+            raise ConfigError(f"val_sets: the name {name!r} cannot name a val set: {problem}")
         sets[name] = path
     return sets
 

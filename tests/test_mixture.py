@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from common.errors import ConfigError
+from common.log_fields import TRAIN_RECORD_FIELDS
 from conftest import base_args, make_shards, run_trainer
 from data.mixture import MixtureLoader, Source, parse_sources, parse_val_sets, step_composition
 from data.shards import shard_name, write_shard
@@ -121,13 +122,44 @@ def test_a_bad_mixture_is_one_line_naming_data_dir(value, message):
 
 @pytest.mark.parametrize("value,message", [
     ("edu", "val_sets: 'edu' is not name=folder"),
-    ("loss=data/a", "val_sets: the name 'loss' is taken by the val record's own fields"),
+    ("loss=data/a", "val_sets: the name 'loss' cannot name a val set: 'loss' is a field of the val record itself"),
     ("a=x,a=y", "val_sets: the name 'a' is used twice"),
 ])
 def test_bad_val_sets_are_one_line_naming_the_key(value, message):
     with pytest.raises(ConfigError) as caught:
         TrainConfig(val_sets=value)
     assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize("data_dir,val_sets,message", [
+    # a mixture's val sets are named by the source folders by default: the val record's own fields
+    ("web/tokens:0.5,web/edu:0.5", "", "data_dir: source web/tokens names its val set 'tokens' by default, and "
+                                       "'tokens' is a field of the val record itself"),
+    ("runs/step:0.5,web/edu:0.5", "", "data_dir: source runs/step names its val set 'step' by default, and 'step' "
+                                      "is a field of the val record itself"),
+    # ema_<set> is set <set>'s EMA figure
+    ("a/ema_edu:1,b/edu:1", "", "data_dir: source a/ema_edu names its val set 'ema_edu' by default, and 'ema_edu' "
+                                "starts with 'ema_'"),
+    ("data/edu", "edu=x,ema_edu=y", "val_sets: the name 'ema_edu' cannot name a val set: 'ema_edu' starts with "
+                                    "'ema_'"),
+    ("data/edu", "tokens=x", "val_sets: the name 'tokens' cannot name a val set: 'tokens' is a field of the val "
+                             "record itself"),
+    # a source's tokens_<name> in the train record, whatever names the val sets
+    ("a/per_sec:1,b/edu:1", "edu=b/edu,web=a/per_sec", "data_dir: source a/per_sec is named 'per_sec' (its folder's "
+                                                       "last part), and its tokens field 'tokens_per_sec' is a field "
+                                                       "of the train record itself"),
+])
+def test_a_name_that_would_make_another_field_of_its_record_is_refused_naming_its_key(data_dir, val_sets, message):
+    """Val set names (explicit, or a mixture's folder names) and source names become log fields
+    (common/log_fields.py): one that is a field already, or that another figure's field is made as, is refused."""
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(data_dir=data_dir, val_sets=val_sets)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_val_sets_name_the_sets_of_a_mixture_whose_folders_are_named_like_fields():
+    cfg = TrainConfig(data_dir="web/tokens:0.5,web/edu:0.5", val_sets="web=web/tokens,edu=web/edu")
+    assert parse_val_sets(cfg.val_sets, cfg.data_dir) == {"web": "web/tokens", "edu": "web/edu"}
 
 
 def test_yaml_mappings_are_the_command_lines_text(tmp_path):
@@ -173,6 +205,7 @@ def test_a_mixture_trains_resumes_on_another_world_size_and_logs_each_source_and
         assert abs(record["loss"] - train["resumed"][step]["loss"]) <= 1e-12 * record["loss"], step
         # 16 rows a step: 12 edu, 4 code, of 32 tokens
         assert (record["tokens_edu"], record["tokens_code"]) == (12 * 32 * (step + 1), 4 * 32 * (step + 1))
+        assert record.keys() - {"tokens_edu", "tokens_code"} <= set(TRAIN_RECORD_FIELDS)  # what names are checked by
     vals = {name: [r for r in log if r["kind"] == "val"] for name, log in logs.items()}
     assert [sorted(r) for r in vals["straight"]][0] == ["code", "edu", "kind", "loss", "step", "tokens"]
     for a, b in zip(vals["straight"], vals["resumed"]):  # step 3 on 1 process and on 2 ranks: the same figures
