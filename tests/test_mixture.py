@@ -225,3 +225,34 @@ def test_each_val_set_is_the_same_figure_on_one_and_two_ranks(folders, tmp_path)
         figures[nproc] = [(r["edu"], r["code"]) for r in read_log(out / "log.jsonl") if r["kind"] == "val"]
     assert len(figures[None]) == 3 and figures[None][0] == figures[2][0]  # step 0: the same weights, bitwise
     assert all(edu != code for edu, code in figures[None])  # each set its own window
+
+
+@pytest.mark.slow
+def test_a_resume_with_other_weights_goes_on_from_the_rows_each_source_had_read(folders, tmp_path):
+    """Where each source stands is checkpointed state: with other weights, each source reads on from the rows it
+    had read (none skipped, none twice), its tokens_<source> counter counts on, and the warning says the
+    composition changed (not the shards). A checkpoint without that state (older code) gets it from its config."""
+    import shutil
+
+    from conftest import build_tiny_run
+
+    edu, code = folders
+    out, old = tmp_path / "run", tmp_path / "older"
+    run_trainer(base_args(f"{edu}:0.5,{code}:0.5", out, max_steps=3))  # 8 + 8 of a step's 16 rows; checkpoint 3
+    shutil.copytree(out, old)
+    state = torch.load(old / "checkpoints" / "step_00000003.pt", weights_only=True)
+    assert state.pop("mixture")["sources"]["code"] == {"rows_read": 24, "tokens": 24 * 32, "rows_per_step": 8}
+    torch.save(state, old / "checkpoints" / "step_00000003.pt")
+    new = f"{edu}:0.75,{code}:0.25"  # 12 + 4
+    for folder in (out, old):
+        _, run = build_tiny_run(new, folder)  # resumes step 3, as the launch below does
+        source, within = run.train_loader.slots(3)
+        assert sorted(within[source == 0]) == list(range(24, 36)), folder  # edu's rows 24-35
+        assert sorted(within[source == 1]) == list(range(24, 28)), folder  # code's rows 24-27
+    proc = run_trainer(base_args(new, out))
+    (warning,) = [line for line in proc.stderr.splitlines() if "composition changed" in line]
+    assert "rows per step edu 8 -> 12, code 8 -> 4 (of 16)" in warning and "edu at row 24, code at row 24" in warning
+    assert "shards" not in proc.stderr
+    train = {r["step"]: r for r in read_log(out / "log.jsonl") if r["kind"] == "train"}
+    assert [train[s]["tokens_edu"] // 32 for s in range(6)] == [8, 16, 24, 36, 48, 60]
+    assert [train[s]["tokens_code"] // 32 for s in range(6)] == [8, 16, 24, 28, 32, 36]

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from data.loader import TrainLoader, ValLoader, validate_shards
-from data.mixture import MixtureLoader, make_train_loader, parse_val_sets, sources_fingerprint
+from data.mixture import (MixtureLoader, changed_shards, derived_state, make_train_loader, parse_val_sets,
+                          sources_fingerprint)
 from common.errors import CheckpointError, ConfigError, DivergedError
 from model import GPT
 from training.checkpoint.folder import checkpoints_folder, format_of
@@ -42,7 +43,8 @@ class Run:
     latest evaluation figures, the W&B run id, and what steers a long run (the spike window,
     skips in a row, rollbacks and the batches they passed over).
     Nothing else is needed to resume exactly: the data position is a function of the step and
-    data_offset (data/loader.py) and dropout masks are reseeded from (seed, step, rank) every step.
+    data_offset (data/loader.py), and of where each source of a mixture stood (its `mixture`
+    entry, data/mixture.py), and dropout masks are reseeded from (seed, step, rank) every step.
     """
 
     model: GPT
@@ -105,14 +107,17 @@ class Run:
             "metrics": dict(self.metrics),
             "wandb_run_id": self.wandb_run_id,
             "ema_state": self.ema.progress_state() if self.ema is not None and self.ema.ready else None,
+            # a mixture: each source's rows read and tokens given (None: one folder)
+            "mixture": self.train_loader.state_dict(self.step, self.step + self.data_offset),
             "long_run": {"spike_window": self.spikes.state_dict() if self.spikes else None,
                          "skips_in_a_row": self.skips_in_a_row, "rollbacks": self.rollbacks,
                          "data_offset": self.data_offset},
         }
 
-    def load_state_dict(self, state: dict, path: Location) -> None:
+    def load_state_dict(self, state: dict, path: Location) -> str | None:
         """Continue from the checkpoint at path (its state: load_checkpoint's, on every rank), with this
         run's optimizer settings. A collective: every rank loads its part, in the checkpoint's format.
+        Returns what changed in a mixture's composition since (its rows per step), in words, or None.
 
         The saved optimizer state keeps its moments and step counts; its settings (lr, betas, eps,
         weight decay, kernel choice) become this run's, so a resume with changed settings trains
@@ -141,6 +146,13 @@ class Run:
         self.skips_in_a_row = long_run.get("skips_in_a_row", 0)
         self.rollbacks = long_run.get("rollbacks", 0)
         self.data_offset = long_run.get("data_offset", 0)
+        if isinstance(self.train_loader, MixtureLoader):  # each source from where it stood (older checkpoints:
+            # where the checkpoint's own config put it)
+            position = self.step + self.data_offset
+            saved = state.get("mixture") or derived_state(state.get("config") or {}, self.step, position)
+            if saved is not None:
+                return self.train_loader.load_state_dict(saved)
+        return None
 
 
 def build_run(ctx: Context, strategy: Strategy) -> Run | None:
@@ -200,15 +212,19 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
         logger.console(f"nothing to do: {resume_path} is at max_steps {cfg.max_steps}; raise max_steps to train on")
         return None
     check_same_optimizer(cfg, state["config"], resume_path)  # another optimizer's state does not fit
-    run.load_state_dict(state, resume_path)
+    composition = run.load_state_dict(state, resume_path)
     run.resumed_from, run.resumed_step = resume_path, run.step
+    if composition:
+        logger.warn(f"the mixture's composition changed since {resume_path} was written: {composition}")
     if run.ema is not None and not run.ema.ready and run.step > run.ema.start_step:
         logger.warn(f"{resume_path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts "
                     f"from the weights of step {run.step}, not of step {run.ema.start_step}")
     warn_on_changed_settings(cfg, state["config"], logger.warn)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
-    if trained_on is not None and trained_on != fingerprint:
-        logger.warn(f"the shards in {cfg.data_dir} changed since {resume_path} was written (data fingerprint "
+    changed = changed_shards(trained_on, fingerprint) if trained_on is not None else None
+    if changed:  # the shards themselves (a mixture's weights are in its fingerprint too, but are not its shards)
+        where = cfg.data_dir if changed == ["data_dir"] else f"source(s) {', '.join(changed)}"
+        logger.warn(f"the shards in {where} changed since {resume_path} was written (data fingerprint "
                     f"{trained_on} -> {fingerprint}): the steps after the resume read other data")
     return run
 
