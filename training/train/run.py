@@ -27,7 +27,7 @@ from training.distributed.strategies import Strategy, full_tensors
 from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
 from training.train.context import Context
 from training.train.micro_batch import choose_micro_batch_size
-from training.train.ema import EMASettings, WeightAverage
+from training.train.ema import EMASettings, WeightAverage, checkpointed_start
 from training.train.spikes import RollbackRequested, SpikeWindow
 from training.train.weights import load_initial_weights
 
@@ -106,7 +106,7 @@ class Run:
             "ancestry": list(self.ancestry),
             "metrics": dict(self.metrics),
             "wandb_run_id": self.wandb_run_id,
-            "ema_state": self.ema.progress_state() if self.ema is not None and self.ema.ready else None,
+            "ema_state": self.ema.progress_state() if self.ema is not None else None,  # its start, before it too
             # a mixture: each source's rows read and tokens given (None: one folder)
             "mixture": self.train_loader.state_dict(self.step, self.step + self.data_offset),
             "long_run": {"spike_window": self.spikes.state_dict() if self.spikes else None,
@@ -130,8 +130,9 @@ class Run:
             if fmt.holds(state, "ema"):
                 self.ema.allocate(self.model)
         fmt.load_into(self, path, state, lambda saved: with_current_settings(saved, self.optimizer))
-        if self.ema is not None and self.ema.ready:
-            self.ema.updates = (state.get("ema_state") or {}).get("updates", 0)
+        if self.ema is not None:  # the start the checkpoint's run set goes on (none: this run's own, set at build)
+            start = checkpointed_start(state)
+            self.ema.load_progress_state(self.ema.start_step if start is None else start, state.get("ema_state"))
         if self.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
             self.scaler.load_state_dict(state["scaler"])
         self.step = self.start_step = state["step"]
@@ -216,9 +217,9 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
     run.resumed_from, run.resumed_step = resume_path, run.step
     if composition:
         logger.warn(f"the mixture's composition changed since {resume_path} was written: {composition}")
-    if run.ema is not None and not run.ema.ready and run.step > run.ema.start_step:
-        logger.warn(f"{resume_path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts "
-                    f"from the weights of step {run.step}, not of step {run.ema.start_step}")
+    if run.ema is not None:
+        describe_ema_start(run, checkpointed_start(state), averaging.start_step(cfg.max_steps), cfg, resume_path,
+                           logger.warn)
     warn_on_changed_settings(cfg, state["config"], logger.warn)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
     changed = changed_shards(trained_on, fingerprint) if trained_on is not None else None
@@ -227,6 +228,30 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
         logger.warn(f"the shards in {where} changed since {resume_path} was written (data fingerprint "
                     f"{trained_on} -> {fingerprint}): the steps after the resume read other data")
     return run
+
+
+def describe_ema_start(run: Run, kept: int | None, planned: int, cfg: TrainConfig, path: Location,
+                       warn: Callable[[str], None]) -> None:
+    """Say where a resumed run's EMA starts when it is not where this config would start a fresh one.
+
+    kept: the start of the EMA the checkpoint's run kept (None: it had none); planned: floor(ema_start *
+    max_steps) of this config. A kept start is state and goes on (a raised max_steps must not freeze the
+    average until a later start, and then fold on from the stale one)."""
+    if kept is None:
+        if run.step > planned:
+            warn(f"{path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts from the "
+                 f"weights of step {run.step}, not of step {planned}")
+        return
+    if kept == planned:
+        return
+    now = f"ema_start {cfg.ema_start} of max_steps {cfg.max_steps} would start a fresh run's at step {planned}"
+    if run.ema.ready:
+        warn(f"the EMA of the weights started at step {kept} and averages on from there ({now})")
+    elif kept < cfg.max_steps:
+        warn(f"the EMA of the weights starts at step {kept}, as the run of {path} set it ({now})")
+    else:
+        warn(f"the EMA of the weights starts at step {kept}, as the run of {path} set it, at or after max_steps "
+             f"{cfg.max_steps}: this run ends without one ({now})")
 
 
 def roll_back(ctx: Context, run: Run, request: RollbackRequested) -> None:
