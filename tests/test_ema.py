@@ -281,6 +281,26 @@ def test_readers_take_the_ema_weights(straight, tmp_path, source, monkeypatch):
         export_hf.main([str(straight["off"]), str(tmp_path / "hf"), "--weights", "ema"])
 
 
+def test_the_model_card_of_exported_ema_weights_says_so_and_gives_their_own_val_loss():
+    """export_hf.py --weights ema: the card says the weights are the EMA, its val_loss is the EMA's, and the live
+    weights' figure is marked live_; the live export's card is as before."""
+    from hf_interop.export import model_card
+    from model import GPTConfig
+    from training.checkpoint.folder import with_average
+
+    w = torch.zeros(2)
+    state = {"model": {"a": w}, "ema": {"a": w + 1}, "step": 6, "tokens_seen": 3072, "config": {"ema_decay": DECAY},
+             "metrics": {"val_loss": 5.25, "ema_val_loss": 4.75},
+             "ema_state": {"decay": DECAY, "start_step": 1, "updates": 5}}
+    config = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=64)
+    card = model_card(with_average(state), config, 10, Path("hf/x"), "mit")
+    assert "The weights are the exponential moving average (EMA) of the trained weights (ema_decay 0.9, from " \
+           "update 1, 5 updates), not the weights after the last step." in card
+    assert "| val_loss | 4.7500 |" in card and "| live_val_loss | 5.2500 |" in card and "5.2500 |\n| ema" not in card
+    live = model_card(state, config, 10, Path("hf/x"), "mit")
+    assert "| val_loss | 5.2500 |" in live and "| ema_val_loss | 4.7500 |" in live and "moving average" not in live
+
+
 @pytest.mark.slow
 def test_sample_with_ema_weights_and_its_error_without_them(straight):
     import sample
