@@ -77,6 +77,9 @@ def parse_sources(text: str) -> list[Source]:
         if not (value > 0 and np.isfinite(value)):
             raise ConfigError(f"data_dir: the weight of {path} must be a positive number, got {weight}")
         sources.append(Source(Path(path).name, path, value))
+    if not np.isfinite(sum(s.weight for s in sources)):  # step_composition divides by it
+        raise ConfigError(f"data_dir: the weights ({', '.join(f'{s.weight:g}' for s in sources)}) sum to more "
+                          f"than a float holds; they are relative: give them a usual size (0.7,0.3 or 7,3)")
     names = [s.name for s in sources]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate is not None:
@@ -198,6 +201,12 @@ class MixtureLoader:
                 raise ConfigError(f"data_dir: source {source.name}'s weight {source.weight} gives it none of the "
                                   f"{self.rows_per_step} rows of a step; raise its weight or total_batch_size")
         self.streams = [SourceStream(s, k, seq_len, seed, shuffle, doc_aligned) for k, s in enumerate(sources)]
+        for stream, count in zip(self.streams, self.counts):  # as one folder must hold one step's rows
+            if stream.num_rows < count:
+                raise DataError(f"data_dir {stream.source.path}: its train shards hold {stream.num_rows} rows of "
+                                f"{seq_len + 1} tokens, fewer than its share of one step ({count} of "
+                                f"{self.rows_per_step} rows): every step would read some rows twice; lower its "
+                                f"weight or total_batch_size, or add data")
         self.paths = [p for stream in self.streams for p in stream.paths]
         self._step: tuple[int, np.ndarray, np.ndarray] | None = None
         # where the sources stood at data position `position` (the step whose rows come next, a rollback's

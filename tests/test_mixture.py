@@ -175,6 +175,42 @@ def test_yaml_mappings_are_the_command_lines_text(tmp_path):
         parse_args(["--config", str(config)])
 
 
+def test_weights_whose_sum_overflows_are_one_line_naming_data_dir():
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(data_dir="a:1e308,b:1e308")
+    assert str(caught.value) == ("data_dir: the weights (1e+308, 1e+308) sum to more than a float holds; they are "
+                                 "relative: give them a usual size (0.7,0.3 or 7,3)")
+
+
+def test_a_source_with_fewer_rows_than_its_share_of_one_step_is_refused_as_one_folder_is(two_sources, tmp_path):
+    from common.errors import DataError
+
+    small = numbered_source(tmp_path / "small", 40000, [2 * T + 1])  # 2 rows; its share of a 10-row step is 5
+    with pytest.raises(DataError) as caught:
+        loader(parse_sources(f"{two_sources[0].path}:0.5,{small}:0.5"))
+    assert str(caught.value) == (f"data_dir {small}: its train shards hold 2 rows of {T + 1} tokens, fewer than its "
+                                 f"share of one step (5 of 10 rows): every step would read some rows twice; lower "
+                                 f"its weight or total_batch_size, or add data")
+    assert loader(parse_sources(f"{two_sources[0].path}:0.8,{small}:0.2")).counts == [8, 2]  # 2 rows: enough
+
+
+@pytest.mark.parametrize("missing", ["folder", "file", "val split"])
+def test_a_missing_val_set_is_an_error_naming_val_sets(two_sources, tmp_path, missing):
+    from common.errors import DataError
+    from conftest import build_tiny_run, make_shards
+
+    data = make_shards(tmp_path / "data")
+    where = {"folder": tmp_path / "nope", "file": tmp_path / "wiki_val_000000.npy", "val split": two_sources[0].path}
+    if missing == "val split":  # a folder without val shards
+        for shard in Path(where[missing]).glob("*_val_*.npy"):
+            shard.unlink()
+    with pytest.raises(DataError) as caught:
+        build_tiny_run(data, tmp_path / "out", val_sets=f"main={data},wiki={where[missing]}")
+    assert str(caught.value).startswith({"folder": f"val_sets {where['folder']}: no such folder or val shard file",
+                                         "file": f"val_sets {where['file']}: no such folder or val shard file",
+                                         "val split": f"val_sets {where['val split']}: no val shards"}[missing])
+
+
 def test_a_weight_too_small_for_one_row_a_step_is_refused(two_sources):
     tiny = [two_sources[0], Source("code", two_sources[1].path, 0.001)]
     with pytest.raises(ConfigError, match="^data_dir: source code's weight 0.001 gives it none of the 10 rows"):

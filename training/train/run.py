@@ -177,7 +177,7 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
                                          strategy.dp_rank, strategy.dp_size, cfg.seed, shuffle=cfg.shuffle,
                                          doc_aligned=cfg.doc_aligned)
         val_loaders = {name: ValLoader(path, cfg.seq_len, cfg.val_tokens, cfg.micro_batch_size, strategy.dp_rank,
-                                       strategy.dp_size)
+                                       strategy.dp_size, key="val_sets" if cfg.val_sets else "data_dir")
                        for name, path in parse_val_sets(cfg.val_sets, cfg.data_dir).items()}
         # every rank checks the headers, and the token ranges of its share of the shards: a split of
         # the work over the processes (env), not of the data over the replicas
