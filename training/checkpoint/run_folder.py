@@ -126,9 +126,8 @@ class FolderLock:
 
         path = self.folder / LOCK_NAME
         try:
-            self.folder.parent.mkdir(parents=True, exist_ok=True)
             try:
-                self.folder.mkdir()
+                self.folder.mkdir(parents=True)  # fails where the folder exists, whoever made it a moment ago
                 self.created_folder = True
             except FileExistsError:
                 pass  # another launch's, or an earlier run's: not this launch's to remove
