@@ -39,6 +39,7 @@ import yaml  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from common.errors import ArgumentParser, DataError, WriteError, run_cli  # noqa: E402
+from common.log_fields import VAL_RECORD_FIELDS  # noqa: E402
 from evals.base import EMA_PREFIX, TRAIN_LOSS, Series, averaged_series  # noqa: E402
 from evals.periodic import EVALUATORS  # noqa: E402
 from training.observe.logger import LOG_NAME, read_log  # noqa: E402
@@ -183,26 +184,37 @@ def applicable_references(configs: list[dict], mode: str) -> tuple[bool, list[tu
 SET_STYLES = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1)), "D")]  # (line style, marker) of each val set
 
 
+def named_sets(record: dict) -> list[str]:
+    """The named val sets of one val record (evals/val_loss.py): [] for a record of the one default set."""
+    return [k for k in record if k not in VAL_RECORD_FIELDS and not k.startswith(EMA_PREFIX)]
+
+
 def val_sets(records: list[dict]) -> list[str]:
-    """The named val sets of a run's val records (evals/val_loss.py): [] for the one default set."""
-    own = ("kind", "step", "tokens", "loss")
-    return list({k: None for r in records if r.get("kind") == "val" for k in r
-                 if k not in own and not k.startswith(EMA_PREFIX)})
+    """The named val sets of a run's val records: [] where every record is of the one default set."""
+    return list({k: None for r in records if r.get("kind") == "val" for k in named_sets(r)})
+
+
+def without_named_sets(records: list[dict]) -> list[dict]:
+    """The records, less the val records of named sets: their `loss` is the first set's, drawn as that set's
+    curve. The val records of the one default set (a run before it named sets) stay: the plain val curve."""
+    return [r for r in records if not (r.get("kind") == "val" and named_sets(r))]
 
 
 def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | None = None,
          references: str = "auto") -> Figure:
     """Draw the panels that runs (label -> PlottedRun) have data for into the image `out`; the figure.
 
-    A run with several val sets gets one val curve per set (`val/<name>`) instead of the plain val loss."""
+    A run with several val sets gets one val curve per set (`val/<name>`) instead of the plain val loss; its val
+    records of the one default set (before it named sets) stay its plain val curve. A curve of the EMA weights
+    (`ema_...`) has its live curve's line and marker, the marker hollow."""
     named = {label: val_sets(run.records) for label, run in runs.items()}
     sets = dict.fromkeys(n for names in named.values() for n in names)
     every = SERIES + [Series("val", prefix + name, "loss", "loss") for name in sets for prefix in ("", EMA_PREFIX)]
-    data = {label: {s: series(without_skipped_steps(run.records), s.kind, s.field)
-                    if not (named[label] and s.kind == "val" and s.field in ("loss", EMA_PREFIX + "loss"))
-                    else (np.array([]), np.array([]))
+    plain = ("loss", EMA_PREFIX + "loss")  # of the val records: the default set's (a named set's has its own)
+    data = {label: {s: series(without_named_sets(records) if s.kind == "val" and s.field in plain else records,
+                              s.kind, s.field)
                     for s in every}
-            for label, run in runs.items()}
+            for label, records in ((label, without_skipped_steps(run.records)) for label, run in runs.items())}
     panels = list(dict.fromkeys(s.panel for s in every if any(len(d[s][0]) for d in data.values())))
     drawn = [s for s in every if not s.field.startswith(EMA_PREFIX) or any(len(d[s][0]) for d in data.values())]
     shared = {panel: sum(s.panel == panel for s in drawn) > 1 for panel in panels}  # label curves by kind
@@ -225,9 +237,12 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
                     ax.plot(x / scale, y, color=color, alpha=0.2, linewidth=0.8)
                 ax.plot(x / scale, smooth(y, window), color=color, linewidth=1.2, label=name)
             else:  # evaluations: every N steps; several val sets in styles of their own
-                style, marker = SET_STYLES[list(sets).index(s.field) % len(SET_STYLES)] if s.field in sets else \
+                averaged = s.field.startswith(EMA_PREFIX)  # the EMA weights' curve: its live one's style, hollow
+                live = s.field.removeprefix(EMA_PREFIX)
+                style, marker = SET_STYLES[list(sets).index(live) % len(SET_STYLES)] if live in sets else \
                     ("--" if shared[s.panel] else "-", "o")
-                ax.plot(x / scale, y, color=color, linestyle=style, marker=marker, markersize=3, label=name)
+                ax.plot(x / scale, y, color=color, linestyle=style, marker=marker, markersize=4 if averaged else 3,
+                        markerfacecolor="none" if averaged else color, label=name)
         for tokens in resume_tokens(runs[label].records):
             for ax in axes.values():
                 ax.axvline(tokens / scale, color=color, linewidth=0.8, alpha=0.6, label=f"{label} resumed")

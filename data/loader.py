@@ -217,6 +217,10 @@ class TrainLoader:
         """One folder: no sources to count apart (data/mixture.py's MixtureLoader counts them)."""
         return {}
 
+    def state_dict(self, step: int, position: int) -> None:
+        """One folder: its position is a function of the data position alone, no state (a mixture has some)."""
+        return None
+
     def row_order(self, epoch: int) -> np.ndarray:
         """With shuffle: the epoch's order of the train rows, a permutation seeded by (seed, epoch)."""
         if self._permutation is None or self._permutation[0] != epoch:
@@ -325,8 +329,11 @@ class ValLoader:
     """
 
     def __init__(self, data_dir: str | Path, seq_len: int, val_tokens: int, batch_size: int,
-                 rank: int = 0, world_size: int = 1):
-        self.paths = [Path(data_dir)] if Path(data_dir).is_file() else find_shards(data_dir, "val")
+                 rank: int = 0, world_size: int = 1, key: str = "data_dir"):
+        # key: the config key that named the folder or file (data_dir, or val_sets), for the errors
+        if not Path(data_dir).exists():
+            raise DataError(f"{key} {data_dir}: no such folder or val shard file")
+        self.paths = [Path(data_dir)] if Path(data_dir).is_file() else find_shards(data_dir, "val", key)
         self.stream = RowStream(self.paths, seq_len)
         self.num_rows = val_tokens // seq_len
         if self.num_rows < 1:

@@ -10,9 +10,16 @@ number of rows from each source: the step's R rows are split by the largest rema
 weight * R (so 0.7 of 512 rows is 358 and 0.3 is 154: 69.9% and 30.1%, said at start-up), and
 every source must get at least one row. Which source fills which of the step's R slots is a
 permutation seeded by (seed, step), so a micro-batch mixes the sources, and the source of every
-row is a pure function of (seed, step, row): source k has read n_k * s rows before step s, and
-slot j of step s is its row n_k * s + (how many of step s's earlier slots are k's). Nothing
-depends on the world size or on what was read before, so a resume is exact on any world size.
+row is a pure function of (seed, step, row) and where each source stood: source k has read
+r_k + n_k * (s - s0) rows before step s, and slot j of step s is its next row + (how many of step
+s's earlier slots are k's). Nothing depends on the world size, so a resume is exact on any world size.
+
+Where each source stands is state, saved with every checkpoint (`state_dict`: the rows r_k each
+source has read and the tokens it has given, at that step) and resumed (`load_state_dict`), not
+derived from today's weights: a resume with other weights (or another total_batch_size) goes on
+from the rows each source had read, at the new n_k, and its tokens_<source> counters count on. A
+fresh run starts every source at r_k = 0, s0 = 0; a checkpoint written before this state existed
+is given the state its own config implies (`derived_state`: n_k * s, its weights' n_k).
 
 A source's rows form its own endless stream, in its own epochs: epoch e of a source is all of
 its rows, the shards in order for e = 0 and then in an order seeded by (seed, e, source), or
@@ -38,12 +45,12 @@ import numpy as np
 import torch
 
 from common.errors import ConfigError, DataError
+from common.log_fields import source_name_problem, val_set_name_problem
 from data.loader import RowStream, TrainLoader, grad_accum_steps, row_permutation, shard_order
 from data.manifest import data_fingerprint
 from data.shards import find_shards
 from data.tokenizer import EOT_TOKEN
 
-RESERVED_NAMES = ("loss", "kind", "step", "tokens")  # a val set's name is a field of the val record
 
 
 @dataclass(frozen=True)
@@ -70,11 +77,19 @@ def parse_sources(text: str) -> list[Source]:
         if not (value > 0 and np.isfinite(value)):
             raise ConfigError(f"data_dir: the weight of {path} must be a positive number, got {weight}")
         sources.append(Source(Path(path).name, path, value))
+    if not np.isfinite(sum(s.weight for s in sources)):  # step_composition divides by it
+        raise ConfigError(f"data_dir: the weights ({', '.join(f'{s.weight:g}' for s in sources)}) sum to more "
+                          f"than a float holds; they are relative: give them a usual size (0.7,0.3 or 7,3)")
     names = [s.name for s in sources]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate is not None:
         raise ConfigError(f"data_dir: two sources are named {duplicate!r} (a source is named by its folder's last "
                           f"part; rename a folder)")
+    for source in sources:  # the name makes the train record's tokens_<name> (common/log_fields.py)
+        problem = source_name_problem(source.name)
+        if problem:
+            raise ConfigError(f"data_dir: source {source.path} is named {source.name!r} (its folder's last part), "
+                              f"and {problem}; rename the folder")
     return sources
 
 
@@ -89,20 +104,31 @@ def mapping_text(key: str, mapping: dict, separator: str) -> str:
 
 
 def parse_val_sets(text: str, data_dir: str) -> dict[str, str]:
-    """name -> folder or val shard. Default (""): data_dir's val split as `val` (one folder), or each source's."""
+    """name -> folder or val shard. Default (""): data_dir's val split as `val` (one folder), or each source's.
+
+    Each name becomes fields of the val record (common/log_fields.py): one that cannot is a ConfigError naming
+    the key that gave it, val_sets or (a mixture source's folder name) data_dir."""
     if not text:
         sources = parse_sources(data_dir)
         if len(sources) == 1:
             return {"val": sources[0].path}
+        for source in sources:
+            problem = val_set_name_problem(source.name)
+            if problem:
+                raise ConfigError(f"data_dir: source {source.path} names its val set {source.name!r} by default, "
+                                  f"and {problem}; rename the folder, or name the val sets with val_sets "
+                                  f"(name=folder,...)")
         return {s.name: s.path for s in sources}
     sets = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, path = part.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"val_sets: {part!r} is not name=folder (or name=val shard)")
-        if name in RESERVED_NAMES or name in sets:
-            raise ConfigError(f"val_sets: the name {name!r} is " + ("used twice" if name in sets else
-                                                                   "taken by the val record's own fields"))
+        if name in sets:
+            raise ConfigError(f"val_sets: the name {name!r} is used twice")
+        problem = val_set_name_problem(name)
+        if problem:
+            raise ConfigError(f"val_sets: the name {name!r} cannot name a val set: {problem}")
         sets[name] = path
     return sets
 
@@ -175,18 +201,33 @@ class MixtureLoader:
                 raise ConfigError(f"data_dir: source {source.name}'s weight {source.weight} gives it none of the "
                                   f"{self.rows_per_step} rows of a step; raise its weight or total_batch_size")
         self.streams = [SourceStream(s, k, seq_len, seed, shuffle, doc_aligned) for k, s in enumerate(sources)]
+        for stream, count in zip(self.streams, self.counts):  # as one folder must hold one step's rows
+            if stream.num_rows < count:
+                raise DataError(f"data_dir {stream.source.path}: its train shards hold {stream.num_rows} rows of "
+                                f"{seq_len + 1} tokens, fewer than its share of one step ({count} of "
+                                f"{self.rows_per_step} rows): every step would read some rows twice; lower its "
+                                f"weight or total_batch_size, or add data")
         self.paths = [p for stream in self.streams for p in stream.paths]
         self._step: tuple[int, np.ndarray, np.ndarray] | None = None
+        # where the sources stood at data position `position` (the step whose rows come next, a rollback's
+        # passed-over batches counted) and after training step `step`: rows read and tokens given, each
+        # source; from there each reads its n_k rows a step. A fresh run: all zero.
+        self.anchor = {"position": 0, "step": 0, "rows": [0] * len(sources), "tokens": [0] * len(sources)}
+
+    def rows_read(self, position: int) -> list[int]:
+        """Rows each source has read before data position `position` (at or past the anchor's)."""
+        a = self.anchor
+        return [rows + count * (position - a["position"]) for rows, count in zip(a["rows"], self.counts)]
 
     def slots(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source, row in that source's stream) of each of the step's R rows."""
+        """(source, row in that source's stream) of each of the step's R rows (`step`: its data position)."""
         if self._step is None or self._step[0] != step:
             mix = np.random.default_rng([self.seed, step, int.from_bytes(b"mix", "little")])
             source = mix.permutation(np.repeat(np.arange(len(self.counts)), self.counts))
             within = np.empty(self.rows_per_step, dtype=np.int64)
-            for k, count in enumerate(self.counts):
+            for k, (count, before) in enumerate(zip(self.counts, self.rows_read(step))):
                 mine = source == k
-                within[mine] = count * step + np.arange(count)  # n_k * s rows read before this step
+                within[mine] = before + np.arange(count)  # the source's rows after those read before this step
             self._step = (step, source, within)
         return self._step[1], self._step[2]
 
@@ -203,8 +244,37 @@ class MixtureLoader:
         return torch.from_numpy(x), torch.from_numpy(y)
 
     def tokens_by_source(self, steps: int) -> dict[str, int]:
-        """Train tokens each source has given after `steps` steps."""
-        return {s.name: count * self.T * steps for s, count in zip(self.sources, self.counts)}
+        """Train tokens each source has given after `steps` steps (at or past the anchor's)."""
+        a = self.anchor
+        return {s.name: tokens + count * self.T * (steps - a["step"])
+                for s, tokens, count in zip(self.sources, a["tokens"], self.counts)}
+
+    # --- state -----------------------------------------------------------------------------------
+    def state_dict(self, step: int, position: int) -> dict:
+        """Where each source stands after training step `step`, before data position `position` (plain values,
+        by source name): the checkpoint's `mixture` entry."""
+        tokens = self.tokens_by_source(step)
+        return {"step": step, "position": position,
+                "sources": {s.name: {"rows_read": rows, "tokens": tokens[s.name], "rows_per_step": count}
+                            for s, rows, count in zip(self.sources, self.rows_read(position), self.counts)}}
+
+    def load_state_dict(self, state: dict) -> str | None:
+        """Go on from a checkpoint's state_dict: each source from the rows it had read, at today's rows per step
+        (a source new to the mixture from its first row). What changed, said in words (None: nothing)."""
+        saved = state["sources"]
+        self.anchor = {"position": state["position"], "step": state["step"],
+                       "rows": [saved.get(s.name, {}).get("rows_read", 0) for s in self.sources],
+                       "tokens": [saved.get(s.name, {}).get("tokens", 0) for s in self.sources]}
+        self._step = None
+        changes = [f"{s.name} {saved[s.name]['rows_per_step']} -> {count}" for s, count in zip(self.sources, self.counts)
+                   if s.name in saved and saved[s.name]["rows_per_step"] != count]
+        changes += [f"{s.name} new ({count})" for s, count in zip(self.sources, self.counts) if s.name not in saved]
+        changes += [f"{name} dropped" for name in saved if name not in {s.name for s in self.sources}]
+        if not changes:
+            return None
+        where = ", ".join(f"{s.name} at row {rows:,}" for s, rows in zip(self.sources, self.anchor["rows"]))
+        return (f"rows per step {', '.join(changes)} (of {self.rows_per_step}); each source reads on from the rows "
+                f"it had read ({where})")
 
     def summary(self) -> str:
         """The startup line's account of the data: each source's rows per step, share and epoch."""
@@ -222,6 +292,36 @@ def make_train_loader(data_dir: str, seq_len: int, micro_batch_size: int, total_
                            shuffle=shuffle, doc_aligned=doc_aligned)
     return MixtureLoader(sources, seq_len, micro_batch_size, total_batch_size, rank, world_size, seed,
                          shuffle=shuffle, doc_aligned=doc_aligned)
+
+
+def derived_state(config: dict, step: int, position: int) -> dict | None:
+    """The state_dict a mixture run of `config` (a checkpoint's) had at `step` (data position `position`), for
+    checkpoints written before that state was saved: every source read n_k rows a step, n_k by that config's
+    weights. None where the config names no data_dir it can read."""
+    try:
+        sources = parse_sources(str(config["data_dir"]))
+        rows_per_step = int(config["total_batch_size"]) // int(config["seq_len"])
+        counts = step_composition([s.weight for s in sources], rows_per_step)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, ConfigError):
+        return None
+    tokens_per_row = int(config["seq_len"])
+    return {"step": step, "position": position,
+            "sources": {s.name: {"rows_read": count * position, "tokens": count * tokens_per_row * step,
+                                 "rows_per_step": count} for s, count in zip(sources, counts)}}
+
+
+def changed_shards(trained_on: str, now: str) -> list[str] | None:
+    """The sources whose shards differ between two sources_fingerprint values (their names; ["data_dir"] for a
+    single folder's), or None where none does: a mixture's weights alone are not its shards."""
+    def by_name(fingerprint: str) -> dict[str, str]:
+        entries = [e.rpartition("=") for e in fingerprint.split(",")]
+        if not all(sep for _, sep, _ in entries):
+            return {"data_dir": fingerprint}  # one folder's 16 hex digits
+        return {name.rpartition(":")[0]: fp for name, _, fp in entries}
+
+    before, after = by_name(trained_on), by_name(now)
+    changed = [name for name in {**before, **after} if before.get(name) != after.get(name)]
+    return changed or None
 
 
 def sources_fingerprint(data_dir: str) -> str:

@@ -61,14 +61,15 @@ def check_token_range(path: str | os.PathLike, vocab_size: int, chunk: int = 1 <
             )
 
 
-def find_shards(data_dir: str | os.PathLike, split: str) -> list[Path]:
-    """The shards of one split, sorted by name; a clear error when there are none."""
+def find_shards(data_dir: str | os.PathLike, split: str, key: str = "data_dir") -> list[Path]:
+    """The shards of one split, sorted by name; a clear error naming `key` (the config key that named the
+    folder: data_dir, or val_sets) when there are none."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise DataError(f"data_dir {data_dir}: no such directory (prepare data first, e.g. `python prep/fineweb.py`)")
+        raise DataError(f"{key} {data_dir}: no such directory (prepare data first, e.g. `python prep/fineweb.py`)")
     shards = sorted(data_dir.glob(f"*_{split}_*.npy"))
     if not shards:
-        raise DataError(f"data_dir {data_dir}: no {split} shards (*_{split}_*.npy)")
+        raise DataError(f"{key} {data_dir}: no {split} shards (*_{split}_*.npy)")
     return shards
 
 

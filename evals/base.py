@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from common.log_fields import EMA_PREFIX
+
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from training.train.config import EvalSettings
@@ -36,7 +38,6 @@ class Series:
 
 
 TRAIN_LOSS = Series("train", "loss", "loss", "loss")  # not an evaluation, but val shares its panel
-EMA_PREFIX = "ema_"  # of the fields an evaluation of the EMA weights adds to its record (evals/periodic.py)
 
 
 def averaged_series(series: Series) -> Series:

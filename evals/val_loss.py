@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from common.log_fields import VAL_RECORD_FIELDS
 from data.loader import ValLoader
 from evals.base import EMA_PREFIX, Evaluator, Series, in_lockstep
 from training.distributed.process_group import DistEnv, all_reduce_sum
@@ -48,7 +49,7 @@ class ValLoss(Evaluator):
 
     def describe(self, record: dict) -> str:
         sets = [f"{name} {loss:.4f}" for name, loss in record.items()
-                if name not in ("kind", "step", "tokens", "loss") and not name.startswith(EMA_PREFIX)]
+                if name not in VAL_RECORD_FIELDS and not name.startswith(EMA_PREFIX)]
         return "val loss " + (" | ".join(sets) if sets else f"{record['loss']:.4f}")  # "val loss edu 3.2 | code 2.9"
 
 

@@ -143,6 +143,7 @@ def model_card(state: dict, config: GPTConfig, num_params: int, out_dir: Path, l
     metrics = state.get("metrics") or {}
     init_from = train_config.get("init_from", "scratch")
     origin = "trained from scratch" if init_from == "scratch" else f"initialised from `{init_from}` and trained"
+    averaged = state.get("weights") == "ema"  # training/checkpoint/folder.py's with_average: its metrics are the EMA's
     lines = [
         "---",
         f"license: {license}",
@@ -161,9 +162,15 @@ def model_card(state: dict, config: GPTConfig, num_params: int, out_dir: Path, l
         f"exported after step {int(state.get('step', 0)):,} ({int(state.get('tokens_seen', 0)):,} tokens seen). "
         "It uses the GPT-2 tokenizer; the training vocabulary padding rows are not exported.",
         "",
-        "## Metrics",
-        "",
     ]
+    if averaged:
+        ema = state.get("ema_state") or {}
+        how = f"ema_decay {ema['decay']}, from update {ema['start_step']}, {ema['updates']} updates" \
+            if {"decay", "start_step", "updates"} <= ema.keys() else f"ema_decay {train_config.get('ema_decay')}"
+        lines += [f"The weights are the exponential moving average (EMA) of the trained weights ({how}), not the "
+                  "weights after the last step. The metrics are the EMA's own; `live_` ones are those of the "
+                  "trained weights at the same step.", ""]
+    lines += ["## Metrics", ""]
     if metrics:
         lines += ["| metric | value |", "| --- | --- |"]
         lines += [f"| {key} | {_cell(value, digits=4)} |" for key, value in metrics.items()]

@@ -281,6 +281,26 @@ def test_readers_take_the_ema_weights(straight, tmp_path, source, monkeypatch):
         export_hf.main([str(straight["off"]), str(tmp_path / "hf"), "--weights", "ema"])
 
 
+def test_the_model_card_of_exported_ema_weights_says_so_and_gives_their_own_val_loss():
+    """export_hf.py --weights ema: the card says the weights are the EMA, its val_loss is the EMA's, and the live
+    weights' figure is marked live_; the live export's card is as before."""
+    from hf_interop.export import model_card
+    from model import GPTConfig
+    from training.checkpoint.folder import with_average
+
+    w = torch.zeros(2)
+    state = {"model": {"a": w}, "ema": {"a": w + 1}, "step": 6, "tokens_seen": 3072, "config": {"ema_decay": DECAY},
+             "metrics": {"val_loss": 5.25, "ema_val_loss": 4.75},
+             "ema_state": {"decay": DECAY, "start_step": 1, "updates": 5}}
+    config = GPTConfig(block_size=32, n_layer=2, n_head=2, n_embd=64)
+    card = model_card(with_average(state), config, 10, Path("hf/x"), "mit")
+    assert "The weights are the exponential moving average (EMA) of the trained weights (ema_decay 0.9, from " \
+           "update 1, 5 updates), not the weights after the last step." in card
+    assert "| val_loss | 4.7500 |" in card and "| live_val_loss | 5.2500 |" in card and "5.2500 |\n| ema" not in card
+    live = model_card(state, config, 10, Path("hf/x"), "mit")
+    assert "| val_loss | 5.2500 |" in live and "| ema_val_loss | 4.7500 |" in live and "moving average" not in live
+
+
 @pytest.mark.slow
 def test_sample_with_ema_weights_and_its_error_without_them(straight):
     import sample
@@ -293,3 +313,67 @@ def test_sample_with_ema_weights_and_its_error_without_them(straight):
     assert missing.returncode == 2
     (line,) = missing.stderr.strip().splitlines()
     assert line.startswith("error: ") and "has no EMA weights" in line
+
+
+@pytest.mark.slow
+def test_fsdp_zero2_evaluates_the_average_and_trains_on_as_fsdp(straight, data, tmp_path):
+    """fsdp_zero2 keeps a block's parameters gathered after a forward without a backward (an evaluation's): the
+    average is swapped with the shards all the same, and the step after the evaluations trains on the live weights
+    (gathered again from the shards), so the run is fsdp's, bitwise: its losses, its val and EMA val records, its
+    average."""
+    out = tmp_path / "zero2"
+    run_trainer(base_args(data, out, strategy="fsdp_zero2", **EMA), nproc=2)
+    assert train_losses(out) == train_losses(straight["fsdp"])
+    assert val_records(out) == val_records(straight["fsdp"]) and "ema_loss" in val_records(out)[-1]
+    a, b = averages(out, 6), averages(straight["fsdp"], 6)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.fixture(scope="module")
+def tail_average(data, tmp_path_factory) -> Path:
+    """8 steps, an EMA of the second half (it starts at update 4), checkpoints every 2 steps."""
+    out = tmp_path_factory.mktemp("tail") / "run"
+    run_trainer(base_args(data, out, max_steps=8, checkpoint_interval=2, eval_interval=4, ema_decay=DECAY,
+                          ema_start=0.5))
+    return out
+
+
+def ema_state(out_dir: Path, step: int) -> dict:
+    (path,) = [p for s, p in list_checkpoints(out_dir / "checkpoints") if s == step]
+    return read_full_state(path)["ema_state"]
+
+
+@pytest.mark.slow
+def test_a_raised_max_steps_keeps_the_started_average_folding_from_its_own_start(tail_average, data, tmp_path):
+    """Resumed at step 6 (the average holds updates 4 and 5) with max_steps 16: the start stays 4 (not 8, which
+    ema_start 0.5 of 16 gives), so updates 6 and 7 are folded in, and the warning says where it started."""
+    out = crashed_copy(tail_average, tmp_path / "raised", 6)
+    assert ema_state(out, 6) == {"decay": DECAY, "start_step": 4, "updates": 2}
+    proc = run_trainer(base_args(data, out, max_steps=16, checkpoint_interval=2, eval_interval=4, ema_decay=DECAY,
+                                 ema_start=0.5))
+    assert ema_state(out, 8) == {"decay": DECAY, "start_step": 4, "updates": 4}
+    assert "the EMA of the weights started at step 4 and averages on from there (ema_start 0.5 of max_steps 16 " \
+           "would start a fresh run's at step 8)" in proc.stderr
+    assert [r["step"] for r in val_records(out) if "ema_loss" in r] == [8, 12, 16]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("older", [False, True], ids=["saved-start", "older-checkpoint"])
+def test_a_resume_before_the_average_started_keeps_its_start_and_says_so_truly(tail_average, data, tmp_path, older):
+    """Resumed at step 2 (the EMA of a run with ema_decay 0.9 has not started: it starts at 4) with max_steps 3: the
+    start stays 4, past the run's end, and the warning says so, not that the run had no EMA. A checkpoint of older
+    code, which saved no ema_state before the start, gives the same start through its own config."""
+    out = crashed_copy(tail_average, tmp_path / "lowered", 2)
+    assert ema_state(out, 2) == {"decay": DECAY, "start_step": 4, "updates": 0}
+    if older:
+        path = out / "checkpoints" / "step_00000002.pt"
+        state = torch.load(path, weights_only=True)
+        state["ema_state"] = None
+        torch.save(state, path)
+    proc = run_trainer(base_args(data, out, max_steps=3, checkpoint_interval=2, eval_interval=4, ema_decay=DECAY,
+                                 ema_start=0.5))
+    assert "ema_decay 0" not in proc.stderr
+    assert "the EMA of the weights starts at step 4, as the run of" in proc.stderr and \
+           "at or after max_steps 3: this run ends without one" in proc.stderr
+    assert ema_state(out, 3) == {"decay": DECAY, "start_step": 4, "updates": 0}
+    assert "ema_loss" not in val_records(out)[-1]

@@ -232,6 +232,33 @@ def test_on_the_cpu_auto_is_one_warning_and_the_fallback(shards, tmp_path):
     assert checkpoint["config"]["micro_batch_size"] == 8
 
 
+def test_on_the_cpu_a_fallback_that_does_not_divide_the_batch_is_made_to_fit(monkeypatch):
+    """configs/demo.yaml's batch is 1,024 tokens, 8 rows of seq_len 128: the fallback 16 would not keep
+    grad_accum_steps whole, so auto takes 8, the largest micro-batch up to it that does, and says so."""
+    from conftest import REPO
+    from training.distributed.process_group import DistEnv
+    from training.distributed.strategies import make_strategy
+    from training.observe.logger import RunLogger
+    from training.train.context import Context
+    from training.train.runtime import resolve_runtime
+
+    cfg = parse_args(["--config", str(REPO / "configs" / "demo.yaml"), "--micro_batch_size", "auto",
+                      "--device", "cpu"])
+    assert cfg.micro_batch_size_fallback == 16
+    runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops)
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
+    logger, warnings = RunLogger(enabled=False), []
+    monkeypatch.setattr(logger, "warn", warnings.append)
+    chosen, record = micro_batch.choose_micro_batch_size(Context(cfg, env, runtime, logger),
+                                                         make_strategy("ddp", env, runtime))
+    assert (chosen, record) == (8, {"requested": "auto", "chosen": 8, "how": "fallback (cpu)"})
+    assert warnings == ["micro_batch_size auto probes CUDA memory; on cpu it uses 8, the largest micro-batch up to "
+                        "micro_batch_size_fallback 16 that keeps grad_accum_steps whole (8 rows a rank per step: "
+                        "total_batch_size 1024 / seq_len 128 / 1 rank(s))"]
+    cfg.micro_batch_size = chosen
+    assert cfg.grad_accum_steps(1) == 1
+
+
 def test_a_resume_with_auto_chooses_again_and_names_the_change(shards, tmp_path):
     """The checkpoint holds the concrete B; a resume with auto chooses anew, and a different B is named (it
     changes the math only with dropout: WITH_DROPOUT_KEYS)."""

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from common.errors import ConfigError
+from common.log_fields import TRAIN_RECORD_FIELDS
 from conftest import base_args, make_shards, run_trainer
 from data.mixture import MixtureLoader, Source, parse_sources, parse_val_sets, step_composition
 from data.shards import shard_name, write_shard
@@ -121,13 +122,44 @@ def test_a_bad_mixture_is_one_line_naming_data_dir(value, message):
 
 @pytest.mark.parametrize("value,message", [
     ("edu", "val_sets: 'edu' is not name=folder"),
-    ("loss=data/a", "val_sets: the name 'loss' is taken by the val record's own fields"),
+    ("loss=data/a", "val_sets: the name 'loss' cannot name a val set: 'loss' is a field of the val record itself"),
     ("a=x,a=y", "val_sets: the name 'a' is used twice"),
 ])
 def test_bad_val_sets_are_one_line_naming_the_key(value, message):
     with pytest.raises(ConfigError) as caught:
         TrainConfig(val_sets=value)
     assert str(caught.value).startswith(message)
+
+
+@pytest.mark.parametrize("data_dir,val_sets,message", [
+    # a mixture's val sets are named by the source folders by default: the val record's own fields
+    ("web/tokens:0.5,web/edu:0.5", "", "data_dir: source web/tokens names its val set 'tokens' by default, and "
+                                       "'tokens' is a field of the val record itself"),
+    ("runs/step:0.5,web/edu:0.5", "", "data_dir: source runs/step names its val set 'step' by default, and 'step' "
+                                      "is a field of the val record itself"),
+    # ema_<set> is set <set>'s EMA figure
+    ("a/ema_edu:1,b/edu:1", "", "data_dir: source a/ema_edu names its val set 'ema_edu' by default, and 'ema_edu' "
+                                "starts with 'ema_'"),
+    ("data/edu", "edu=x,ema_edu=y", "val_sets: the name 'ema_edu' cannot name a val set: 'ema_edu' starts with "
+                                    "'ema_'"),
+    ("data/edu", "tokens=x", "val_sets: the name 'tokens' cannot name a val set: 'tokens' is a field of the val "
+                             "record itself"),
+    # a source's tokens_<name> in the train record, whatever names the val sets
+    ("a/per_sec:1,b/edu:1", "edu=b/edu,web=a/per_sec", "data_dir: source a/per_sec is named 'per_sec' (its folder's "
+                                                       "last part), and its tokens field 'tokens_per_sec' is a field "
+                                                       "of the train record itself"),
+])
+def test_a_name_that_would_make_another_field_of_its_record_is_refused_naming_its_key(data_dir, val_sets, message):
+    """Val set names (explicit, or a mixture's folder names) and source names become log fields
+    (common/log_fields.py): one that is a field already, or that another figure's field is made as, is refused."""
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(data_dir=data_dir, val_sets=val_sets)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_val_sets_name_the_sets_of_a_mixture_whose_folders_are_named_like_fields():
+    cfg = TrainConfig(data_dir="web/tokens:0.5,web/edu:0.5", val_sets="web=web/tokens,edu=web/edu")
+    assert parse_val_sets(cfg.val_sets, cfg.data_dir) == {"web": "web/tokens", "edu": "web/edu"}
 
 
 def test_yaml_mappings_are_the_command_lines_text(tmp_path):
@@ -141,6 +173,42 @@ def test_yaml_mappings_are_the_command_lines_text(tmp_path):
     config.write_text("data_dir: {data/edu: [1]}\n")
     with pytest.raises(ConfigError, match="^data_dir: expected a mapping of names to values"):
         parse_args(["--config", str(config)])
+
+
+def test_weights_whose_sum_overflows_are_one_line_naming_data_dir():
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(data_dir="a:1e308,b:1e308")
+    assert str(caught.value) == ("data_dir: the weights (1e+308, 1e+308) sum to more than a float holds; they are "
+                                 "relative: give them a usual size (0.7,0.3 or 7,3)")
+
+
+def test_a_source_with_fewer_rows_than_its_share_of_one_step_is_refused_as_one_folder_is(two_sources, tmp_path):
+    from common.errors import DataError
+
+    small = numbered_source(tmp_path / "small", 40000, [2 * T + 1])  # 2 rows; its share of a 10-row step is 5
+    with pytest.raises(DataError) as caught:
+        loader(parse_sources(f"{two_sources[0].path}:0.5,{small}:0.5"))
+    assert str(caught.value) == (f"data_dir {small}: its train shards hold 2 rows of {T + 1} tokens, fewer than its "
+                                 f"share of one step (5 of 10 rows): every step would read some rows twice; lower "
+                                 f"its weight or total_batch_size, or add data")
+    assert loader(parse_sources(f"{two_sources[0].path}:0.8,{small}:0.2")).counts == [8, 2]  # 2 rows: enough
+
+
+@pytest.mark.parametrize("missing", ["folder", "file", "val split"])
+def test_a_missing_val_set_is_an_error_naming_val_sets(two_sources, tmp_path, missing):
+    from common.errors import DataError
+    from conftest import build_tiny_run, make_shards
+
+    data = make_shards(tmp_path / "data")
+    where = {"folder": tmp_path / "nope", "file": tmp_path / "wiki_val_000000.npy", "val split": two_sources[0].path}
+    if missing == "val split":  # a folder without val shards
+        for shard in Path(where[missing]).glob("*_val_*.npy"):
+            shard.unlink()
+    with pytest.raises(DataError) as caught:
+        build_tiny_run(data, tmp_path / "out", val_sets=f"main={data},wiki={where[missing]}")
+    assert str(caught.value).startswith({"folder": f"val_sets {where['folder']}: no such folder or val shard file",
+                                         "file": f"val_sets {where['file']}: no such folder or val shard file",
+                                         "val split": f"val_sets {where['val split']}: no val shards"}[missing])
 
 
 def test_a_weight_too_small_for_one_row_a_step_is_refused(two_sources):
@@ -173,6 +241,7 @@ def test_a_mixture_trains_resumes_on_another_world_size_and_logs_each_source_and
         assert abs(record["loss"] - train["resumed"][step]["loss"]) <= 1e-12 * record["loss"], step
         # 16 rows a step: 12 edu, 4 code, of 32 tokens
         assert (record["tokens_edu"], record["tokens_code"]) == (12 * 32 * (step + 1), 4 * 32 * (step + 1))
+        assert record.keys() - {"tokens_edu", "tokens_code"} <= set(TRAIN_RECORD_FIELDS)  # what names are checked by
     vals = {name: [r for r in log if r["kind"] == "val"] for name, log in logs.items()}
     assert [sorted(r) for r in vals["straight"]][0] == ["code", "edu", "kind", "loss", "step", "tokens"]
     for a, b in zip(vals["straight"], vals["resumed"]):  # step 3 on 1 process and on 2 ranks: the same figures
@@ -192,3 +261,34 @@ def test_each_val_set_is_the_same_figure_on_one_and_two_ranks(folders, tmp_path)
         figures[nproc] = [(r["edu"], r["code"]) for r in read_log(out / "log.jsonl") if r["kind"] == "val"]
     assert len(figures[None]) == 3 and figures[None][0] == figures[2][0]  # step 0: the same weights, bitwise
     assert all(edu != code for edu, code in figures[None])  # each set its own window
+
+
+@pytest.mark.slow
+def test_a_resume_with_other_weights_goes_on_from_the_rows_each_source_had_read(folders, tmp_path):
+    """Where each source stands is checkpointed state: with other weights, each source reads on from the rows it
+    had read (none skipped, none twice), its tokens_<source> counter counts on, and the warning says the
+    composition changed (not the shards). A checkpoint without that state (older code) gets it from its config."""
+    import shutil
+
+    from conftest import build_tiny_run
+
+    edu, code = folders
+    out, old = tmp_path / "run", tmp_path / "older"
+    run_trainer(base_args(f"{edu}:0.5,{code}:0.5", out, max_steps=3))  # 8 + 8 of a step's 16 rows; checkpoint 3
+    shutil.copytree(out, old)
+    state = torch.load(old / "checkpoints" / "step_00000003.pt", weights_only=True)
+    assert state.pop("mixture")["sources"]["code"] == {"rows_read": 24, "tokens": 24 * 32, "rows_per_step": 8}
+    torch.save(state, old / "checkpoints" / "step_00000003.pt")
+    new = f"{edu}:0.75,{code}:0.25"  # 12 + 4
+    for folder in (out, old):
+        _, run = build_tiny_run(new, folder)  # resumes step 3, as the launch below does
+        source, within = run.train_loader.slots(3)
+        assert sorted(within[source == 0]) == list(range(24, 36)), folder  # edu's rows 24-35
+        assert sorted(within[source == 1]) == list(range(24, 28)), folder  # code's rows 24-27
+    proc = run_trainer(base_args(new, out))
+    (warning,) = [line for line in proc.stderr.splitlines() if "composition changed" in line]
+    assert "rows per step edu 8 -> 12, code 8 -> 4 (of 16)" in warning and "edu at row 24, code at row 24" in warning
+    assert "shards" not in proc.stderr
+    train = {r["step"]: r for r in read_log(out / "log.jsonl") if r["kind"] == "train"}
+    assert [train[s]["tokens_edu"] // 32 for s in range(6)] == [8, 16, 24, 36, 48, 60]
+    assert [train[s]["tokens_code"] // 32 for s in range(6)] == [8, 16, 24, 28, 32, 36]

@@ -125,6 +125,30 @@ def test_a_run_with_several_val_sets_gets_one_val_curve_per_set_in_a_style_of_it
     assert list(lines["mix val/code"].get_ydata()) == [r["code"] for r in records if r["kind"] == "val"]
 
 
+def test_plain_val_points_stay_when_sets_are_named_and_ema_curves_differ_from_their_live_ones(tmp_path):
+    """A run whose val records name sets from some step on (a resume with val_sets) keeps its earlier plain val
+    points; each set's EMA curve (ema_<set>) is drawn apart from its live one: the marker hollow."""
+    records = fake_run(steps=30, batch=2048, hellaswag=False)
+    vals = [r for r in records if r["kind"] == "val"]  # steps 0, 29
+    plain = vals[0]["loss"]
+    vals[0]["ema_loss"] = plain - 0.1
+    vals[1].update(edu=vals[1]["loss"], code=vals[1]["loss"] - 0.5, ema_loss=vals[1]["loss"] - 0.1,
+                   ema_edu=vals[1]["loss"] - 0.1, ema_code=vals[1]["loss"] - 0.6)
+    fig = figure(tmp_path, {"mix": (records, DEMO)})
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert list(lines["mix val"].get_ydata()) == [plain]  # the step-0 point, not the named record's loss
+    assert list(lines["mix val/ema_loss"].get_ydata()) == [plain - 0.1]
+    assert list(lines["mix val/ema_edu"].get_ydata()) == [vals[1]["loss"] - 0.1]
+
+    def look(line):
+        return line.get_linestyle(), line.get_marker(), str(line.get_markerfacecolor())
+
+    for name, averaged in (("val", "val/ema_loss"), ("val/edu", "val/ema_edu"), ("val/code", "val/ema_code")):
+        live, ema = lines[f"mix {name}"], lines[f"mix {averaged}"]
+        assert live.get_color() == ema.get_color() and look(live) != look(ema), name
+        assert ema.get_markerfacecolor() == "none" and ema.get_marker() == live.get_marker()
+
+
 @pytest.mark.slow
 def test_train_records_only(tmp_path):
     records = [r for r in fake_run(steps=30, batch=2048, hellaswag=False) if r["kind"] == "train"]

@@ -114,6 +114,56 @@ def test_the_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
     assert (tmp_path / "out" / LOCK_NAME).exists() and warnings == []
 
 
+def test_a_launch_that_loses_the_race_into_a_new_folder_removes_nothing_of_the_winners(tmp_path, monkeypatch):
+    """Forced timing: launch A creates and locks the new out_dir just as launch B starts (B saw no folder, and
+    A's mkdir comes first). B is refused and removes nothing; a third launch is refused while A holds it; A,
+    which created the folder, removes it on release."""
+    out = tmp_path / "new"
+    real_mkdir, held = Path.mkdir, []
+
+    def mkdir(self, *args, **kwargs):
+        if self == out and not held:  # B's first look at the folder: A gets in first
+            held.append(None)
+            held[0] = FolderLock(out, "out_dir", print)
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(ConfigError, match=f"out_dir: {out} is in use by another launch \\(pid {os.getpid()} "):
+        FolderLock(out, "out_dir", print)  # B
+    monkeypatch.undo()
+    (a,) = held
+    assert a.created_folder and os.path.samestat(os.fstat(a._file.fileno()), os.stat(out / LOCK_NAME))
+    with pytest.raises(ConfigError, match="is in use by another launch"):
+        FolderLock(out, "out_dir", print)  # C
+    a.release()
+    assert not out.exists()
+
+
+def test_a_launch_that_locks_the_lock_file_its_holder_just_removed_starts_over(tmp_path, monkeypatch):
+    """Forced timing: launch C opens out_dir/.lock, then its holder A (which created the folder) releases and
+    removes it, then C locks the file it opened. C must hold the lock on the file at the path, so that a launch
+    D coming next is refused."""
+    import fcntl
+
+    out = tmp_path / "new"
+    a = FolderLock(out, "out_dir", print)
+    real_flock, released = fcntl.flock, []
+
+    def flock(fd, operation):
+        if not released:  # C's first flock: A's release comes between C's open and its lock
+            released.append(a.release())
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    c = FolderLock(out, "out_dir", print)
+    monkeypatch.undo()
+    assert os.path.samestat(os.fstat(c._file.fileno()), os.stat(out / LOCK_NAME))
+    with pytest.raises(ConfigError, match="is in use by another launch"):
+        FolderLock(out, "out_dir", print)  # D
+    c.release()
+    assert not out.exists()
+
+
 @pytest.mark.slow
 def test_a_second_launch_into_a_busy_folder_is_refused_and_the_first_goes_on(data, tmp_path):
     out = tmp_path / "busy"

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common.errors import CheckpointError, CheckpointWriteError, first_line, print_warning  # noqa: F401 - for callers
+from common.log_fields import EMA_PREFIX
 from model import GPT, GPTConfig
 from training.checkpoint import sharded_format as sharded  # noqa: F401 - re-exported (tests write folders with it)
 from training.checkpoint import storage
@@ -191,11 +192,16 @@ def require_average(state: dict, path: Location) -> None:
 
 def with_average(state: dict) -> dict:
     """A whole checkpoint (read_full_state's) whose `model` holds the EMA weights (a tied weight under both
-    names, as in the model's state dict); the buffers stay the model's."""
+    names, as in the model's state dict; the buffers stay the model's), and whose `metrics` are those weights'
+    own figures (the checkpoint's ema_<key> as <key>; the live weights' as live_<key>), marked `weights: ema`:
+    what is exported is described as what it is (hf_interop/export.py's model card)."""
     model = {**state["model"], **state["ema"]}
     if "transformer.wte.weight" in state["ema"] and "lm_head.weight" in model:  # GPT's tied weight (model.py)
         model["lm_head.weight"] = state["ema"]["transformer.wte.weight"]
-    return {**state, "model": model}
+    metrics = state.get("metrics") or {}
+    own = {key.removeprefix(EMA_PREFIX): value for key, value in metrics.items() if key.startswith(EMA_PREFIX)}
+    live = {f"live_{key}": value for key, value in metrics.items() if not key.startswith(EMA_PREFIX)}
+    return {**state, "model": model, "metrics": {**own, **live}, "weights": "ema"}
 
 
 def read_model(ckpt: str | Path, reader: str, weights: str = "live") -> tuple[GPT, dict, Location]:

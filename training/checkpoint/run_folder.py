@@ -98,50 +98,92 @@ def adopt_checkpoint_folder(checkpoints: Location, out_dir: str | Path, console)
 
 
 class FolderLock:
-    """rank 0's exclusive lock on a folder (out_dir, or a checkpoint_dir elsewhere) for a launch."""
+    """rank 0's exclusive lock on a folder (out_dir, or a checkpoint_dir elsewhere) for a launch.
+
+    Whether this launch created the folder is mkdir's own answer (it fails where the folder exists,
+    whoever made it a moment ago), never an exists() made before it. A launch that is refused
+    removes nothing: the folder and its `.lock` are the holder's. The holder, on release, removes a
+    folder it created and left empty, unlinking `.lock` while it still holds the lock; so a launch
+    that locked that file meanwhile (opened before the unlink) finds it is no longer the file at the
+    path, and starts over on the new one: two launches never hold locks on two files of one folder.
+    """
+
+    ATTEMPTS = 3  # a holder removing its folder while this launch opens it makes one more
 
     def __init__(self, folder: str | Path, key: str, warn):
+        self.folder = Path(folder)
+        self.created_folder = False  # whether this launch's mkdir made the folder
+        self._file = None
+        for _ in range(self.ATTEMPTS):
+            if self._acquire(key, warn):
+                return
+        raise ConfigError(f"{key}: {self.folder} kept changing while this launch locked it (another launch "
+                          f"starting and ending there); try again")
+
+    def _acquire(self, key: str, warn) -> bool:
+        """Lock the `.lock` file at the folder's path; False where it was removed meanwhile (try again)."""
         import fcntl  # POSIX only, like the rest of the multi-process trainer
 
-        self.folder = Path(folder)
-        self.created_folder = not self.folder.exists()
+        path = self.folder / LOCK_NAME
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.folder / LOCK_NAME, "a+")
+            try:
+                self.folder.mkdir(parents=True)  # fails where the folder exists, whoever made it a moment ago
+                self.created_folder = True
+            except FileExistsError:
+                pass  # another launch's, or an earlier run's: not this launch's to remove
+            file = open(path, "a+")
+        except FileNotFoundError:
+            return False  # a holder removed the folder between the mkdir and the open
         except OSError as e:
             raise ConfigError(f"{key}: cannot create {self.folder} ({e.strerror or e})") from None
         try:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                warn(f"cannot lock {self.folder / LOCK_NAME} on this filesystem ({e.strerror or e}): a second launch "
+                warn(f"cannot lock {path} on this filesystem ({e.strerror or e}): a second launch "
                      f"into the same {key} at the same time would not be noticed")
-            else:
-                self._file.seek(0)
-                holder = self._file.read().strip() or "another process"
-                self._file.close()
-                self._file = None
-                self._remove_if_created()
-                raise ConfigError(f"{key}: {self.folder} is in use by another launch ({holder}); wait for it to "
-                                  f"end, or give this run another {key}") from None
-        self._file.seek(0)
-        self._file.truncate()
+                self._hold(file)
+                return True
+            file.seek(0)
+            holder = file.read().strip() or "another process"
+            file.close()  # refused: nothing removed, the folder and its .lock are the holder's
+            raise ConfigError(f"{key}: {self.folder} is in use by another launch ({holder}); wait for it to "
+                              f"end, or give this run another {key}") from None
+        if not same_file(file, path):  # its holder unlinked it on release, after this launch opened it
+            file.close()
+            return False
+        self._hold(file)
+        return True
+
+    def _hold(self, file) -> None:
+        self._file = file
+        file.seek(0)
+        file.truncate()
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        self._file.write(f"pid {os.getpid()} on {socket.gethostname()} since {started}\n")
-        self._file.flush()
+        file.write(f"pid {os.getpid()} on {socket.gethostname()} since {started}\n")
+        file.flush()
 
     def release(self) -> None:
-        """Unlock (closing the file drops the flock); a folder this launch created and left empty goes too."""
+        """Unlock (closing the file drops the flock); a folder this launch created and left empty goes too, its
+        .lock unlinked while the lock is still held (see the class doc)."""
         if self._file is None:
             return
-        self._file.close()
-        self._file = None
-        self._remove_if_created()
-
-    def _remove_if_created(self) -> None:
-        if self.created_folder and [p.name for p in self.folder.iterdir()] in ([LOCK_NAME], []):
-            (self.folder / LOCK_NAME).unlink(missing_ok=True)
-            try:
+        try:
+            if self.created_folder and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]:
+                (self.folder / LOCK_NAME).unlink(missing_ok=True)
                 self.folder.rmdir()
-            except OSError:
-                pass
+        except OSError:
+            pass  # another launch made its .lock there meanwhile (the folder is its now), or it is gone
+        finally:
+            self._file.close()
+            self._file = None
+
+
+def same_file(file, path: Path) -> bool:
+    """Whether the open file is the one at path now (not one unlinked since it was opened)."""
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(file.fileno())
+    return (mine.st_dev, mine.st_ino) == (here.st_dev, here.st_ino)

@@ -192,6 +192,7 @@ class FSDP(Strategy):
         # so that first forward (one token, no gradients) happens now
         with torch.no_grad():
             model(torch.zeros((1, 1), dtype=torch.long, device=self.runtime.device))
+        reshard_all(model)  # fsdp_zero2's blocks keep what a forward gathered: back to the shards
         return super().training_model(model)
 
     def probe_model(self, model: GPT) -> torch.nn.Module:
@@ -211,12 +212,17 @@ class FSDP(Strategy):
     def evaluation(self, model: GPT):
         """Only forward() calls gather a module's parameters, so the root's own (embeddings,
         lm_head, final LayerNorm) are gathered for the evaluation's duration; the blocks gather
-        theirs when called. A collective: every rank evaluates."""
+        theirs when called. A collective: every rank evaluates.
+
+        On exit every module is back to its shards, the blocks too: fsdp_zero2's keep what a forward
+        gathered until a backward, and an evaluation has none. So after an evaluation the model's
+        parameters are its shards, as after a step: what the EMA's swap (training/train/ema.py)
+        exchanges, and the next forward gathers again from them (not from buffers of another swap)."""
         model.unshard()
         try:
             yield
         finally:
-            model.reshard()
+            reshard_all(model)
 
     def idle_forward(self, model: GPT) -> None:
         with torch.no_grad():
@@ -244,6 +250,16 @@ class FSDP(Strategy):
         set_model_state_dict(model, model_state, options=options)
         set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
         own_cpu_state(optimizer)  # a shard of a CPU tensor is a view of it
+
+
+def reshard_all(model: GPT) -> None:
+    """Every FSDP module of model back to its shards (FSDPModule.reshard is not recursive): its registered
+    parameters are then the sharded DTensors, and the gathered copies are freed. Local: no collective."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 class FSDPZero2(FSDP):

@@ -95,7 +95,8 @@ class DataSettings(Settings):
                                               "ranks, keeping grad_accum_steps whole; run.json and the startup "
                                               "line say which); on CPU and MPS micro_batch_size_fallback")
     micro_batch_size_fallback: int = option(16, "micro_batch_size auto on CPU and MPS, where no memory is probed: "
-                                                "this B, with a warning")
+                                                "this B, or the largest below it that keeps grad_accum_steps "
+                                                "whole, with a warning")
     seq_len: int = option(1024, "tokens per sequence (T)")
     shuffle: bool = option(False, "read the train rows in a new order every epoch, seeded by seed and epoch (false: "
                                   "build-nanogpt's order, the shards in order, then in a seeded shard order)")

@@ -1,6 +1,7 @@
 """An exponential moving average (EMA) of the weights, the `ema_decay` and `ema_start` keys.
 
-After each applied optimizer update of step s >= start (start = floor(ema_start * max_steps)),
+After each applied optimizer update of step s >= start (start = floor(ema_start * max_steps) when the
+run starts fresh; then kept as the run's state, so a resume with another max_steps keeps it),
 
     average = ema_decay * average + (1 - ema_decay) * weights      (one lerp per tensor)
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training.distributed.strategies import local_part
+from training.distributed.strategies import is_sharded, local_part
 from training.train.settings import Settings, option, require
 
 
@@ -41,7 +42,8 @@ class EMASettings(Settings):
                                    "(val/ema_loss, hellaswag/ema_acc_norm) and saved with the checkpoints")
     ema_start: float = option(0.0, "the share of max_steps after which the EMA starts, in [0, 1): it is the "
                                    "weights after update floor(ema_start * max_steps), then averages on (0: from "
-                                   "the first update; 0.5: a tail average of the second half)")
+                                   "the first update; 0.5: a tail average of the second half); set at a fresh "
+                                   "start, kept by resumes")
 
     def validate(self) -> None:
         require(self.ema_decay == 0 or 0 < self.ema_decay < 1, "ema_decay",
@@ -49,8 +51,22 @@ class EMASettings(Settings):
         require(0 <= self.ema_start < 1, "ema_start", f"must be in [0, 1), got {self.ema_start}")
 
     def start_step(self, max_steps: int) -> int:
-        """The first update the average holds (max_steps: the schedule section's)."""
+        """The first update the average holds (max_steps: the schedule section's), as a fresh run sets it."""
         return math.floor(self.ema_start * max_steps)
+
+
+def checkpointed_start(state: dict) -> int | None:
+    """The start step of the EMA kept by the run that wrote a checkpoint (its state), started or not; None where
+    that run kept none (ema_decay 0). Checkpoints of older code saved it only once the average had started:
+    before that, their config's ema_start and max_steps give it, as that run computed it."""
+    saved = state.get("ema_state")
+    if saved is not None:
+        return saved["start_step"]
+    config = state.get("config") or {}
+    if not config.get("ema_decay"):
+        return None
+    return EMASettings(ema_decay=config["ema_decay"], ema_start=config.get("ema_start", 0.0)).start_step(
+        config["max_steps"])
 
 
 def average_dtype(p: torch.Tensor) -> torch.dtype:
@@ -96,8 +112,13 @@ class WeightAverage:
 
     # --- state -----------------------------------------------------------------------------------
     def progress_state(self) -> dict:
-        """The plain values a checkpoint keeps beside the tensors."""
+        """The plain values a checkpoint keeps beside the tensors (also before the start: start_step is state)."""
         return {"decay": self.decay, "start_step": self.start_step, "updates": self.updates}
+
+    def load_progress_state(self, start_step: int, saved: dict | None) -> None:
+        """Go on with a checkpoint's start step, and its count of updates where it holds an average."""
+        self.start_step = start_step
+        self.updates = (saved or {}).get("updates", 0) if self.ready else 0
 
     # --- evaluation ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -116,6 +137,11 @@ class WeightAverage:
     def _exchange(self, model: torch.nn.Module) -> None:
         params = dict(model.named_parameters())
         for name, tensor in self.average.items():
+            if is_sharded(params[name]) != is_sharded(tensor):
+                # FSDP registers gathered copies while a module is unsharded: a swap into them would be undone
+                # by the next gather from the shards, or lost (the strategy's evaluation context reshards on exit)
+                raise RuntimeError(f"{name}: the EMA swaps with the parameters' shards, but the model holds it "
+                                   f"gathered; reshard it first")
             live, average = local_part(params[name]), local_part(tensor)
             if live.dtype != average.dtype:  # weights are float32 or float64, as the average is
                 raise TypeError(f"{name}: weights of {live.dtype} cannot exchange with an average of {average.dtype}")

@@ -26,8 +26,10 @@ until the startup timeout (30 minutes), then every rank stops. Ranks on GPUs of 
 same free memory run out at the same size; on a mixed node, set micro_batch_size by hand.
 
 On CPU and MPS there is no memory to probe: auto is one warning line and
-micro_batch_size_fallback is used. The search itself (`search_micro_batch_size`) is a pure
-function of a probe and a memory query, tested on the CPU (tests/test_micro_batch.py).
+micro_batch_size_fallback is used, or the largest candidate below it where it would not keep
+grad_accum_steps whole (configs/demo.yaml's 1,024-token batch is 8 rows of 128: 8, not 16). The
+search itself (`search_micro_batch_size`) is a pure function of a probe and a memory query,
+tested on the CPU (tests/test_micro_batch.py).
 """
 
 from __future__ import annotations
@@ -151,15 +153,20 @@ def choose_micro_batch_size(ctx, strategy) -> tuple[int, dict]:
     own collectives and one all-reduce per probe. ctx.cfg.micro_batch_size must be None (auto).
     """
     cfg, env, runtime, logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
-    if not probing_supported(runtime.device_type):
-        logger.warn(f"micro_batch_size auto probes CUDA memory; on {runtime.device_type} it uses "
-                    f"micro_batch_size_fallback {cfg.micro_batch_size_fallback}")
-        return cfg.micro_batch_size_fallback, {"requested": "auto", "chosen": cfg.micro_batch_size_fallback,
-                                               "how": f"fallback ({runtime.device_type})"}
     candidates = candidate_sizes(cfg.total_batch_size, cfg.seq_len, strategy.dp_size)
     if not candidates:
         raise ConfigError(f"micro_batch_size: auto finds no micro-batch: total_batch_size {cfg.total_batch_size} "
                           f"does not split into rows of seq_len {cfg.seq_len} over {strategy.dp_size} ranks")
+    if not probing_supported(runtime.device_type):
+        fallback = cfg.micro_batch_size_fallback
+        chosen = max(b for b in candidates if b <= fallback)  # 1 always is one
+        fitted = "" if chosen == fallback else (
+            f", the largest micro-batch up to micro_batch_size_fallback {fallback} that keeps grad_accum_steps "
+            f"whole ({candidates[-1]} rows a rank per step: total_batch_size {cfg.total_batch_size} / seq_len "
+            f"{cfg.seq_len} / {strategy.dp_size} rank(s))")
+        logger.warn(f"micro_batch_size auto probes CUDA memory; on {runtime.device_type} it uses "
+                    + (f"micro_batch_size_fallback {fallback}" if not fitted else f"{chosen}{fitted}"))
+        return chosen, {"requested": "auto", "chosen": chosen, "how": f"fallback ({runtime.device_type})"}
     error, result = None, None
     try:
         result = probe_search(ctx, strategy, candidates)

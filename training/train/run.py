@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from data.loader import TrainLoader, ValLoader, validate_shards
-from data.mixture import MixtureLoader, make_train_loader, parse_val_sets, sources_fingerprint
+from data.mixture import (MixtureLoader, changed_shards, derived_state, make_train_loader, parse_val_sets,
+                          sources_fingerprint)
 from common.errors import CheckpointError, ConfigError, DivergedError
 from model import GPT
 from training.checkpoint.folder import checkpoints_folder, format_of
@@ -26,7 +27,7 @@ from training.distributed.strategies import Strategy, full_tensors
 from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
 from training.train.context import Context
 from training.train.micro_batch import choose_micro_batch_size
-from training.train.ema import EMASettings, WeightAverage
+from training.train.ema import EMASettings, WeightAverage, checkpointed_start
 from training.train.spikes import RollbackRequested, SpikeWindow
 from training.train.weights import load_initial_weights
 
@@ -42,7 +43,8 @@ class Run:
     latest evaluation figures, the W&B run id, and what steers a long run (the spike window,
     skips in a row, rollbacks and the batches they passed over).
     Nothing else is needed to resume exactly: the data position is a function of the step and
-    data_offset (data/loader.py) and dropout masks are reseeded from (seed, step, rank) every step.
+    data_offset (data/loader.py), and of where each source of a mixture stood (its `mixture`
+    entry, data/mixture.py), and dropout masks are reseeded from (seed, step, rank) every step.
     """
 
     model: GPT
@@ -104,15 +106,18 @@ class Run:
             "ancestry": list(self.ancestry),
             "metrics": dict(self.metrics),
             "wandb_run_id": self.wandb_run_id,
-            "ema_state": self.ema.progress_state() if self.ema is not None and self.ema.ready else None,
+            "ema_state": self.ema.progress_state() if self.ema is not None else None,  # its start, before it too
+            # a mixture: each source's rows read and tokens given (None: one folder)
+            "mixture": self.train_loader.state_dict(self.step, self.step + self.data_offset),
             "long_run": {"spike_window": self.spikes.state_dict() if self.spikes else None,
                          "skips_in_a_row": self.skips_in_a_row, "rollbacks": self.rollbacks,
                          "data_offset": self.data_offset},
         }
 
-    def load_state_dict(self, state: dict, path: Location) -> None:
+    def load_state_dict(self, state: dict, path: Location) -> str | None:
         """Continue from the checkpoint at path (its state: load_checkpoint's, on every rank), with this
         run's optimizer settings. A collective: every rank loads its part, in the checkpoint's format.
+        Returns what changed in a mixture's composition since (its rows per step), in words, or None.
 
         The saved optimizer state keeps its moments and step counts; its settings (lr, betas, eps,
         weight decay, kernel choice) become this run's, so a resume with changed settings trains
@@ -125,8 +130,9 @@ class Run:
             if fmt.holds(state, "ema"):
                 self.ema.allocate(self.model)
         fmt.load_into(self, path, state, lambda saved: with_current_settings(saved, self.optimizer))
-        if self.ema is not None and self.ema.ready:
-            self.ema.updates = (state.get("ema_state") or {}).get("updates", 0)
+        if self.ema is not None:  # the start the checkpoint's run set goes on (none: this run's own, set at build)
+            start = checkpointed_start(state)
+            self.ema.load_progress_state(self.ema.start_step if start is None else start, state.get("ema_state"))
         if self.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
             self.scaler.load_state_dict(state["scaler"])
         self.step = self.start_step = state["step"]
@@ -141,6 +147,13 @@ class Run:
         self.skips_in_a_row = long_run.get("skips_in_a_row", 0)
         self.rollbacks = long_run.get("rollbacks", 0)
         self.data_offset = long_run.get("data_offset", 0)
+        if isinstance(self.train_loader, MixtureLoader):  # each source from where it stood (older checkpoints:
+            # where the checkpoint's own config put it)
+            position = self.step + self.data_offset
+            saved = state.get("mixture") or derived_state(state.get("config") or {}, self.step, position)
+            if saved is not None:
+                return self.train_loader.load_state_dict(saved)
+        return None
 
 
 def build_run(ctx: Context, strategy: Strategy) -> Run | None:
@@ -164,7 +177,7 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
                                          strategy.dp_rank, strategy.dp_size, cfg.seed, shuffle=cfg.shuffle,
                                          doc_aligned=cfg.doc_aligned)
         val_loaders = {name: ValLoader(path, cfg.seq_len, cfg.val_tokens, cfg.micro_batch_size, strategy.dp_rank,
-                                       strategy.dp_size)
+                                       strategy.dp_size, key="val_sets" if cfg.val_sets else "data_dir")
                        for name, path in parse_val_sets(cfg.val_sets, cfg.data_dir).items()}
         # every rank checks the headers, and the token ranges of its share of the shards: a split of
         # the work over the processes (env), not of the data over the replicas
@@ -200,17 +213,45 @@ def build_run(ctx: Context, strategy: Strategy) -> Run | None:
         logger.console(f"nothing to do: {resume_path} is at max_steps {cfg.max_steps}; raise max_steps to train on")
         return None
     check_same_optimizer(cfg, state["config"], resume_path)  # another optimizer's state does not fit
-    run.load_state_dict(state, resume_path)
+    composition = run.load_state_dict(state, resume_path)
     run.resumed_from, run.resumed_step = resume_path, run.step
-    if run.ema is not None and not run.ema.ready and run.step > run.ema.start_step:
-        logger.warn(f"{resume_path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts "
-                    f"from the weights of step {run.step}, not of step {run.ema.start_step}")
+    if composition:
+        logger.warn(f"the mixture's composition changed since {resume_path} was written: {composition}")
+    if run.ema is not None:
+        describe_ema_start(run, checkpointed_start(state), averaging.start_step(cfg.max_steps), cfg, resume_path,
+                           logger.warn)
     warn_on_changed_settings(cfg, state["config"], logger.warn)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
-    if trained_on is not None and trained_on != fingerprint:
-        logger.warn(f"the shards in {cfg.data_dir} changed since {resume_path} was written (data fingerprint "
+    changed = changed_shards(trained_on, fingerprint) if trained_on is not None else None
+    if changed:  # the shards themselves (a mixture's weights are in its fingerprint too, but are not its shards)
+        where = cfg.data_dir if changed == ["data_dir"] else f"source(s) {', '.join(changed)}"
+        logger.warn(f"the shards in {where} changed since {resume_path} was written (data fingerprint "
                     f"{trained_on} -> {fingerprint}): the steps after the resume read other data")
     return run
+
+
+def describe_ema_start(run: Run, kept: int | None, planned: int, cfg: TrainConfig, path: Location,
+                       warn: Callable[[str], None]) -> None:
+    """Say where a resumed run's EMA starts when it is not where this config would start a fresh one.
+
+    kept: the start of the EMA the checkpoint's run kept (None: it had none); planned: floor(ema_start *
+    max_steps) of this config. A kept start is state and goes on (a raised max_steps must not freeze the
+    average until a later start, and then fold on from the stale one)."""
+    if kept is None:
+        if run.step > planned:
+            warn(f"{path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts from the "
+                 f"weights of step {run.step}, not of step {planned}")
+        return
+    if kept == planned:
+        return
+    now = f"ema_start {cfg.ema_start} of max_steps {cfg.max_steps} would start a fresh run's at step {planned}"
+    if run.ema.ready:
+        warn(f"the EMA of the weights started at step {kept} and averages on from there ({now})")
+    elif kept < cfg.max_steps:
+        warn(f"the EMA of the weights starts at step {kept}, as the run of {path} set it ({now})")
+    else:
+        warn(f"the EMA of the weights starts at step {kept}, as the run of {path} set it, at or after max_steps "
+             f"{cfg.max_steps}: this run ends without one ({now})")
 
 
 def roll_back(ctx: Context, run: Run, request: RollbackRequested) -> None:

@@ -1,0 +1,49 @@
+"""Names that users choose and that become fields of log.jsonl records: the one rule they all follow.
+
+Two kinds of name become fields:
+
+- a val set's name (val_sets, or by default each mixture source's folder name): the val record holds
+  that set's loss under the name, and the EMA weights' loss under `ema_<name>` (evals/periodic.py);
+- a mixture source's name (its folder's last part): the train record holds its tokens so far under
+  `tokens_<name>`.
+
+A name may make no field that its record has for another reason: none of the record's own fields
+(VAL_RECORD_FIELDS, TRAIN_RECORD_FIELDS), and no val set name starting with a prefix that another
+figure's field is made with (`ema_`: the EMA of set `x` is `ema_x`, so a set named `ema_x` would be
+overwritten by it, and every reader takes `ema_*` fields for EMA figures). Such a name is refused before
+any work starts, with one `error:` line naming the key that gave it; nothing is renamed silently, so
+each field of the log means what its name says. A field added to one of these records joins its list.
+"""
+
+from __future__ import annotations
+
+EMA_PREFIX = "ema_"  # of the fields an evaluation of the EMA weights adds to its record (evals/periodic.py)
+VAL_RECORD_FIELDS = ("kind", "step", "tokens", "loss")  # a val record's own fields (evals/val_loss.py)
+VAL_SET_PREFIXES = (EMA_PREFIX,)  # prefixes of the fields made from a val set's name
+# a train record's own fields (train_gpt2.py's StepRecords), besides tokens_<source>
+TRAIN_RECORD_FIELDS = ("kind", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "step_ms", "skipped",
+                       "mfu", "peak_mem_gb")
+SOURCE_TOKENS_PREFIX = "tokens_"  # a mixture source's train tokens: tokens_<source>
+
+
+def val_set_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a val set (a field of the val record), or None where it can."""
+    if not name:
+        return "an empty name"
+    if name in VAL_RECORD_FIELDS:
+        return f"{name!r} is a field of the val record itself ({', '.join(VAL_RECORD_FIELDS)})"
+    for prefix in VAL_SET_PREFIXES:
+        if name.startswith(prefix):
+            return (f"{name!r} starts with {prefix!r}, the prefix of the EMA weights' figures "
+                    f"({prefix}<set> is set <set>'s)")
+    return None
+
+
+def source_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a mixture source (its train record field tokens_<name>), or None where it can."""
+    if not name:
+        return "an empty name"
+    field = SOURCE_TOKENS_PREFIX + name
+    if field in TRAIN_RECORD_FIELDS:
+        return f"its tokens field {field!r} is a field of the train record itself"
+    return None
