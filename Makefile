@@ -17,7 +17,7 @@ endif
 # keeping it mapped makes CPU training (the demo) about 1.7x faster.
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
 
-.PHONY: install demo test test-fast lint lock clean-demo
+.PHONY: install demo test test-fast test-slurm lint lock clean-demo
 
 # requirements.txt holds lower bounds; requirements.lock the exact versions CI passed with
 $(VENV)/.installed: requirements.txt requirements.lock
@@ -37,9 +37,17 @@ demo: install
 # Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once.
 XDIST := -n 2 --dist loadfile
 
-# everything (CI); about 6 minutes on 2 idle CPU cores. The 10 slowest tests are listed, so growth shows.
+# everything but the Slurm scenarios (CI runs those next); about 6 minutes on 2 idle CPU cores. The 10
+# slowest tests are listed, so growth shows.
 test: install lint
-	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10
+	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10 -m "not slurm"
+
+# scripts/slurm.sbatch submitted to a real Slurm on this machine (tests/test_slurm.py: munge, slurmctld and
+# two slurmd, started and stopped by the tests); installs Debian's Slurm and munge first where they are
+# missing (root or sudo). About 3 minutes on 2 idle CPU cores.
+test-slurm: install
+	bash scripts/install_slurm.sh
+	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m slurm tests/test_slurm.py --durations=0
 
 # the inner loop: no test that starts a process (trainer, torchrun, prep) or compiles; about 40 seconds
 test-fast: install
