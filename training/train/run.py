@@ -51,7 +51,9 @@ class Run:
     optimizer: torch.optim.Optimizer
     strategy: Strategy  # how model and optimizer are spread over the ranks
     scaler: torch.amp.GradScaler  # float16's loss scale (a no-op in every other dtype)
-    train_loader: TrainLoader | MixtureLoader  # one folder, or several mixed by weight (data/mixture.py)
+    # one folder, or several mixed by weight (data/mixture.py); None: a run without data, whose checkpoints
+    # scripts/bench_checkpoint.py times
+    train_loader: TrainLoader | MixtureLoader | None
     val_loaders: dict[str, ValLoader]  # the val sets by name (one, `val`, by default)
     grad_accum_steps: int
     data_fingerprint: str  # of the shards in data_dir (each source's, for a mixture): data/mixture.py
@@ -108,7 +110,8 @@ class Run:
             "wandb_run_id": self.wandb_run_id,
             "ema_state": self.ema.progress_state() if self.ema is not None else None,  # its start, before it too
             # a mixture: each source's rows read and tokens given (None: one folder)
-            "mixture": self.train_loader.state_dict(self.step, self.step + self.data_offset),
+            "mixture": (self.train_loader.state_dict(self.step, self.step + self.data_offset)
+                        if self.train_loader is not None else None),
             "long_run": {"spike_window": self.spikes.state_dict() if self.spikes else None,
                          "skips_in_a_row": self.skips_in_a_row, "rollbacks": self.rollbacks,
                          "data_offset": self.data_offset},
