@@ -41,6 +41,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from common.errors import ArgumentParser, DataError, WriteError, run_cli  # noqa: E402
 from evals.base import EMA_PREFIX, TRAIN_LOSS, Series, averaged_series  # noqa: E402
 from evals.periodic import EVALUATORS  # noqa: E402
+from evals.val_loss import set_names  # noqa: E402
 from training.observe.logger import LOG_NAME, read_log  # noqa: E402
 
 GPT2_VAL_LOSS = 3.29
@@ -185,9 +186,7 @@ SET_STYLES = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1)), "D")]  # (line
 
 def val_sets(records: list[dict]) -> list[str]:
     """The named val sets of a run's val records (evals/val_loss.py): [] for the one default set."""
-    own = ("kind", "step", "tokens", "loss")
-    return list({k: None for r in records if r.get("kind") == "val" for k in r
-                 if k not in own and not k.startswith(EMA_PREFIX)})
+    return list({k: None for r in records if r.get("kind") == "val" for k in set_names(r)})
 
 
 def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | None = None,

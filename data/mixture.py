@@ -43,7 +43,7 @@ from data.manifest import data_fingerprint
 from data.shards import find_shards
 from data.tokenizer import EOT_TOKEN
 
-RESERVED_NAMES = ("loss", "kind", "step", "tokens")  # a val set's name is a field of the val record
+RESERVED_NAMES = ("loss", "bpb", "kind", "step", "tokens")  # a val set's name is a field of the val record
 
 
 @dataclass(frozen=True)
