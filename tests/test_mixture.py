@@ -122,6 +122,7 @@ def test_a_bad_mixture_is_one_line_naming_data_dir(value, message):
 @pytest.mark.parametrize("value,message", [
     ("edu", "val_sets: 'edu' is not name=folder"),
     ("loss=data/a", "val_sets: the name 'loss' is taken by the val record's own fields"),
+    ("bpb=data/a", "val_sets: the name 'bpb' is taken by the val record's own fields"),
     ("a=x,a=y", "val_sets: the name 'a' is used twice"),
 ])
 def test_bad_val_sets_are_one_line_naming_the_key(value, message):
