@@ -221,8 +221,9 @@ def hub_offline() -> bool:
 
 
 def evaluate_tasks(lm_eval, lm, tasks: list[str], task_manager, limit: int | None, num_fewshot: int | None,
-                   offline: bool) -> dict:
-    """lm_eval.simple_evaluate on tasks, with a task whose data cannot be had as one DataError line."""
+                   offline: bool, hint: str = "") -> dict:
+    """lm_eval.simple_evaluate on tasks, with a task whose data cannot be had as one DataError line (ending
+    in hint)."""
     try:
         return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, limit=limit,
                                        num_fewshot=num_fewshot, log_samples=False)
@@ -231,7 +232,7 @@ def evaluate_tasks(lm_eval, lm, tasks: list[str], task_manager, limit: int | Non
         where = "the Hugging Face Hub cannot be reached" if offline else "it could not be downloaded"
         raise DataError(f"--tasks: {', '.join(tasks)}: the task's data is not in {cache} and {where} "
                         f"({first_line(e, 120)}); run once where the Hub is reachable to fill the cache, then "
-                        f"HF_DATASETS_OFFLINE=1 works") from None
+                        f"HF_DATASETS_OFFLINE=1 works{hint}") from None
     except FileNotFoundError as e:  # a task YAML's data_files that do not resolve (from the working directory)
         task = task_missing_data(tasks, task_manager) or ", ".join(tasks)
         raise DataError(f"--tasks: {task}: data file not found ({e}); a relative data_files path in a task YAML "
@@ -365,7 +366,9 @@ def report_card(args) -> int:
             label, start = f"[{i}/{len(tasks)}] {task}", time.monotonic()
             print(f"{label}: scoring", flush=True)
             lm.progress = ProgressLine(label)
-            entries = task_entries(evaluate_tasks(lm_eval, lm, [task], task_manager, args.limit, 0, offline), settings)
+            results = evaluate_tasks(lm_eval, lm, [task], task_manager, args.limit, 0, offline,
+                                     hint="; --tasks none: the card's val figures alone")
+            entries = task_entries(results, settings)
             entry = entries.get(task) or next(iter(entries.values()))
             if metric not in entry["metrics"]:
                 names = ", ".join(m for m in entry["metrics"] if "_stderr" not in m)
