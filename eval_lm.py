@@ -132,7 +132,6 @@ def main(argv: list[str]) -> int:
     if args.include_path and not Path(args.include_path).is_dir():
         raise ConfigError(f"--include_path: {args.include_path} is not a folder")
 
-    offline = hub_offline()
     lm_eval = import_lm_eval()
     from lm_eval.tasks import TaskManager
     from evals.lm_eval_harness import GPTLM
@@ -150,7 +149,7 @@ def main(argv: list[str]) -> int:
                progress=ProgressLine(", ".join(tasks)))
     print(f"# evaluating step {state['step']} of {path} on {', '.join(tasks)} ({runtime.device}, {runtime.dtype})",
           flush=True)
-    results = evaluate_tasks(lm_eval, lm, tasks, task_manager, args.limit, args.num_fewshot, offline)
+    results = evaluate_tasks(lm_eval, lm, tasks, task_manager, args.limit, args.num_fewshot, hub_offline())
     settings = eval_settings(args, runtime)
     entries = task_entries(results, settings)
     if args.weights == "ema":  # beside the live weights' figures in the same file and W&B run, never over them
@@ -328,7 +327,6 @@ def report_card(args) -> int:
     if args.include_path and not Path(args.include_path).is_dir():
         raise ConfigError(f"--include_path: {args.include_path} is not a folder")
     if tasks:  # the task names first: a typo is one line before the model loads
-        offline = hub_offline()
         lm_eval = import_lm_eval()
         from lm_eval.tasks import TaskManager
         from evals.lm_eval_harness import GPTLM
@@ -361,6 +359,7 @@ def report_card(args) -> int:
     settings = eval_settings(args, runtime)
     scored = {}
     if tasks:
+        offline = hub_offline()  # probed only now: a problem found before costs no network round trip
         lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast())
         for i, (task, metric) in enumerate(tasks.items(), 1):
             label, start = f"[{i}/{len(tasks)}] {task}", time.monotonic()
