@@ -1,7 +1,7 @@
 """Compare two recipes over seeds: per metric, both means, a 95% interval for the difference and a t-test.
 
     python compare_runs.py --a out/recipes/faithful_s* --b out/recipes/modern_s* --names faithful,modern
-    python compare_runs.py --a out/ema/faithful_* --b out/ema/faithful_* --b_weights ema --names live,EMA
+    python compare_runs.py --a out/recipes/faithful_s* --b out/recipes/faithful_s* --b_weights ema --names live,EMA
 
 Each group is several run folders of one recipe (one seed each). The metrics, where every run of both
 groups has them: the final val loss and val bits per byte (the last `val` record of log.jsonl; each
