@@ -5,8 +5,8 @@ or a mixture's sources) give one record with every set's loss under its name and
 bpb_<name>, `loss` and `bpb` the first set's: {"loss": L_edu, "bpb": B_edu, "edu": L_edu, "code": L_code,
 "bpb_edu": B_edu, "bpb_code": B_code}; W&B and TensorBoard show them as val/<field>.
 
-Bits per byte compares runs whatever their tokenizer or data mixture: the window's summed token loss in
-nats over the bytes of text its target tokens stand for, times ln 2 (data/tokenizer.py's
+Bits per byte compares runs whatever their tokenizer or data mixture: bpb = loss_sum / (bytes * ln 2), the
+window's summed token loss in nats over the bytes of text its target tokens stand for (data/tokenizer.py's
 token_byte_lengths: the <|endoftext|> between documents counts no byte, its loss counts). The bytes of a
 window are counted once, at its first evaluation, over the whole window on every rank.
 """
