@@ -1,7 +1,21 @@
-"""Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (`pip install lm_eval`).
+"""Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (`pip install lm_eval`), or make its report card.
 
     python eval_lm.py out/gpt2_124m --tasks hellaswag,arc_easy,piqa --batch_size 32
     python eval_lm.py out/demo/checkpoints/step_00000200.pt --tasks lambada_openai --limit 500 --device cpu
+    python eval_lm.py out/gpt2_124m --card              # the report card: RUN/report.md and report.json
+    python eval_lm.py gpt2 --card --data_dir data/edu_fineweb10B --out_dir out/gpt2_card   # OpenAI's GPT-2
+    python eval_lm.py out/demo --card --tasks none      # the card's val loss and bits per byte alone
+
+--card scores a fixed zero-shot suite (evals/report_card.py: hellaswag acc_norm, arc_easy acc,
+arc_challenge acc_norm, piqa acc, winogrande acc, lambada_openai acc) and the val loss and bits per
+byte of the run's own val sets (a checkpoint's config: data_dir or val_sets, seq_len, val_tokens;
+--data_dir, --seq_len and --val_tokens change them), each figure with its 95% interval and the
+number of examples or val rows. It writes report.md and report.json (report_ema.* for --weights
+ema) into the run folder (or --out_dir) and prints the card. Its checkpoint may also be a GPT-2
+preset name (gpt2, gpt2-medium, gpt2-large, gpt2-xl: OpenAI's weights, downloaded once into the
+Hugging Face cache) or a Hugging Face GPT-2 folder: give --data_dir and --out_dir, and your run's
+seq_len and val_tokens, for figures comparable with your run's card. `--tasks a,b` replaces the
+suite, `--tasks task:metric` shows another metric of a task, `--tasks none` leaves the tasks out.
 
 The checkpoint (a .pt file, or a run folder: its newest readable checkpoint) is scored by
 evals/lm_eval_harness.py, an lm_eval model class around our GPT: no export step, and it scores
@@ -17,8 +31,10 @@ exactly as the trainer's in-loop HellaSwag does (see that module for why). Resul
   evaluation of an older checkpoint land at its step.
 
 lm_eval downloads each task's data from the Hugging Face Hub on first use, into the datasets
-cache (HF_DATASETS_CACHE); on an offline node fill the cache elsewhere and set
-HF_DATASETS_OFFLINE=1. `--include_path DIR` adds task YAML files of your own, such as
+cache (HF_DATASETS_CACHE); on an offline node fill the cache elsewhere. Where the Hub cannot be
+reached, eval_lm.py says so in one line and reads the cache alone (no retries); a task whose data
+is not there is then one error line. Long evaluations print a progress line about every 30
+seconds, and the card a line per task. `--include_path DIR` adds task YAML files of your own, such as
 tests/fixtures/lm_eval/ (HellaSwag-format data from a local file, and the trainer's
 token-normalised acc_norm as an lm_eval metric).
 """
@@ -29,26 +45,56 @@ import datetime
 import difflib
 import json
 import math
-from importlib import metadata
+import os
+import socket
 import sys
+import time
+from importlib import metadata
 from pathlib import Path
+from urllib.parse import urlparse
 
-from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer
+from data.loader import ValLoader
+from data.mixture import parse_val_sets
+from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, token_byte_lengths
 from common.errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
+from evals.report_card import DEFAULT_METRIC, SUITE, build_card, card_markdown, task_figure, val_figures
+from evals.val_loss import val_row_losses
+from hf_interop.convert import load_hf_gpt2
+from model import PRESETS
 from training.checkpoint import storage
 from training.checkpoint.folder import CHECKPOINT_DIR, WEIGHTS, read_model
+from training.distributed.process_group import DistEnv
 from training.observe.logger import write_text_file
+from training.train.config import parse_args as trainer_defaults
 from training.train.runtime import resolve_runtime
 
 RESULTS_DIR = "lm_eval"  # inside the run folder
 WANDB_PREFIX = "lm_eval"
+REPORT = "report"  # the card's files: RUN/report.md and RUN/report.json (report_ema.* for the EMA weights)
+HUB_PROBE_TIMEOUT_S = 5.0
+PROGRESS_EVERY_S = 30.0
 
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="eval_lm.py", description=__doc__)
-    parser.add_argument("ckpt", help="checkpoint .pt file, or a run folder (its newest readable checkpoint)")
-    parser.add_argument("--tasks", required=True,
-                        help="comma-separated lm_eval task, group or tag names (`lm-eval ls tasks` lists them)")
+    parser.add_argument("ckpt", help="checkpoint .pt file, or a run folder (its newest readable checkpoint); with "
+                                     "--card also a GPT-2 preset name (gpt2, ...) or a Hugging Face GPT-2 folder")
+    parser.add_argument("--tasks", default=None,
+                        help="comma-separated lm_eval task, group or tag names (`lm-eval ls tasks` lists them); "
+                             "needed without --card. With --card: the suite's tasks unless given, none for no task, "
+                             "task:metric for the metric its card row shows (default acc)")
+    parser.add_argument("--card", action="store_true",
+                        help="the report card: val loss and bpb and the zero-shot suite, with 95%% intervals, into "
+                             "report.md and report.json")
+    parser.add_argument("--data_dir", default=None,
+                        help="with --card: the folder (or val shard) whose val split to score (default: the run's own "
+                             "val sets; needed for a Hugging Face model); none: no val figures")
+    parser.add_argument("--seq_len", type=int, default=None,
+                        help="with --card: tokens per val row (default: the run's seq_len; for a Hugging Face model "
+                             "the trainer's default, 1024)")
+    parser.add_argument("--val_tokens", type=int, default=None,
+                        help="with --card: tokens of the val window (default: the run's val_tokens; for a Hugging Face "
+                             "model the trainer's default, 10,485,760)")
     parser.add_argument("--batch_size", type=int, default=16, help="rows per forward pass (default 16)")
     parser.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"],
@@ -65,17 +111,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--wandb_mode", default=None, choices=["online", "offline", "disabled"],
                         help="W&B mode for runs that used W&B (default: the run's own)")
     args = parser.parse_args(argv)
-    tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    if not tasks:
-        raise ConfigError("--tasks: no task names given")
-    for name, low in (("batch_size", 1), ("limit", 1), ("num_fewshot", 0)):
+    for name, low in (("batch_size", 1), ("limit", 1), ("num_fewshot", 0), ("seq_len", 1), ("val_tokens", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
             raise ConfigError(f"--{name}: must be >= {low}, got {value}")
-    if not storage.exists(storage.as_location(args.ckpt)):  # before the slow task index: a typo should fail at once
-        raise CheckpointError(f"{args.ckpt}: no such checkpoint file or run folder")
-    if storage.is_url(args.ckpt) and not args.out_dir:
-        raise ConfigError(f"--out_dir: needed for a checkpoint at a URL ({args.ckpt}): where the results go")
+    if args.card:
+        return report_card(args)
+    for name in ("data_dir", "seq_len", "val_tokens"):
+        if getattr(args, name) is not None:
+            raise ConfigError(f"--{name}: only for the report card (--card)")
+    if args.tasks is None:
+        raise ConfigError("--tasks: needed without --card (comma-separated lm_eval task names)")
+    tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
+    if not tasks:
+        raise ConfigError("--tasks: no task names given")
+    if is_hf_model(args.ckpt):
+        raise ConfigError(f"{args.ckpt}: a Hugging Face model is evaluated with --card here, or with lm_eval's own "
+                          f"`--model hf` (docs/INTEROP.md)")
+    check_checkpoint_argument(args)
     if args.include_path and not Path(args.include_path).is_dir():
         raise ConfigError(f"--include_path: {args.include_path} is not a folder")
 
@@ -92,23 +145,12 @@ def main(argv: list[str]) -> int:
         raise CheckpointError(f"{path}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
                               f"tokenized with GPT-2's tokenizer, which needs {GPT2_VOCAB_SIZE}")
     model.to(runtime.device, dtype=runtime.weights_dtype)
-    lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast())
+    lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast(),
+               progress=ProgressLine(", ".join(tasks)))
     print(f"# evaluating step {state['step']} of {path} on {', '.join(tasks)} ({runtime.device}, {runtime.dtype})",
           flush=True)
-    try:
-        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, limit=args.limit,
-                                          num_fewshot=args.num_fewshot, log_samples=False)
-    except ConnectionError as e:  # datasets' "Couldn't reach ... on the Hub", offline or not cached
-        raise DataError(f"--tasks: could not load a task's data ({e}); run once where the Hugging Face Hub "
-                        f"is reachable to fill the datasets cache, then HF_DATASETS_OFFLINE=1 works") from None
-    except FileNotFoundError as e:  # a task YAML's data_files that do not resolve (from the working directory)
-        task = task_missing_data(tasks, task_manager) or ", ".join(tasks)
-        raise DataError(f"--tasks: {task}: data file not found ({e}); a relative data_files path in a task YAML "
-                        f"is read from the working directory ({Path.cwd()})") from None
-
-    settings = dict(lm_eval_version=metadata.version("lm_eval"), limit=args.limit, batch_size=args.batch_size,
-                    device=str(runtime.device), dtype=runtime.dtype,
-                    date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    results = evaluate_tasks(lm_eval, lm, tasks, task_manager, args.limit, args.num_fewshot, hub_offline())
+    settings = eval_settings(args, runtime)
     entries = task_entries(results, settings)
     if args.weights == "ema":  # beside the live weights' figures in the same file and W&B run, never over them
         entries = {f"ema/{task}": {**entry, "weights": "ema"} for task, entry in entries.items()}
@@ -119,6 +161,232 @@ def main(argv: list[str]) -> int:
     run_id = log_to_wandb(state, entries, out_dir, args.wandb_mode)
     if run_id:
         print(f"logged to W&B run {run_id}")
+    return 0
+
+
+def check_checkpoint_argument(args) -> None:
+    """A checkpoint that is not there, or one at a URL without --out_dir: one line, before the slow task index."""
+    if not storage.exists(storage.as_location(args.ckpt)):
+        raise CheckpointError(f"{args.ckpt}: no such checkpoint file or run folder")
+    if storage.is_url(args.ckpt) and not args.out_dir:
+        raise ConfigError(f"--out_dir: needed for a checkpoint at a URL ({args.ckpt}): where the results go")
+
+
+def is_hf_model(ckpt: str) -> bool:
+    """A GPT-2 preset name (OpenAI's weights) or a Hugging Face GPT-2 folder, rather than one of our checkpoints."""
+    return ckpt in PRESETS or (not storage.is_url(ckpt) and (Path(ckpt) / "config.json").is_file())
+
+
+def eval_settings(args, runtime) -> dict:
+    """How the evaluation ran, stored beside its figures."""
+    return dict(lm_eval_version=metadata.version("lm_eval") if lm_eval_installed() else None, limit=args.limit,
+                batch_size=args.batch_size, device=str(runtime.device), dtype=runtime.dtype,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+def lm_eval_installed() -> bool:
+    try:
+        metadata.version("lm_eval")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def hub_offline() -> bool:
+    """Whether task data comes from the datasets cache alone: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set,
+    or the Hub (HF_ENDPOINT, default huggingface.co) cannot be reached.
+
+    Unreachable, both are set here, in the environment and in the libraries' settings where already
+    imported: datasets would otherwise retry each of a task's files for about half a minute before it
+    gives up, and with them a task whose data is cached loads at once and one that is not fails at once.
+    """
+    flags = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    if any(os.environ.get(flag, "").upper() in ("1", "ON", "YES", "TRUE") for flag in flags):
+        return True
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=HUB_PROBE_TIMEOUT_S).close()
+        return False
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+    for flag in flags:
+        os.environ[flag] = "1"
+    for module, names in (("huggingface_hub.constants", flags[:1]), ("datasets.config", flags)):
+        for name in names if module in sys.modules else ():
+            setattr(sys.modules[module], name, True)
+    print(f"note: {endpoint.hostname} cannot be reached ({reason}): task data comes from the datasets cache alone",
+          flush=True)
+    return True
+
+
+def evaluate_tasks(lm_eval, lm, tasks: list[str], task_manager, limit: int | None, num_fewshot: int | None,
+                   offline: bool, hint: str = "") -> dict:
+    """lm_eval.simple_evaluate on tasks, with a task whose data cannot be had as one DataError line (ending
+    in hint)."""
+    try:
+        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, limit=limit,
+                                       num_fewshot=num_fewshot, log_samples=False)
+    except ConnectionError as e:  # datasets' "Couldn't reach ... on the Hub": offline, and not in the cache
+        cache = os.environ.get("HF_DATASETS_CACHE") or "the datasets cache"
+        where = "the Hugging Face Hub cannot be reached" if offline else "it could not be downloaded"
+        raise DataError(f"--tasks: {', '.join(tasks)}: the task's data is not in {cache} and {where} "
+                        f"({first_line(e, 120)}); run once where the Hub is reachable to fill the cache, then "
+                        f"HF_DATASETS_OFFLINE=1 works{hint}") from None
+    except FileNotFoundError as e:  # a task YAML's data_files that do not resolve (from the working directory)
+        task = task_missing_data(tasks, task_manager) or ", ".join(tasks)
+        raise DataError(f"--tasks: {task}: data file not found ({e}); a relative data_files path in a task YAML "
+                        f"is read from the working directory ({Path.cwd()})") from None
+
+
+def duration(seconds: float) -> str:
+    """45s, 3m07s, 2h05m."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class ProgressLine:
+    """GPTLM's progress callback: a console line at most every `every` seconds while requests are scored,
+    with what is done, the time so far and an estimate of the time left."""
+
+    def __init__(self, label: str, every: float = PROGRESS_EVERY_S, clock=time.monotonic, out=print):
+        self.label, self.every, self.clock, self.out = label, every, clock, out
+        self.start = self.last = clock()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if now - self.last < self.every or not 0 < done < total:
+            return
+        self.last = now
+        elapsed = now - self.start
+        self.out(f"{self.label}: {done:,} of {total:,} requests scored ({done / total:.0%}), {duration(elapsed)} "
+                 f"so far, about {duration(elapsed * (total - done) / done)} left", flush=True)
+
+
+def card_tasks(text: str | None) -> dict[str, str]:
+    """--tasks of the card as {task: metric}: the suite by default, {} for none."""
+    if text is None:
+        return dict(SUITE)
+    if text.strip() == "none":
+        return {}
+    tasks = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        task, _, metric = part.partition(":")
+        tasks[task.strip()] = metric.strip() or SUITE.get(task.strip(), DEFAULT_METRIC)
+    if not tasks:
+        raise ConfigError("--tasks: no task names given (none: the card without tasks)")
+    return tasks
+
+
+def load_card_model(args):
+    """(model on the CPU, the card's description of it, the trainer config it was trained with or None,
+    the folder its report goes to)."""
+    if is_hf_model(args.ckpt):
+        if args.weights != "live":
+            raise ConfigError(f"--weights: {args.weights} needs one of our checkpoints; {args.ckpt} has its weights "
+                              f"only")
+        if not args.out_dir:
+            raise ConfigError(f"--out_dir: needed for {args.ckpt}: where report.md and report.json go")
+        model = load_hf_gpt2(args.ckpt)
+        return model, {"name": f"Hugging Face GPT-2 {args.ckpt}", "hf_model": args.ckpt}, None, Path(args.out_dir)
+    model, state, path = read_model(args.ckpt, "eval_lm.py", args.weights)
+    name = f"step {state['step']} of {path}" + (" (EMA weights)" if args.weights == "ema" else "")
+    described = {"name": name, "checkpoint": str(path), "step": state["step"], "tokens_seen": state.get("tokens_seen"),
+                 "weights": args.weights}
+    return model, described, state.get("config"), Path(args.out_dir) if args.out_dir else run_folder(path)
+
+
+def card_val_window(args, config: dict | None, block_size: int) -> tuple[dict[str, str], int, int]:
+    """(the val sets to score {name: folder or shard}, seq_len, val_tokens) of the card."""
+    if args.data_dir == "none":
+        return {}, 0, 0
+    if args.data_dir is None and config is None:
+        raise ConfigError(f"--data_dir: needed for {args.ckpt}'s val loss and bpb (the folder whose val split to "
+                          f"score, your run's data_dir to compare; none leaves them out)")
+    defaults = config or vars(trainer_defaults([]))
+    sets = {"val": args.data_dir} if args.data_dir else parse_val_sets(defaults.get("val_sets") or "",
+                                                                        defaults["data_dir"])
+    seq_len = args.seq_len or (defaults["seq_len"] if config else min(defaults["seq_len"], block_size))
+    if seq_len > block_size:
+        raise ConfigError(f"--seq_len: {seq_len} exceeds the model's block_size {block_size}")
+    return sets, seq_len, args.val_tokens or defaults["val_tokens"]
+
+
+def report_card(args) -> int:
+    """eval_lm.py --card: see the module docstring."""
+    tasks = card_tasks(args.tasks)
+    if args.num_fewshot:
+        raise ConfigError(f"--num_fewshot: the report card is zero-shot, got {args.num_fewshot}")
+    if args.wandb_mode is not None:
+        raise ConfigError("--wandb_mode: the report card logs nothing to W&B (its files are report.md and report.json)")
+    if not is_hf_model(args.ckpt):
+        check_checkpoint_argument(args)
+    if args.include_path and not Path(args.include_path).is_dir():
+        raise ConfigError(f"--include_path: {args.include_path} is not a folder")
+    if tasks:  # the task names first: a typo is one line before the model loads
+        lm_eval = import_lm_eval()
+        from lm_eval.tasks import TaskManager
+        from evals.lm_eval_harness import GPTLM
+
+        task_manager = task_manager_for(list(tasks), args.include_path, TaskManager)
+        check_tasks(list(tasks), task_manager.all_tasks)
+    model, described, config, out_dir = load_card_model(args)
+    sets, seq_len, val_tokens = card_val_window(args, config, model.config.block_size)
+    if tasks and model.config.vocab_size < GPT2_VOCAB_SIZE:
+        raise CheckpointError(f"{args.ckpt}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
+                              f"tokenized with GPT-2's tokenizer, which needs {GPT2_VOCAB_SIZE} (--tasks none: the "
+                              f"val figures alone)")
+    runtime = resolve_runtime(args.device, args.dtype, compile=False, loss_chunk_size=0)
+    model.to(runtime.device, dtype=runtime.weights_dtype).eval()
+    print(f"# report card of {described['name']} ({runtime.device}, {runtime.dtype})", flush=True)
+
+    val = []
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
+    for name, data in sets.items():
+        start = time.monotonic()
+        loader = ValLoader(data, seq_len, val_tokens, args.batch_size)
+        rows = val_row_losses(model, loader, env, runtime.autocast())
+        figures = val_figures(name, str(data), rows, seq_len, loader.target_bytes(token_byte_lengths()))
+        val.append(figures)
+        bpb, took = figures["bpb"]["value"], duration(time.monotonic() - start)
+        print(f"val{'' if name == 'val' else ' ' + name}: loss {figures['loss']['value']:.4f}"
+              + ("" if bpb is None else f", {bpb:.4f} bpb")
+              + f" over {figures['rows']:,} rows of {seq_len:,} tokens ({took})", flush=True)
+
+    settings = eval_settings(args, runtime)
+    scored = {}
+    if tasks:
+        offline = hub_offline()  # probed only now: a problem found before costs no network round trip
+        lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast())
+        for i, (task, metric) in enumerate(tasks.items(), 1):
+            label, start = f"[{i}/{len(tasks)}] {task}", time.monotonic()
+            print(f"{label}: scoring", flush=True)
+            lm.progress = ProgressLine(label)
+            results = evaluate_tasks(lm_eval, lm, [task], task_manager, args.limit, 0, offline,
+                                     hint="; --tasks none: the card's val figures alone")
+            entries = task_entries(results, settings)
+            entry = entries.get(task) or next(iter(entries.values()))
+            if metric not in entry["metrics"]:
+                names = ", ".join(m for m in entry["metrics"] if "_stderr" not in m)
+                raise ConfigError(f"--tasks: {task} has no metric {metric!r} (it has {names})")
+            figure = scored[task] = task_figure(task, metric, entry)
+            interval = "" if figure["ci95"] is None else f" ({figure['ci95'][0]:.4f}-{figure['ci95'][1]:.4f})"
+            print(f"{label}: {metric} {figure['value']:.4f}{interval} on {figure['n']} examples "
+                  f"({duration(time.monotonic() - start)})", flush=True)
+
+    card = build_card(described, settings, val, scored)
+    markdown = card_markdown(card)
+    name = REPORT + ("_ema" if args.weights == "ema" else "")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WriteError(f"{out_dir}: cannot create ({e.strerror or e})") from None
+    write_text_file(out_dir / f"{name}.json", json.dumps(card, indent=2) + "\n")
+    write_text_file(out_dir / f"{name}.md", markdown)
+    print(markdown + f"\nwritten: {out_dir / name}.md, {out_dir / name}.json")
     return 0
 
 

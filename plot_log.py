@@ -39,7 +39,7 @@ import yaml  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from common.errors import ArgumentParser, DataError, WriteError, run_cli  # noqa: E402
-from common.log_fields import VAL_RECORD_FIELDS  # noqa: E402
+from common.log_fields import val_set_names  # noqa: E402
 from evals.base import EMA_PREFIX, TRAIN_LOSS, Series, averaged_series  # noqa: E402
 from evals.periodic import EVALUATORS  # noqa: E402
 from training.observe.logger import LOG_NAME, read_log  # noqa: E402
@@ -184,20 +184,15 @@ def applicable_references(configs: list[dict], mode: str) -> tuple[bool, list[tu
 SET_STYLES = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1)), "D")]  # (line style, marker) of each val set
 
 
-def named_sets(record: dict) -> list[str]:
-    """The named val sets of one val record (evals/val_loss.py): [] for a record of the one default set."""
-    return [k for k in record if k not in VAL_RECORD_FIELDS and not k.startswith(EMA_PREFIX)]
-
-
 def val_sets(records: list[dict]) -> list[str]:
     """The named val sets of a run's val records: [] where every record is of the one default set."""
-    return list({k: None for r in records if r.get("kind") == "val" for k in named_sets(r)})
+    return list({k: None for r in records if r.get("kind") == "val" for k in val_set_names(r)})
 
 
 def without_named_sets(records: list[dict]) -> list[dict]:
     """The records, less the val records of named sets: their `loss` is the first set's, drawn as that set's
     curve. The val records of the one default set (a run before it named sets) stay: the plain val curve."""
-    return [r for r in records if not (r.get("kind") == "val" and named_sets(r))]
+    return [r for r in records if not (r.get("kind") == "val" and val_set_names(r))]
 
 
 def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | None = None,

@@ -3,27 +3,36 @@
 Two kinds of name become fields:
 
 - a val set's name (val_sets, or by default each mixture source's folder name): the val record holds
-  that set's loss under the name, and the EMA weights' loss under `ema_<name>` (evals/periodic.py);
+  that set's loss under the name, its bits per byte under `bpb_<name>` (evals/val_loss.py), and the EMA
+  weights' figures under `ema_<field>` (evals/periodic.py);
 - a mixture source's name (its folder's last part): the train record holds its tokens so far under
   `tokens_<name>`.
 
 A name may make no field that its record has for another reason: none of the record's own fields
 (VAL_RECORD_FIELDS, TRAIN_RECORD_FIELDS), and no val set name starting with a prefix that another
 figure's field is made with (`ema_`: the EMA of set `x` is `ema_x`, so a set named `ema_x` would be
-overwritten by it, and every reader takes `ema_*` fields for EMA figures). Such a name is refused before
-any work starts, with one `error:` line naming the key that gave it; nothing is renamed silently, so
+overwritten by it, and every reader takes `ema_*` fields for EMA figures; `bpb_` likewise). Such a name
+is refused before any work starts, with one `error:` line naming the key that gave it; nothing is renamed silently, so
 each field of the log means what its name says. A field added to one of these records joins its list.
 """
 
 from __future__ import annotations
 
 EMA_PREFIX = "ema_"  # of the fields an evaluation of the EMA weights adds to its record (evals/periodic.py)
-VAL_RECORD_FIELDS = ("kind", "step", "tokens", "loss")  # a val record's own fields (evals/val_loss.py)
-VAL_SET_PREFIXES = (EMA_PREFIX,)  # prefixes of the fields made from a val set's name
+BPB = "bpb"  # the val record's bits per byte of its first set (evals/val_loss.py)
+BPB_PREFIX = "bpb_"  # of each named set's bits per byte
+VAL_RECORD_FIELDS = ("kind", "step", "tokens", "loss", BPB)  # a val record's own fields (evals/val_loss.py)
+VAL_SET_PREFIXES = (EMA_PREFIX, BPB_PREFIX)  # prefixes of the fields made from a val set's name
 # a train record's own fields (train_gpt2.py's StepRecords), besides tokens_<source>
 TRAIN_RECORD_FIELDS = ("kind", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "step_ms", "skipped",
                        "mfu", "peak_mem_gb")
 SOURCE_TOKENS_PREFIX = "tokens_"  # a mixture source's train tokens: tokens_<source>
+
+
+def val_set_names(record: dict) -> list[str]:
+    """The named val sets of a val record ([] for the one default set): its fields that are neither the
+    record's own nor another figure of a set (bpb_<name>, ema_<field>)."""
+    return [k for k in record if k not in VAL_RECORD_FIELDS and not k.startswith(VAL_SET_PREFIXES)]
 
 
 def val_set_name_problem(name: str) -> str | None:
@@ -34,8 +43,9 @@ def val_set_name_problem(name: str) -> str | None:
         return f"{name!r} is a field of the val record itself ({', '.join(VAL_RECORD_FIELDS)})"
     for prefix in VAL_SET_PREFIXES:
         if name.startswith(prefix):
-            return (f"{name!r} starts with {prefix!r}, the prefix of the EMA weights' figures "
-                    f"({prefix}<set> is set <set>'s)")
+            return (f"{name!r} starts with {prefix!r}, the prefix of "
+                    + ("the EMA weights' figures" if prefix == EMA_PREFIX else "each set's bits per byte")
+                    + f" ({prefix}<set> is set <set>'s)")
     return None
 
 

@@ -354,6 +354,16 @@ class ValLoader:
         """The most batches any rank scores (rank 0's share)."""
         return -(-self.num_batches // self.world_size)
 
+    def target_bytes(self, byte_lengths: np.ndarray, rows_at_once: int = 1024) -> int:
+        """The bytes of text the whole window's targets stand for (every row, whatever this rank
+        scores): byte_lengths[id] summed over the targets y of rows [0, num_rows). The same on
+        every rank; bits per byte divides by it (evals/val_loss.py)."""
+        total = 0
+        for first in range(0, self.num_rows, rows_at_once):
+            _, y = self.stream.read(first, min(rows_at_once, self.num_rows - first))  # (n, T) each
+            total += int(byte_lengths[y].sum())
+        return total
+
     def batches(self):
         """Yield (batch index, x, y), x and y of shape (b, T) with b <= batch_size: this rank's batches."""
         for index in range(self.rank, self.num_batches, self.world_size):

@@ -66,3 +66,20 @@ def tokenize_document(text: str):
     if ids.size and (ids.min() < 0 or ids.max() >= 2**16):
         raise ValueError(f"token id {ids.max()} does not fit in uint16")
     return ids.astype(np.uint16)
+
+
+@functools.lru_cache(maxsize=1)
+def token_byte_lengths():
+    """The UTF-8 bytes of text each token id stands for, as an int64 numpy array indexed by any
+    uint16 id (65,536 entries): what bits per byte divides by (evals/val_loss.py).
+
+    A token's bytes are its BPE bytes, so the ids of a text add up to the UTF-8 length of that
+    text. <|endoftext|> counts 0: it separates documents and is no text of theirs. Ids past
+    GPT-2's vocabulary (the embedding's padding rows) never occur in shards and count 0.
+    """
+    import numpy as np
+
+    lengths = np.zeros(2**16, dtype=np.int64)
+    for token, rank in load_bpe_ranks().items():
+        lengths[rank] = len(token)
+    return lengths

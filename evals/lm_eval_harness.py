@@ -26,7 +26,7 @@ batch, C = n_embd, V = vocab_size.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from lm_eval.api.model import LM
@@ -46,10 +46,12 @@ class GPTLM(LM):
     """lm_eval's three request types over a GPT in eval mode, on one device."""
 
     def __init__(self, model: GPT, tokenizer, device: torch.device, batch_size: int = 16,
-                 autocast: contextlib.AbstractContextManager | None = None, seed: int = 1234):
+                 autocast: contextlib.AbstractContextManager | None = None, seed: int = 1234,
+                 progress: Callable[[int, int], None] | None = None):
         """tokenizer: the GPT-2 tiktoken encoding (data.tokenizer.get_tokenizer); batch_size: rows
         per forward pass; autocast: the forward's precision context (bf16 autocast, or none);
-        seed: for generation requests that ask to sample."""
+        seed: for generation requests that ask to sample; progress: called as progress(done, total)
+        after each batch of scored requests (eval_lm.py's progress line)."""
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -59,6 +61,7 @@ class GPTLM(LM):
         self.batch_size = batch_size
         self.autocast = autocast or contextlib.nullcontext()
         self.seed = seed
+        self.progress = progress
         self.block_size = model.config.block_size
         self.valid_vocab = tokenizer.n_vocab  # 50257: ids above are embedding padding, never tokens
 
@@ -129,6 +132,8 @@ class GPTLM(LM):
             batch = order[start:start + self.batch_size]
             for i, result in zip(batch, self._score_rows([rows[i] for i in batch])):
                 results[i] = result
+            if self.progress:
+                self.progress(start + len(batch), len(order))
         return results
 
     def _score_rows(self, rows: list[tuple[list[int], int]]) -> list[tuple[float, bool]]:

@@ -1,12 +1,14 @@
-"""The faithful recipe against the modern one on the demo model: val loss, and steps to the same loss.
+"""The faithful recipe against the modern one on the demo model, over seeds: val loss, bpb, steps to the same loss.
 
     python prep/shakespeare.py
-    python scripts/compare_recipes.py                      # seeds 1337 1 2, ~30 minutes on 2 CPU cores
-    python scripts/compare_recipes.py --seeds 7 --out /tmp/recipes
+    python scripts/compare_recipes.py                      # seeds 1337 1 2: 6 runs, 35 minutes on 2 busy CPU cores
+    python scripts/compare_recipes.py --seeds 7 8 --out /tmp/recipes
     python scripts/compare_recipes.py --gpu --seeds 1337      # GPT-2 124M on one GPU (scripts/gpu_check.sh)
 
-Both recipes train configs/demo.yaml's model (4 layers, 128 wide) on the same Shakespeare tokens
-for the same 600 steps of 2,048 tokens, with val loss every 25 steps:
+Both recipes train configs/demo.yaml as it is (its model, batch and max_steps: the steps are read from
+the file, so the two cannot drift apart) on the same Shakespeare tokens, with val loss every 25 steps
+and an EMA of the weights over the second half (--ema_decay 0.98 --ema_start 0.5: it never changes
+the training, and gives the README's live-vs-EMA figures from the same runs):
 - faithful: the config as it is (AdamW on every parameter, warmup + cosine, rows in order);
 - modern: `--optimizer muon --lr_schedule wsd --cooldown_shape 1-sqrt --shuffle true` (Muon on
   the blocks' matrices, AdamW on the rest; warmup, constant lr, a cooldown over the last 20%;
@@ -14,11 +16,13 @@ for the same 600 steps of 2,048 tokens, with val loss every 25 steps:
 --gpu trains GPT-2 124M instead (T=1024, 65,536 tokens a step, 300 steps, compiled, val every 25
 steps over 65,536 tokens) on the same Shakespeare shards: a few hundred steps on the same tokens,
 many epochs of a small corpus, so a comparison of the recipes' speed rather than of quality.
-For each seed the target is the faithful run's final val loss; a recipe's steps to it are those
-of its first val record at or below it (val is measured every 25 steps). Writes each run's
-folder (OUT/RECIPE_sSEED/), OUT/recipes.md (the table) and OUT/recipes.png (plot_log.py of
-every run), and OUT/recipes.json (the same rows). A run folder that already holds its final val
-record is reused, not retrained.
+
+For each seed the target is the faithful run's final val loss; a recipe's steps to it are those of
+its first val record at or below it (val is measured every 25 steps). Over the seeds, compare_runs.py
+compares the recipes (Welch's t-test of the final val loss and bpb) and each recipe's live weights
+with their EMA (paired). Writes each run's folder (OUT/RECIPE_sSEED/), OUT/recipes.md (the tables),
+OUT/recipes.json (the per-seed rows) and OUT/recipes.png (plot_log.py of the first seed's two runs).
+A run folder that already holds its final val record is reused, not retrained.
 """
 
 from __future__ import annotations
@@ -30,15 +34,21 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from compare_runs import compare, format_rows  # noqa: E402
 from training.observe.logger import read_log  # noqa: E402
 
+DEMO = REPO / "configs" / "demo.yaml"
+EMA = ["--ema_decay", "0.98", "--ema_start", "0.5"]
 SETTINGS = {  # (max_steps, arguments of both recipes)
-    "cpu": (600, ["--config", "configs/demo.yaml"]),  # the demo: 600 steps of 2,048 tokens
+    "cpu": (yaml.safe_load(DEMO.read_text())["max_steps"], ["--config", "configs/demo.yaml", *EMA]),
     "gpu": (300, ["--model", "gpt2", "--data_dir", "data/shakespeare", "--block_size", "1024", "--seq_len", "1024",
                   "--total_batch_size", "65536", "--micro_batch_size", "64", "--max_steps", "300",
                   "--warmup_steps", "30", "--val_tokens", "65536", "--hellaswag_interval", "0", "--device", "cuda",
@@ -61,20 +71,66 @@ def val_curve(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_log(log) if r["kind"] == "val"} if log.exists() else {}
 
 
-def train(run: Path, seed: int, recipe: str, max_steps: int, settings: list[str]) -> None:
+def train(run: Path, seed: int, recipe: str, max_steps: int, settings: list[str]) -> float:
+    """Train one run (unless its folder already holds its final val record); the seconds it took (0 if reused)."""
     if max_steps in val_curve(run):
         print(f"{run}: done already, reused")
-        return
+        return 0.0
     shutil.rmtree(run, ignore_errors=True)
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "17179869184", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
     command = [sys.executable, "train_gpt2.py", *settings, *COMMON, "--out_dir", str(run), "--seed", str(seed),
                *RECIPES[recipe]]
     print(" ".join(command), flush=True)
+    start = time.monotonic()
     subprocess.run(command, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.monotonic() - start
+
+
+def final_val(run: Path) -> dict:
+    """A run's last val record."""
+    return max((r for r in read_log(run / "log.jsonl") if r.get("kind") == "val"), key=lambda r: r["step"])
 
 
 def steps_to(curve: dict[int, float], target: float) -> int | None:
     return next((step for step in sorted(curve) if curve[step] <= target), None)
+
+
+def seed_rows(runs: dict[tuple[str, int], Path], seeds: list[int], setting: str) -> list[dict]:
+    """Per seed: both recipes' final val loss (each run's last val record) and the steps each took to reach
+    the faithful run's."""
+    rows = []
+    for seed in seeds:
+        faithful, modern = val_curve(runs["faithful", seed]), val_curve(runs["modern", seed])
+        target, modern_final = faithful[max(faithful)], modern[max(modern)]
+        f_steps, m_steps = steps_to(faithful, target), steps_to(modern, target)
+        rows.append({"seed": seed, "faithful_final_val": target, "modern_final_val": modern_final,
+                     "faithful_steps": f_steps, "modern_steps": m_steps,
+                     "speedup": f_steps / m_steps if m_steps else None, "setting": setting})
+    return rows
+
+
+def tables(rows: list[dict], runs: dict[tuple[str, int], Path], seeds: list[int]) -> list[str]:
+    """The per-seed table, then compare_runs.py's: the recipes over the seeds, and each recipe's EMA against
+    its live weights (where the runs kept an EMA)."""
+    lines = ["| seed | faithful final val | modern final val | faithful steps to it | modern steps to it | "
+             "speed-up |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+        lines.append(f"| {r['seed']} | {r['faithful_final_val']:.4f} | {r['modern_final_val']:.4f} | "
+                     f"{r['faithful_steps']} | {r['modern_steps'] or 'not reached'} | {speedup} |")
+    speedups = [r["speedup"] for r in rows if r["speedup"]]
+    if speedups:
+        lines.append(f"\nMean speed-up over {len(speedups)} seed(s): {statistics.mean(speedups):.2f}x "
+                     f"(min {min(speedups):.2f}x, max {max(speedups):.2f}x).")
+    group = {recipe: [runs[recipe, seed] for seed in seeds] for recipe in RECIPES}
+    lines += ["", f"The recipes over {len(seeds)} seed(s) (compare_runs.py, Welch's t-test):", "",
+              format_rows(compare(group["faithful"], group["modern"], names=("faithful", "modern")),
+                          ("faithful", "modern"))]
+    for recipe, folders in group.items():
+        if len(folders) > 1 and all("ema_loss" in final_val(folder) for folder in folders):
+            lines += ["", f"{recipe}: the live weights against their EMA, the same runs (paired t-test):", "",
+                      format_rows(compare(folders, folders, "live", "ema", names=("live", "EMA")), ("live", "EMA"))]
+    return lines
 
 
 def main() -> None:
@@ -88,32 +144,17 @@ def main() -> None:
     max_steps, settings = SETTINGS[setting]
 
     runs = {(recipe, seed): args.out / f"{recipe}_s{seed}" for seed in args.seeds for recipe in RECIPES}
-    for (recipe, seed), run in runs.items():
-        train(run, seed, recipe, max_steps, settings)
-
-    rows, speedups, records = [], [], []
-    for seed in args.seeds:
-        faithful, modern = val_curve(runs["faithful", seed]), val_curve(runs["modern", seed])
-        target = faithful[max_steps]
-        f_steps, m_steps = steps_to(faithful, target), steps_to(modern, target)
-        speedup = f_steps / m_steps if m_steps else None
-        if speedup:
-            speedups.append(speedup)
-        records.append({"seed": seed, "faithful_final_val": target, "modern_final_val": modern[max_steps],
-                        "faithful_steps": f_steps, "modern_steps": m_steps, "speedup": speedup,
-                        "setting": setting})
-        rows.append(f"| {seed} | {target:.4f} | {modern[max_steps]:.4f} | {f_steps} | {m_steps or 'not reached'} "
-                    f"| {f'{speedup:.2f}x' if speedup else '-'} |")
-    table = ["| seed | faithful final val | modern final val | faithful steps to it | modern steps to it | "
-             "speed-up |", "| --- | --- | --- | --- | --- | --- |", *rows]
-    if speedups:
-        table.append(f"\nMean speed-up over {len(speedups)} seed(s): {statistics.mean(speedups):.2f}x "
-                     f"(min {min(speedups):.2f}x, max {max(speedups):.2f}x).")
-    (args.out / "recipes.md").write_text("\n".join(table) + "\n")
-    (args.out / "recipes.json").write_text(json.dumps(records, indent=2) + "\n")
-    print("\n".join(table))
-    subprocess.run([sys.executable, "plot_log.py", *map(str, runs.values()), "-o", str(args.out / "recipes.png"),
-                    "--smooth", "20", "--title", "demo model: faithful vs modern recipe"], cwd=REPO, check=True)
+    took = [train(run, seed, recipe, max_steps, settings) for (recipe, seed), run in runs.items()]
+    if any(took):
+        print(f"trained {sum(t > 0 for t in took)} runs in {sum(took) / 60:.1f} minutes", flush=True)
+    rows = seed_rows(runs, args.seeds, setting)
+    text = "\n".join(tables(rows, runs, args.seeds)) + "\n"
+    (args.out / "recipes.md").write_text(text)
+    (args.out / "recipes.json").write_text(json.dumps(rows, indent=2) + "\n")
+    print(text, end="")
+    first = [str(runs[recipe, args.seeds[0]]) for recipe in RECIPES]  # one seed's runs: a legend that leaves room
+    subprocess.run([sys.executable, "plot_log.py", *first, "-o", str(args.out / "recipes.png"), "--smooth", "20",
+                    "--title", f"demo model: faithful vs modern recipe (seed {args.seeds[0]})"], cwd=REPO, check=True)
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ def test_every_entry_point_answers_bad_input_with_one_line_and_exit_2(script, ar
 def test_entry_points_end_with_run_cli():
     """Every script's __main__ goes through the same wrapper (so the in-process test above is what runs)."""
     for script in ("train_gpt2.py", "sample.py", "export_hf.py", "scripts/bench.py", "plot_log.py", "eval_lm.py",
-                   "prep/fineweb.py", "prep/shakespeare.py", "prep/hellaswag.py"):
+                   "compare_runs.py", "prep/fineweb.py", "prep/shakespeare.py", "prep/hellaswag.py"):
         assert "run_cli(" in (REPO / script).read_text().split('if __name__ == "__main__":')[1], script
 
 

@@ -159,7 +159,7 @@ def test_no_average_is_evaluated_before_ema_start(shards, tmp_path):
     logged = []
     ctx.logger.log = logged.append
     PeriodicEvaluation(ctx, run.strategy, tokenizer=None).run_due(run, last_step=True, agree_to_stop=lambda: False)
-    assert [sorted(r) for r in logged] == [["kind", "loss", "step", "tokens"]]
+    assert [sorted(r) for r in logged] == [["bpb", "kind", "loss", "step", "tokens"]]
 
 
 # --- checkpoints, resume and the readers (processes) ------------------------------------------------------
@@ -205,8 +205,8 @@ def test_ema_on_trains_bitwise_like_ema_off(straight):
     on, off = load_weights(straight["on"], 6), load_weights(straight["off"], 6)
     assert all(torch.equal(on[k], off[k]) for k in off)
     assert [r["loss"] for r in val_records(straight["on"])] == [r["loss"] for r in val_records(straight["off"])]
-    assert [sorted(k for k in r if k.startswith("ema_")) for r in val_records(straight["on"])] == [[], ["ema_loss"],
-                                                                                                   ["ema_loss"]]
+    assert [sorted(k for k in r if k.startswith("ema_")) for r in val_records(straight["on"])] == [
+        [], ["ema_bpb", "ema_loss"], ["ema_bpb", "ema_loss"]]
     assert "ema" not in read_full_state(straight["off"] / "checkpoints" / "step_00000006.pt")
 
 

@@ -7,6 +7,7 @@ temp folder, and the Hub is switched off so a preset name fails fast instead of 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -276,3 +277,41 @@ def test_init_from_preset_offline_is_a_one_line_error(shards, tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: init_from: gpt2: could not fetch openai-community/gpt2")
+
+
+def test_the_report_card_of_a_hugging_face_model_is_that_of_its_transformers_logits(hf_model, shards, tmp_path, capfd,
+                                                                                     monkeypatch):
+    """`eval_lm.py FOLDER --card` (as for `gpt2`, OpenAI's weights): val loss and bpb equal transformers' own
+    cross-entropy on the same 8 rows of 32 tokens, and the fixture task's acc the in-loop HellaSwag's."""
+    pytest.importorskip("lm_eval")
+    import numpy as np
+    import torch.nn.functional as F
+
+    from common.errors import run_cli
+    from data.tokenizer import EOT_TOKEN
+    from eval_lm import main
+    from evals.hellaswag import HellaSwag
+    from training.distributed.process_group import DistEnv
+
+    model, folder = hf_model
+    fixtures = REPO / "tests" / "fixtures" / "lm_eval"
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    argv = [str(folder), "--card", "--data_dir", str(shards), "--seq_len", "32", "--val_tokens", "256", "--tasks",
+            "hellaswag_fixture", "--include_path", str(fixtures), "--device", "cpu", "--dtype", "float32",
+            "--out_dir", str(tmp_path)]
+    assert run_cli(main, argv) == 0
+    card = json.loads((tmp_path / "report.json").read_text())
+    tokens = torch.from_numpy(np.load(next(shards.glob("*_val_*.npy"))).astype(np.int64)[:8 * 32 + 1])
+    x, y = tokens[:-1].view(8, 32), tokens[1:].view(8, 32)
+    loss_sum = F.cross_entropy(hf_logits(model, x).flatten(0, 1), y.flatten(), reduction="sum").item()
+    n_bytes = len(get_tokenizer().decode_bytes([t for t in y.flatten().tolist() if t != EOT_TOKEN]))
+    (val,) = card["val"]
+    assert val["loss"]["value"] == pytest.approx(loss_sum / 256, rel=1e-5)
+    assert val["bpb"]["value"] == pytest.approx(loss_sum / (n_bytes * math.log(2)), rel=1e-5) and val["bytes"] == n_bytes
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
+    in_loop = HellaSwag(str(fixtures / "hellaswag_fixture.jsonl"), 0, env, get_tokenizer()).accuracy(
+        load_hf_gpt2(str(folder)).eval())
+    assert card["tasks"]["hellaswag_fixture"]["value"] == in_loop["acc"]
+    assert card["model"] == {"name": f"Hugging Face GPT-2 {folder}", "hf_model": str(folder)}
+    assert f"# Report card: Hugging Face GPT-2 {folder}" in capfd.readouterr().out

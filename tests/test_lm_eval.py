@@ -9,9 +9,11 @@ The fixture tasks find their data file beside their YAML, from any working direc
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,7 +123,7 @@ def test_bad_arguments_and_a_missing_checkpoint_are_one_error_line(tmp_path, cap
         (["--tasks", "hellaswag", str(tmp_path / "missing")], "no such checkpoint file or run folder"),
         ([str(tmp_path), "--tasks", "hellaswag", "--batch_size", "0"], "--batch_size: must be >= 1, got 0"),
         ([str(tmp_path), "--tasks", " , "], "--tasks: no task names given"),
-        ([str(tmp_path)], "the following arguments are required: --tasks"),
+        ([str(tmp_path)], "--tasks: needed without --card (comma-separated lm_eval task names)"),
     ]
     from eval_lm import check_tasks, main
 
@@ -246,11 +248,19 @@ def test_an_unknown_task_is_one_error_line_before_the_model_loads(tmp_path, capf
 
 @pytest.mark.slow
 def test_a_task_whose_data_is_not_cached_offline_is_one_error_line(evaluated_run, tmp_path):
-    empty_cache = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
-    proc = eval_lm(str(evaluated_run[0]), "--tasks", "arc_easy", "--limit", "2", extra_env=empty_cache)
+    """The offline flags unset but the Hub unreachable (a closed local port): one note, then one error line naming
+    the task and the cache, and no retries (datasets' own would take ~25 s). With HF_DATASETS_OFFLINE=1 set by the
+    user the same flags are set from the start (test_an_unreachable_hub_is_one_note_and_then_the_cache_alone)."""
+    cache = tmp_path / "hf" / "datasets"
+    unreachable = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(cache), "HF_ENDPOINT": "http://127.0.0.1:9",
+                   "HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": "", "TRANSFORMERS_OFFLINE": ""}
+    proc = eval_lm(str(evaluated_run[0]), "--tasks", "arc_easy", "--limit", "2", extra_env=unreachable)
     assert proc.returncode == 2
     (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert line.startswith("error: --tasks: could not load a task's data (Couldn't reach") and "HF_DATASETS_OFFLINE" in line
+    assert line.startswith(f"error: --tasks: arc_easy: the task's data is not in {cache} and the Hugging Face Hub "
+                           f"cannot be reached (Couldn't reach") and "HF_DATASETS_OFFLINE=1 works" in line, line
+    assert "Retry" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout.splitlines()[1].startswith("note: 127.0.0.1 cannot be reached (")  # after the "# evaluating" line
 
 
 @pytest.mark.slow
@@ -274,3 +284,146 @@ def test_the_fixture_task_finds_its_data_from_any_folder_and_a_missing_file_is_o
     (line,) = [line for line in missing.stderr.splitlines() if line.startswith("error:")]
     assert line.startswith("error: --tasks: mine: data file not found") and "data/mine.jsonl" in line, line
     assert "Traceback" not in missing.stderr
+
+
+# --- the report card (eval_lm.py --card) -------------------------------------------------------
+
+
+def direct_val_figures(model, data_dir, seq_len: int, rows: int) -> tuple[list[float], int]:
+    """Each row's summed token loss over the first `rows` rows of data_dir's val shard (F.cross_entropy on the
+    model's logits), and the UTF-8 bytes of the text its targets decode to: the card's val figures by hand."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    (shard,) = Path(data_dir).glob("*_val_*.npy")
+    tokens = torch.from_numpy(np.load(shard).astype(np.int64)[:rows * seq_len + 1])
+    x, y = tokens[:-1].view(rows, seq_len), tokens[1:].view(rows, seq_len)
+    with torch.no_grad():
+        logits, _ = model(x, y)  # (rows, T, V) with targets: every position's logits
+        losses = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view(rows, seq_len)
+    return losses.sum(dim=1).tolist(), len(get_tokenizer().decode_bytes([t for t in y.flatten().tolist() if t != EOT_TOKEN]))
+
+
+def expected_card_rows(row_sums: list[float], seq_len: int, n_bytes: int) -> dict:
+    """val loss and bpb with their intervals, from the rows' summed losses: the mean, Student's t over the rows'
+    mean losses (statistics.stdev; the t quantile is tested in test_stats.py), and the same scaled to bits per byte."""
+    import math
+    import statistics
+
+    from evals.stats import t_quantile
+
+    rows = len(row_sums)
+    loss = sum(row_sums) / (rows * seq_len)
+    half = t_quantile(0.975, rows - 1) * statistics.stdev(s / seq_len for s in row_sums) / math.sqrt(rows)
+    scale = rows * seq_len / (n_bytes * math.log(2))
+    return {"loss": (loss, loss - half, loss + half), "bpb": (loss * scale, (loss - half) * scale, (loss + half) * scale)}
+
+
+@pytest.mark.slow
+def test_the_card_of_a_run_equals_a_direct_computation(evaluated_run, tmp_path, capfd, offline):
+    """`eval_lm.py RUN --card` on the fixture tasks, in this process: val loss and bpb (8 rows of 32 tokens) against
+    F.cross_entropy and the decoded bytes; acc and acc_norm_tokens against the in-loop HellaSwag of the same step,
+    each accuracy with Wilson's interval of k right of 20."""
+    from eval_lm import main
+    from evals.stats import wilson_interval
+    from training.checkpoint.folder import read_model
+
+    out, _ = evaluated_run
+    argv = [str(out), "--card", "--tasks", "hellaswag_fixture,hellaswag_fixture_tokens:acc_norm_tokens", "--include_path",
+            str(FIXTURES), "--device", "cpu", "--dtype", "float32", "--out_dir", str(tmp_path)]
+    assert run_cli(main, argv) == 0
+    printed = capfd.readouterr().out
+    card = json.loads((tmp_path / "report.json").read_text())
+    model, state, _ = read_model(out, "test")
+    row_sums, n_bytes = direct_val_figures(model.eval(), state["config"]["data_dir"], 32, 8)
+    (val,) = card["val"]
+    assert (val["set"], val["rows"], val["seq_len"], val["bytes"]) == ("val", 8, 32, n_bytes)
+    for name, (value, low, high) in expected_card_rows(row_sums, 32, n_bytes).items():
+        assert val[name]["value"] == pytest.approx(value, rel=1e-6) and val[name]["n"] == 8
+        assert val[name]["ci95"] == pytest.approx([low, high], rel=1e-6)
+    (logged,) = [r for r in read_log(out / "log.jsonl") if r["kind"] == "val" and r["step"] == 2]
+    assert val["loss"]["value"] == logged["loss"] and val["bpb"]["value"] == logged["bpb"]  # the trainer's own figures
+    (in_loop,) = [r for r in read_log(out / "log.jsonl") if r["kind"] == "hellaswag" and r["step"] == 2]
+    tasks = card["tasks"]
+    for task, metric, value in (("hellaswag_fixture", "acc", in_loop["acc"]),
+                                ("hellaswag_fixture_tokens", "acc_norm_tokens", in_loop["acc_norm"])):
+        assert (tasks[task]["metric"], tasks[task]["value"], tasks[task]["n"]) == (metric, value, 20)
+        assert tasks[task]["ci95"] == pytest.approx(list(wilson_interval(round(value * 20), 20)), abs=1e-12)
+        low, high = tasks[task]["ci95"]
+        assert f"| {task} {metric} | {value:.4f} | {low:.4f} – {high:.4f} | 20 |" in printed
+    assert card["model"]["step"] == 2 and card["settings"]["num_fewshot"] == 0
+    report = (tmp_path / "report.md").read_text()
+    assert report in printed and report.startswith(f"# Report card: step 2 of {out / 'checkpoints'}")
+    assert "[1/2] hellaswag_fixture: scoring" in printed and "[2/2] hellaswag_fixture_tokens: acc_norm_tokens" in printed
+
+
+@pytest.mark.slow
+def test_the_card_refuses_a_metric_the_task_lacks_and_writes_nothing(evaluated_run, tmp_path, capfd, offline):
+    from eval_lm import main
+
+    argv = [str(evaluated_run[0]), "--card", "--tasks", "hellaswag_fixture:accuracy", "--include_path", str(FIXTURES),
+            "--device", "cpu", "--dtype", "float32", "--out_dir", str(tmp_path / "card")]
+    assert run_cli(main, argv) == 2
+    err = capfd.readouterr().err  # lm_eval's progress bars too
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: --tasks: hellaswag_fixture has no metric 'accuracy' (it has acc, acc_norm)"]
+    assert not (tmp_path / "card").exists()
+
+
+def test_card_arguments_that_cannot_work_are_one_error_line(tmp_path, capfd):
+    from eval_lm import card_tasks, main
+
+    cases = [
+        ([str(tmp_path), "--tasks", "piqa", "--data_dir", "data"], "--data_dir: only for the report card (--card)"),
+        ([str(tmp_path), "--card", "--num_fewshot", "5"], "--num_fewshot: the report card is zero-shot, got 5"),
+        ([str(tmp_path), "--card", "--wandb_mode", "offline"], "--wandb_mode: the report card logs nothing to W&B"),
+        ([str(tmp_path), "--card", "--tasks", ","], "--tasks: no task names given (none: the card without tasks)"),
+        ([str(tmp_path / "missing"), "--card"], "no such checkpoint file or run folder"),
+        ([str(tmp_path), "--card", "--val_tokens", "0"], "--val_tokens: must be >= 1, got 0"),
+        (["gpt2", "--card", "--tasks", "none"], "--out_dir: needed for gpt2: where report.md and report.json go"),
+        (["gpt2", "--card", "--tasks", "none", "--weights", "ema"], "--weights: ema needs one of our checkpoints"),
+        (["gpt2", "--tasks", "piqa"], "gpt2: a Hugging Face model is evaluated with --card here"),
+    ]
+    for argv, message in cases:
+        assert run_cli(main, argv) == 2, argv
+        err = capfd.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    assert card_tasks(None) == {"hellaswag": "acc_norm", "arc_easy": "acc", "arc_challenge": "acc_norm", "piqa": "acc",
+                                "winogrande": "acc", "lambada_openai": "acc"}
+    assert card_tasks("none") == {} and card_tasks("piqa:acc_norm, mine") == {"piqa": "acc_norm", "mine": "acc"}
+
+
+def test_a_long_scoring_prints_a_progress_line_at_most_every_30_seconds():
+    from eval_lm import ProgressLine
+
+    now, lines = [100.0], []
+    progress = ProgressLine("[1/6] hellaswag", clock=lambda: now[0], out=lambda text, flush: lines.append(text))
+    for done, at in ((16, 110.0), (32, 131.0), (48, 140.0), (64, 161.5), (4000, 400.0)):
+        now[0] = at
+        progress(done, 4000)
+    assert lines == ["[1/6] hellaswag: 32 of 4,000 requests scored (1%), 31s so far, about 1h04m left",
+                     "[1/6] hellaswag: 64 of 4,000 requests scored (2%), 1m02s so far, about 1h03m left"]  # done: no line
+    model = tiny_model()
+    seen = []
+    lm = GPTLM(model, get_tokenizer(), CPU, batch_size=3, progress=lambda done, total: seen.append((done, total)))
+    lm.score_pairs([([1, 2], [3]), ([4], [5, 6]), ([7], []), ([8, 9], [10]), ([11], [12])])
+    assert seen == [(3, 4), (4, 4)]  # after each batch of the 4 pairs with a continuation to score
+
+
+def test_an_unreachable_hub_is_one_note_and_then_the_cache_alone(monkeypatch, capfd):
+    """The probe finds nothing listening (a closed local port): offline flags are set for the libraries, at once."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    from eval_lm import hub_offline
+
+    for flag in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(flag, "")  # unset, as hub_offline reads it; restored (or removed) after the test
+        monkeypatch.setattr(datasets.config, flag, False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: refused
+    assert hub_offline() is True
+    assert capfd.readouterr().out.startswith("note: 127.0.0.1 cannot be reached (")
+    assert datasets.config.HF_HUB_OFFLINE and datasets.config.HF_DATASETS_OFFLINE and huggingface_hub.constants.HF_HUB_OFFLINE
+    assert os.environ["HF_HUB_OFFLINE"] == os.environ["HF_DATASETS_OFFLINE"] == "1"
+    assert hub_offline() is True and capfd.readouterr().out == ""  # the flags say it now: no second probe, no note

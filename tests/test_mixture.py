@@ -123,6 +123,9 @@ def test_a_bad_mixture_is_one_line_naming_data_dir(value, message):
 @pytest.mark.parametrize("value,message", [
     ("edu", "val_sets: 'edu' is not name=folder"),
     ("loss=data/a", "val_sets: the name 'loss' cannot name a val set: 'loss' is a field of the val record itself"),
+    ("bpb=data/a", "val_sets: the name 'bpb' cannot name a val set: 'bpb' is a field of the val record itself"),
+    ("bpb_edu=data/a", "val_sets: the name 'bpb_edu' cannot name a val set: 'bpb_edu' starts with 'bpb_', the prefix "
+                       "of each set's bits per byte"),
     ("a=x,a=y", "val_sets: the name 'a' is used twice"),
 ])
 def test_bad_val_sets_are_one_line_naming_the_key(value, message):
@@ -243,7 +246,8 @@ def test_a_mixture_trains_resumes_on_another_world_size_and_logs_each_source_and
         assert (record["tokens_edu"], record["tokens_code"]) == (12 * 32 * (step + 1), 4 * 32 * (step + 1))
         assert record.keys() - {"tokens_edu", "tokens_code"} <= set(TRAIN_RECORD_FIELDS)  # what names are checked by
     vals = {name: [r for r in log if r["kind"] == "val"] for name, log in logs.items()}
-    assert [sorted(r) for r in vals["straight"]][0] == ["code", "edu", "kind", "loss", "step", "tokens"]
+    assert [sorted(r) for r in vals["straight"]][0] == ["bpb", "bpb_code", "bpb_edu", "code", "edu", "kind", "loss",
+                                                        "step", "tokens"]
     for a, b in zip(vals["straight"], vals["resumed"]):  # step 3 on 1 process and on 2 ranks: the same figures
         assert a["step"] == b["step"] and a["loss"] == a["edu"] and abs(a["code"] - b["code"]) <= 1e-12 * a["code"]
     run = (resumed / "run.json").read_text()
@@ -258,9 +262,10 @@ def test_each_val_set_is_the_same_figure_on_one_and_two_ranks(folders, tmp_path)
     for nproc in (None, 2):
         out = tmp_path / f"n{nproc}"
         run_trainer(base_args(edu, out, **sets), nproc=nproc)
-        figures[nproc] = [(r["edu"], r["code"]) for r in read_log(out / "log.jsonl") if r["kind"] == "val"]
+        figures[nproc] = [(r["edu"], r["code"], r["bpb_edu"], r["bpb_code"]) for r in read_log(out / "log.jsonl")
+                          if r["kind"] == "val"]
     assert len(figures[None]) == 3 and figures[None][0] == figures[2][0]  # step 0: the same weights, bitwise
-    assert all(edu != code for edu, code in figures[None])  # each set its own window
+    assert all(edu != code and bpb_edu != bpb_code for edu, code, bpb_edu, bpb_code in figures[None])  # each set its own window
 
 
 @pytest.mark.slow

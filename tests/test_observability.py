@@ -254,6 +254,8 @@ def test_wandb_offline_history_holds_the_logged_metrics_and_no_api_key(runs):
     assert logged == train_losses(root / "ddp")
     val = {row["trainer/step"]: row["val/loss"] for row in history if "val/loss" in row}
     assert sorted(val) == [0, 3, 6]
+    logged_bpb = {r["step"]: r["bpb"] for r in read_log(root / "ddp" / "log.jsonl") if r["kind"] == "val"}
+    assert {row["trainer/step"]: row["val/bpb"] for row in history if "val/bpb" in row} == logged_bpb
     assert any("hellaswag/acc_norm" in row for row in history)
     assert any("train/tokens_per_sec" in row and "train/grad_norm" in row for row in history)
     # the API key comes from the environment only: never in the run folder or a checkpoint

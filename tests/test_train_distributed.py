@@ -69,9 +69,9 @@ def test_resume_is_bitwise_exact_and_log_has_one_record_per_step(shards, tmp_pat
     # the val loss of the same weights (step 0) is the very same float32 figure on 1 and 2 ranks
     one = tmp_path / "one_rank"
     run_trainer(base_args(shards, one, max_steps=1, checkpoint_interval=0, **uneven))
-    val0 = [next(r["loss"] for r in read_log(d / "log.jsonl") if r["kind"] == "val" and r["step"] == 0)
+    val0 = [next((r["loss"], r["bpb"]) for r in read_log(d / "log.jsonl") if r["kind"] == "val" and r["step"] == 0)
             for d in (one, straight)]
-    assert val0[0] == val0[1]  # bitwise, although the ranks hold different shares of the batches
+    assert val0[0] == val0[1]  # bitwise (loss and bits per byte), although the ranks hold different shares of the batches
 
 
 def test_resume_on_another_world_size_matches_within_tolerance(shards, tmp_path):
