@@ -1,0 +1,58 @@
+"""The c10d rendezvous store of a multi-node torchrun, in a process of its own (scripts/slurm.sbatch runs it).
+
+    python scripts/rendezvous_store.py HOST PORT &
+    torchrun --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT --rdzv_conf=is_host=false ...   # on every node
+    kill -INT %1                                                                            # once they are done
+
+By default the torchrun agent on the endpoint's host keeps the store in its own process, and it
+exits as soon as its own part is done: an agent on another node, still in torchrun's exit barrier
+or closing the rendezvous, then loses the store mid-call and prints an "Error waiting on exit
+barrier" traceback, although every worker exited 0. A store that outlives every agent ends a job
+quietly. It holds only the rendezvous's state (a few small keys); no training data goes through it.
+
+It runs until SIGINT, then exits 0; a port already taken is one `error:` line, exit 2. SIGTERM is
+ignored: `scancel` sends it to every process of the job at once, and the agents, which got it too,
+still use the store while their workers save a checkpoint (Slurm's SIGKILL after KillWait ends it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.errors import ConfigError, run_cli  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if len(argv) != 2 or not argv[1].isdigit():
+        raise ConfigError("usage: rendezvous_store.py HOST PORT (see --help)")
+    host, port = argv[0], int(argv[1])
+    from torch.distributed import TCPStore
+
+    try:
+        # wait_for_workers=False: clients come and go (the agents, a requeued job's next ones are another store)
+        store = TCPStore(host, port, is_master=True, multi_tenant=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(minutes=30))
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"rendezvous store: cannot listen on {host}:{port} ({str(e).splitlines()[0]}); "
+                          f"set RDZV_PORT to a free port") from None
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # a handler of its own: bash starts a background command with SIGINT ignored, which Python would keep
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        while True:
+            signal.pause()  # the store serves from its own threads until SIGINT
+    except KeyboardInterrupt:
+        del store
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,46 @@
+"""scripts/rendezvous_store.py: the rendezvous store slurm.sbatch keeps in a process of its own."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from torch.distributed import TCPStore
+
+from conftest import REPO
+from slowness import guard
+from slurm_cluster import free_port
+
+pytestmark = pytest.mark.slow  # starts a Python process
+
+
+def start(port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(REPO / "scripts" / "rendezvous_store.py"), "127.0.0.1", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_it_serves_until_sigint_ignores_sigterm_and_refuses_a_taken_port_in_one_line():
+    port = free_port()
+    store = start(port)
+    try:
+        client = TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=guard(60)))
+        client.set("k", "v")
+        store.send_signal(signal.SIGTERM)  # scancel's: the agents still use the store while their workers save
+        time.sleep(0.5)
+        assert store.poll() is None and client.get("k") == b"v"
+
+        second = start(port)
+        _, stderr = second.communicate(timeout=guard(60))
+        assert second.returncode == 2 and stderr.startswith(f"error: rendezvous store: cannot listen on 127.0.0.1:{port}")
+        assert stderr.rstrip().endswith("set RDZV_PORT to a free port") and stderr.count("\n") == 1
+
+        store.send_signal(signal.SIGINT)  # what slurm.sbatch sends once srun has returned
+        assert store.wait(timeout=guard(30)) == 0
+    finally:
+        if store.poll() is None:
+            store.kill()
+        store.communicate()
