@@ -1,7 +1,7 @@
 """Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (`pip install lm_eval`).
 
     python eval_lm.py out/gpt2_124m --tasks hellaswag,arc_easy,piqa --batch_size 32
-    python eval_lm.py out/demo/checkpoints/step_00000200.pt --tasks lambada_openai --limit 500 --device cpu
+    python eval_lm.py out/demo/checkpoints/step_00000400.pt --tasks lambada_openai --limit 500 --device cpu
 
 The checkpoint (a .pt file, or a run folder: its newest readable checkpoint) is scored by
 evals/lm_eval_harness.py, an lm_eval model class around our GPT: no export step, and it scores
