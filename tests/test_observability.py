@@ -418,7 +418,7 @@ def test_the_val_loss_and_hellaswag_in_the_loop_report_their_progress_on_rank_0(
     settings = ctx.cfg.section(EvalSettings)
     assert ValLoss.from_settings(settings, ctx, run.strategy, None).evaluate(run)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("step      0 | val loss: 1/4 batches (25%) | elapsed 0s | eta ")
+    assert re.fullmatch(r"step      0 \| val loss: 1/4 batches \(25%\) \| elapsed \d+s \| eta \d+s", lines[0]), lines
     assert lines[-1].startswith("step      0 | val loss: 4/4 batches (100%)") and len(lines) == 4
     from data.tokenizer import get_tokenizer
 
