@@ -301,7 +301,8 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
     for panel, ax in axes.items():
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles))  # one entry per label: a run resumed twice is listed once
-        ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper right" if panel == "loss" else "upper left")
+        ax.legend(unique.values(), unique.keys(), fontsize=8,  # where the curves are not: they fall, HellaSwag rises
+                  loc="upper right" if panel in ("loss", LEARNING_RATE.panel) else "upper left")
         ax.set(xlabel=f"tokens seen ({unit})" if unit else "tokens seen")
         ax.grid(alpha=0.3)
     if title:
