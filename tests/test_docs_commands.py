@@ -57,6 +57,7 @@ PLACEHOLDERS = {
 TEXT_PLACEHOLDERS = {
     "--config ...": "--config configs/gpt2_124m.yaml",  # README: "one GPU, a Mac or a CPU: python train_gpt2.py --config ..."
     "configs/NAME.yaml": "configs/gpt2_124m.yaml",  # the CONFIGURATION.md synopsis
+    "$seed": "1",  # the body of PERFORMANCE.md's `for seed in 1 2 3` loop
 }
 # Fragments a document shows as a synopsis rather than a command: `[--key value | --key=value ...]` and
 # `...` alone stand for "more of the same"; they are dropped. Other `[...]` parts are optional arguments:
@@ -149,8 +150,20 @@ def inline_commands(path: Path) -> list[Command]:
     return found
 
 
+def indented_commands(path: Path) -> list[Command]:
+    """Commands of indented code blocks (a loop's body in PERFORMANCE.md): lines indented 4 spaces or more
+    outside ```-blocks that start with a program, with their continuation lines."""
+    numbered, in_fence, continued = [], False, False
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        in_fence = in_fence != line.startswith("```")
+        if not in_fence and (continued or re.match(r" {4,}(?:" + "|".join(PROGRAMS) + r") ", line)):
+            numbered.append((number, line))
+            continued = line.rstrip().endswith("\\")
+    return commands_of_lines(numbered, str(path.relative_to(REPO)))
+
+
 def doc_commands() -> list[Command]:
-    return [c for path in DOCS for c in fenced_commands(path) + inline_commands(path)]
+    return [c for path in DOCS for c in fenced_commands(path) + inline_commands(path) + indented_commands(path)]
 
 
 # --- the entry points and their --help ------------------------------------------------------------------
