@@ -132,7 +132,7 @@ def test_auto_is_read_from_the_command_line_and_yaml(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--micro_batch_size", "automatic"], "micro_batch_size: expected an integer or null, got 'automatic'"),
+    (["--micro_batch_size", "automatic"], "micro_batch_size: expected an integer or auto, got 'automatic'"),
     (["--micro_batch_size", "0"], "micro_batch_size: must be positive, got 0"),
     (["--micro_batch_size", "auto", "--micro_batch_size_fallback", "0"],
      "micro_batch_size_fallback: must be positive, got 0"),
