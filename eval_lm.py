@@ -1,7 +1,7 @@
 """Evaluate a checkpoint with EleutherAI's lm-evaluation-harness (`pip install lm_eval`), or make its report card.
 
     python eval_lm.py out/gpt2_124m --tasks hellaswag,arc_easy,piqa --batch_size 32
-    python eval_lm.py out/demo/checkpoints/step_00000200.pt --tasks lambada_openai --limit 500 --device cpu
+    python eval_lm.py out/demo/checkpoints/step_00000400.pt --tasks lambada_openai --limit 500 --device cpu
     python eval_lm.py out/gpt2_124m --card              # the report card: RUN/report.md and report.json
     python eval_lm.py gpt2 --card --data_dir data/edu_fineweb10B --out_dir out/gpt2_card   # OpenAI's GPT-2
     python eval_lm.py out/demo --card --tasks none      # the card's val loss and bits per byte alone

@@ -1,7 +1,7 @@
 """Export a checkpoint as a Hugging Face GPT-2 folder (weights, config, tokenizer, model card).
 
     python export_hf.py out/gpt2_124m hf/gpt2-124m            # a run folder: its newest checkpoint
-    python export_hf.py out/demo/checkpoints/step_00000200.pt hf/demo
+    python export_hf.py out/demo/checkpoints/step_00000400.pt hf/demo
 
 The folder loads offline with `GPT2LMHeadModel.from_pretrained` / `AutoTokenizer.from_pretrained`
 and evaluates with lm-evaluation-harness:

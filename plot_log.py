@@ -3,16 +3,16 @@
     python plot_log.py out/gpt2_124m -o curves.png --smooth 20
     python plot_log.py out/run_a out/run_b -o compare.png --title "lr sweep" --references all
 
-One panel per kind of data the runs logged, side by side against tokens seen: loss (train
-loss as a trailing moving average over --smooth N points, raw values faint behind it, and val
-loss), then one panel per other evaluation a run logged (HellaSwag acc_norm, ...): the panels
-come from the record kinds in the logs, as the trainer's evaluations declare them
-(evals/periodic.py). One colour per run, labelled by its folder name. Vertical lines in the
-run's colour mark what changed its course: a thin solid line each resume (a launch that started
-from step S > 0, as its `startup` record says), a dashed line each rollback (at the tokens of
-the checkpoint it went back to) and a dotted line each skipped update (a loss spike). The train
-loss of a skipped update is left out of its curve: it was never applied, and a spike's loss
-would flatten the rest.
+One panel per kind of data the runs logged, side by side against tokens seen: loss (train loss
+as a trailing moving average over --smooth N points, raw values faint behind it, and val loss),
+then one panel per other evaluation a run logged (HellaSwag acc_norm, ...): the panels come from
+the record kinds in the logs, as the trainer's evaluations declare them (evals/periodic.py);
+last, the learning rate of every step. One colour per run, labelled by its folder name. Vertical
+lines in the run's colour mark what changed its course: a thin solid line each resume (a launch
+that started from step S > 0, as its `startup` record says), a dashed line each rollback (at the
+tokens of the checkpoint it went back to) and a dotted line each skipped update (a loss spike).
+The train loss of a skipped update is left out of its curve: it was never applied, and a spike's
+loss would flatten the rest.
 
 Reference lines (--references, default auto) follow each run folder's config.yaml:
 - val loss 3.29, OpenAI's GPT-2 124M checkpoint on FineWeb-Edu: for runs of a GPT-2 size on
@@ -20,6 +20,11 @@ Reference lines (--references, default auto) follow each run folder's config.yam
   losses would fill less than 60% of the y axis with it (a short run far above 3.29);
 - HellaSwag acc_norm of the GPT-2 checkpoint and the GPT-3 model of the same size: for runs
   whose model is that GPT-2 size (a preset name, or custom with its n_layer and n_embd).
+- the unigram entropy of the run's train data (nats): the loss of a model that knows only how
+  often each token occurs, which a model learning anything from context goes below. Computed from
+  the token shards config.yaml's data_dir names (a mixture: its sources' frequencies mixed by
+  their weights), at most UNIGRAM_TOKENS tokens of each; left out where they cannot be read.
+  auto draws it where the losses still fill 60% of the y axis, like the val loss reference.
 all draws every reference, none draws none. A folder without config.yaml gets none in auto.
 """
 
@@ -38,8 +43,10 @@ import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from common.errors import ArgumentParser, DataError, WriteError, run_cli  # noqa: E402
+from common.errors import ArgumentParser, DataError, ReproError, WriteError, run_cli  # noqa: E402
 from common.log_fields import val_set_names  # noqa: E402
+from data.mixture import parse_sources  # noqa: E402
+from data.shards import find_shards, open_shard  # noqa: E402
 from evals.base import EMA_PREFIX, TRAIN_LOSS, Series, averaged_series  # noqa: E402
 from evals.periodic import EVALUATORS  # noqa: E402
 from training.observe.logger import LOG_NAME, read_log  # noqa: E402
@@ -58,6 +65,9 @@ MIN_FILL = 0.6
 SERIES: list[Series] = [TRAIN_LOSS] + [cls.series for cls in EVALUATORS if cls.series]  # what is plotted
 # the same figures of the EMA of the weights (runs with ema_decay), each its own curve in the same panel
 SERIES += [averaged_series(cls.series) for cls in EVALUATORS if cls.series and cls.averaged]
+LEARNING_RATE = Series("train", "lr", "learning rate", "lr")  # every step, a panel of its own
+SERIES.append(LEARNING_RATE)
+UNIGRAM_TOKENS = 100_000_000  # counted of each source at most (about 0.5 s); a FineWeb-Edu shard holds as many
 
 
 class PlottedRun(NamedTuple):
@@ -181,6 +191,32 @@ def applicable_references(configs: list[dict], mode: str) -> tuple[bool, list[tu
     return loss, [ref for size, (_, refs) in HELLASWAG_REFS.items() if mode == "all" or size in sizes for ref in refs]
 
 
+def unigram_entropy(config: dict, limit: int = UNIGRAM_TOKENS) -> tuple[float, bool] | None:
+    """The entropy in nats of the token frequencies of the run's train shards (config.yaml's data_dir; a
+    mixture's sources mixed by their weights), and whether some source had more than `limit` tokens (only
+    its first `limit` were counted); None when the config names no data or its shards cannot be read."""
+    try:
+        sources = parse_sources(str(config["data_dir"]))
+        mixed, capped = None, False
+        for source in sources:
+            counts, left = None, limit
+            for path in find_shards(source.path, "train"):
+                if not left:  # more tokens than counted
+                    capped = True
+                    break
+                tokens = open_shard(path)
+                capped |= tokens.size > left
+                part = np.bincount(tokens[:left], minlength=2**16)  # uint16 token ids
+                counts = part if counts is None else counts + part
+                left -= min(left, tokens.size)
+            share = counts / counts.sum() * source.weight / sum(s.weight for s in sources)
+            mixed = share if mixed is None else mixed + share
+    except (KeyError, ReproError, OSError):
+        return None
+    p = mixed[mixed > 0]
+    return float(-(p * np.log(p)).sum()), capped
+
+
 SET_STYLES = [("--", "o"), (":", "s"), ("-.", "^"), ((0, (5, 1)), "D")]  # (line style, marker) of each val set
 
 
@@ -231,6 +267,8 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
                 if window > 1:
                     ax.plot(x / scale, y, color=color, alpha=0.2, linewidth=0.8)
                 ax.plot(x / scale, smooth(y, window), color=color, linewidth=1.2, label=name)
+            elif s is LEARNING_RATE:  # every step, as the schedule set it
+                ax.plot(x / scale, y, color=color, linewidth=1.2, label=name)
             else:  # evaluations: every N steps; several val sets in styles of their own
                 averaged = s.field.startswith(EMA_PREFIX)  # the EMA weights' curve: its live one's style, hollow
                 live = s.field.removeprefix(EMA_PREFIX)
@@ -258,6 +296,13 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
         elif loss_ref:
             ax.text(0.01, 0.02, f"GPT-2 124M reference ({GPT2_VAL_LOSS}) off-scale: --references all draws it",
                     transform=ax.transAxes, ha="left", va="bottom", fontsize=8, color="gray")
+        losses = [y for d in data.values() for s, (_, y) in d.items() if s.panel == "loss"]
+        for run in runs.values():  # each run's data (runs on the same data: one legend entry)
+            entropy = unigram_entropy(run.config) if references != "none" and run.config else None
+            if entropy is None or (references == "auto" and not reference_fits(entropy[0], losses)):
+                continue
+            label = f"unigram entropy of {run.config['data_dir']}" + (" (sampled)" if entropy[1] else "")
+            ax.axhline(entropy[0], color="gray", linestyle="-.", linewidth=1.0, label=f"{label}: {entropy[0]:.2f}")
         ax.set(title="loss" + (f" (train smoothed over {window})" if window > 1 else ""))
     if "HellaSwag" in axes:
         for name, value in hellaswag_refs:
@@ -266,7 +311,8 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
     for panel, ax in axes.items():
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles))  # one entry per label: a run resumed twice is listed once
-        ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper right" if panel == "loss" else "upper left")
+        ax.legend(unique.values(), unique.keys(), fontsize=8,  # where the curves are not: they fall, HellaSwag rises
+                  loc="upper right" if panel in ("loss", LEARNING_RATE.panel) else "upper left")
         ax.set(xlabel=f"tokens seen ({unit})" if unit else "tokens seen")
         ax.grid(alpha=0.3)
     if title:

@@ -40,7 +40,7 @@ from common.errors import ConfigError, run_cli
 from evals.periodic import PeriodicEvaluation
 from training.checkpoint.folder import checkpoints_folder
 from training.checkpoint.checkpointer import Checkpointer
-from training.train.config import TrainConfig, config_yaml, parse_args, usage
+from training.train.config import TrainConfig, config_yaml, parse_args, usage, wants_help
 from training.train.context import Context
 from training.observe.diagnostics import Diagnostics
 from training.distributed.process_group import (barrier, local_rank, run_on_all_ranks,
@@ -55,6 +55,7 @@ from training.train.run import Run, build_run
 from training.checkpoint.run_folder import claim_run_folder, release_all
 from training.observe.logger import TENSORBOARD_MISSING, RunLogger, format_train_line
 from training.train.runtime import resolve_runtime, deterministic_kernels
+from training.train.schedule import ScheduleSettings
 from training.train.spikes import RollbackRequested
 from training.checkpoint.storage import filesystem, is_url, require_shared
 
@@ -63,7 +64,7 @@ STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first ev
 
 def main(argv: list[str], wrap_step=None) -> int:
     """Run the training that argv describes; the exit status. wrap_step(step) -> step: tests inject faults."""
-    if argv and argv[0] in ("-h", "--help"):
+    if wants_help(argv):  # anywhere: `--config configs/demo.yaml --help` too
         print(usage())
         return 0
     cfg = parse_args(argv)
@@ -80,7 +81,7 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul left outside autocast
         torch.backends.cudnn.allow_tf32 = True
     env = setup_distributed(runtime.device, STARTUP_TIMEOUT)
-    preemption = PreemptionFlag().install()
+    preemption = PreemptionFlag(announce=env.master_process).install()
     logger = RunLogger(enabled=env.master_process)
     ctx = Context(cfg, env, runtime, logger)  # what every component below is made from
     locks = []
@@ -179,15 +180,29 @@ def describe_launch(ctx: Context, run: Run) -> None:
         (f"micro_batch_size {cfg.micro_batch_size} (auto: {run.micro_batch['how']}) | " if run.micro_batch else "") +
         f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.summary()}"
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
+    schedule_warning = cfg.section(ScheduleSettings).warning()
+    if schedule_warning:
+        ctx.logger.warn(schedule_warning)
 
 
 class StepRecords:
-    """The train record of each step (and skip records), and what the launch's first step settles."""
+    """The train record of each step (and skip records), the console line, and what the launch's first step
+    settles. The line's times are the host's clock, read after the step's one host synchronisation."""
 
     def __init__(self, ctx: Context, run: Run):
         self.ctx, self.run = ctx, run
         self.flops_per_token = run.model.estimate_flops_per_token(ctx.cfg.seq_len)
         self.first = True
+        self.steps_taken = 0  # by this launch (a rollback's redone steps count: they take time too)
+        self.rate_from = 0.0  # perf_counter at the end of the launch's first step (which compiles)
+
+    def eta(self) -> float | None:
+        """Seconds to max_steps at this launch's pace since its first step (evaluations and checkpoints
+        included), None before there is one."""
+        if self.steps_taken < 2:
+            return None
+        per_step = (time.perf_counter() - self.rate_from) / (self.steps_taken - 1)
+        return per_step * (self.ctx.cfg.max_steps - self.run.step)
 
     def log(self, result: StepResult) -> None:
         cfg, env, runtime, logger, run = self.ctx.cfg, self.ctx.env, self.ctx.runtime, self.ctx.logger, self.run
@@ -205,6 +220,9 @@ class StepRecords:
         if runtime.device_type == "cuda":
             record["peak_mem_gb"] = torch.cuda.max_memory_allocated(runtime.device) / 2**30
         logger.log(record)
+        self.steps_taken += 1
+        if self.steps_taken == 1:
+            self.rate_from = time.perf_counter()
         if result.spike:
             logger.log({"kind": "skip", "step": record["step"], "tokens": run.tokens_seen, "loss": result.loss,
                         "grad_norm": result.grad_norm, "reason": result.spike})
@@ -217,7 +235,7 @@ class StepRecords:
             set_collective_timeout(env, datetime.timedelta(minutes=cfg.hang_timeout_minutes))
             self.first = False
         if record["step"] % cfg.log_interval == 0 or run.step == cfg.max_steps:
-            logger.console(format_train_line(record))
+            logger.console(format_train_line(record, cfg.max_steps, time.time() - process_start_time(), self.eta()))
 
 
 def resume_hint(cfg: TrainConfig) -> str:

@@ -96,8 +96,8 @@ def run_cli(main, argv: list[str] | None = None) -> int:
         return main(sys.argv[1:] if argv is None else argv) or 0
     except ReproError as e:
         return report(e)
-    except KeyboardInterrupt:
-        os.write(sys.stderr.fileno(), b"interrupted\n")
+    except KeyboardInterrupt as e:  # Ctrl-C where no handler keeps it (the trainer's second one says why)
+        os.write(sys.stderr.fileno(), f"interrupted{f': {e}' if str(e) else ''}\n".encode())
         return 130
 
 

@@ -69,7 +69,10 @@ def find_shards(data_dir: str | os.PathLike, split: str, key: str = "data_dir") 
         raise DataError(f"{key} {data_dir}: no such directory (prepare data first, e.g. `python prep/fineweb.py`)")
     shards = sorted(data_dir.glob(f"*_{split}_*.npy"))
     if not shards:
-        raise DataError(f"{key} {data_dir}: no {split} shards (*_{split}_*.npy)")
+        unfinished = sorted(data_dir.glob("*_progress.json"))  # data/manifest.py's record of a prep under way
+        hint = (f"a prep into it has not finished ({unfinished[0].name}): run its command again to continue it"
+                if unfinished else "prepare data first, e.g. `python prep/fineweb.py`")
+        raise DataError(f"{key} {data_dir}: no {split} shards (*_{split}_*.npy); {hint}")
     return shards
 
 
@@ -78,8 +81,9 @@ class ShardWriter:
 
     Every document starts with <|endoftext|> (EOT_TOKEN), which is how the writer sees where
     documents begin. The val shard holds whole documents only, so no document is in both
-    splits: it ends at the last document start within `val_size` tokens (or, when the very first
-    document is longer than that, after that one document). Train shards are exactly
+    splits: it ends at the last document start within `val_size` tokens, so it holds at most
+    `val_size` tokens (a first document longer than that is a DataError naming --val_size: no
+    whole document fits). Train shards are exactly
     `shard_size` tokens (the last one shorter) and may split a document between two train
     shards; the loader reads them as one stream.
 
@@ -88,7 +92,7 @@ class ShardWriter:
     `SMALL_CORPUS_VAL_FRACTION` of its tokens instead, so a small corpus still gets train data.
 
     Tokens go into one preallocated uint16 buffer (never a list of Python ints); it only grows
-    while a first document longer than the val shard is being read. `on_shard(path, tokens)` is
+    while a first document longer than the val shard is being read (to say how long it is). `on_shard(path, tokens)` is
     called after each shard is on disk (resumable preps record their progress there);
     `first_index > 0` continues a prep whose shards 0 .. first_index-1 are already written.
     """
@@ -134,7 +138,12 @@ class ShardWriter:
         if self.val_end:
             self._end_val(self.val_end)
         elif (starts > self.val_size).any():  # the first document alone is longer than val_size
-            self._end_val(int(starts[starts > self.val_size][0]))
+            raise self._first_document_too_long(int(starts[starts > self.val_size][0]))
+
+    def _first_document_too_long(self, length: int) -> DataError:
+        return DataError(f"--val_size {self.val_size}: the first document is {length:,} tokens long, and the val "
+                         f"shard holds whole documents only (no document is in both splits); raise --val_size to "
+                         f"at least {length}, or put a shorter document first")
 
     def _end_val(self, end: int) -> None:
         """Write buffer[:end] as the val shard; the tokens after it start the train split."""
@@ -169,6 +178,8 @@ class ShardWriter:
         """Write what is buffered (the val shard too if the stream ended inside it); every shard written."""
         if self.index == 0 and self.filled:
             end = self.filled
+            if self.filled > self.val_size:  # one document, longer than val_size: it cannot be split
+                raise self._first_document_too_long(self.filled)
             if self.split_small_corpus:
                 starts = np.flatnonzero(self.buffer[1 : self.filled] == EOT_TOKEN) + 1
                 if starts.size:  # the document start nearest the target share; at least one document in val

@@ -11,11 +11,13 @@ eval-only shapes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from common.log_fields import EMA_PREFIX
+from training.observe.logger import format_duration
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
@@ -100,3 +102,33 @@ def in_lockstep(items: Iterable, rounds: int, idle_forward: Callable[[], None] |
     if idle_forward is not None:
         for _ in range(rounds - made):
             idle_forward()
+
+
+class Progress:
+    """Progress lines for an evaluation that takes a while (val loss over a large window, HellaSwag's 10,042
+    examples): none for one that ends within `after_s` seconds, then one every `every_s` seconds, through
+    `console` (rank 0's logger: a no-op on the other ranks).
+
+    Host-side only: no collective and no synchronisation with the device. On a GPU the host runs ahead
+    by the batches it has queued, so the count is of batches queued, and the lines start once the host
+    has had to wait for them.
+    """
+
+    AFTER_S, EVERY_S = 5.0, 10.0
+
+    def __init__(self, what: str, total: int, console: Callable[[str], None],
+                 clock: Callable[[], float] = time.monotonic):
+        self.what, self.total, self.console, self.clock = what, total, console, clock
+        self.started = clock()
+        self.said = None  # when the last line was printed
+
+    def __call__(self, done: int) -> None:
+        """done of total batches are through."""
+        now = self.clock()
+        elapsed = now - self.started
+        if elapsed < self.AFTER_S or (self.said is not None and now - self.said < self.EVERY_S) or not done:
+            return
+        self.said = now
+        left = elapsed / done * (self.total - done)
+        self.console(f"{self.what}: {done}/{self.total} batches ({100 * done / max(self.total, 1):.0f}%) | "
+                     f"elapsed {format_duration(elapsed)} | eta {format_duration(left)}")

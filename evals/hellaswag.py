@@ -33,7 +33,7 @@ import torch
 from common.atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN
 from common.errors import DataError, print_warning
-from evals.base import Evaluator, Series, in_lockstep
+from evals.base import Evaluator, Progress, Series, in_lockstep
 from training.distributed.process_group import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
 
 if TYPE_CHECKING:
@@ -286,19 +286,21 @@ class HellaSwag(Evaluator):
                  cache_dir: str | Path | None = None, *, url: str = VAL_URL,
                  timeout: float = DOWNLOAD_TIMEOUT_S, warn=print_warning, interval: int = 0,
                  autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                 dp_rank: int | None = None, dp_size: int | None = None):
+                 dp_rank: int | None = None, dp_size: int | None = None,
+                 console: Callable[[str], None] = lambda text: None):
         """path: a local jsonl ('' = the cached official val split, downloaded if missing);
         limit: score only the first `limit` examples (0 = all). A malformed file raises
         HellaSwagDataError on every rank; a failed download makes the evaluator unavailable,
         with one warning through `warn`. interval and autocast: as a periodic evaluation.
         dp_rank, dp_size: the strategy's data-parallel view, which picks this rank's examples
-        (None: env.rank and env.world_size, every process a replica)."""
+        (None: env.rank and env.world_size, every process a replica). console: where the progress lines
+        of a long evaluation go (rank 0's logger)."""
         super().__init__(interval)
         if batch_examples < 1:
             raise ValueError(f"batch_examples must be >= 1, got {batch_examples}")
         if limit < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        self.env, self.warn, self.autocast = env, warn, autocast
+        self.env, self.warn, self.autocast, self.console = env, warn, autocast, console
         self.dp_rank = env.rank if dp_rank is None else dp_rank
         self.dp_size = env.world_size if dp_size is None else dp_size
         self.batch_examples = batch_examples
@@ -321,10 +323,12 @@ class HellaSwag(Evaluator):
             return None
         return cls(settings.hellaswag_path, settings.hellaswag_limit, ctx.env, tokenizer, warn=ctx.logger.warn,
                    interval=settings.hellaswag_interval, autocast=ctx.runtime.autocast,
-                   dp_rank=strategy.dp_rank, dp_size=strategy.dp_size)
+                   dp_rank=strategy.dp_rank, dp_size=strategy.dp_size, console=ctx.logger.console)
 
     def evaluate(self, run) -> list[dict]:
-        result = self.accuracy(run.model, self.autocast(), idle_forward=lambda: run.strategy.idle_forward(run.model))
+        result = self.accuracy(run.model, self.autocast(), idle_forward=lambda: run.strategy.idle_forward(run.model),
+                               progress=Progress(f"step {run.step:6d} | hellaswag", self.batches_per_rank,
+                                                 self.console))
         return [] if result is None else [result]
 
     def describe(self, record: dict) -> str:
@@ -403,23 +407,27 @@ class HellaSwag(Evaluator):
 
     @torch.no_grad()
     def accuracy(self, model: torch.nn.Module, autocast: contextlib.AbstractContextManager | None = None,
-                 idle_forward: Callable[[], None] | None = None) -> dict | None:
+                 idle_forward: Callable[[], None] | None = None,
+                 progress: Callable[[int], None] | None = None) -> dict | None:
         """{"acc_norm", "acc", "n"} over all ranks' examples, or None (on every rank) when unavailable.
 
         A collective when available: every rank calls it, including ranks with no examples.
         The model is left in the train/eval mode it came in. A rank with fewer batches than
         rank 0 calls idle_forward() once for each one it lacks (forwards are collectives under FSDP).
+        progress(n) hears of each of this rank's batches scored (evals/base.py's Progress).
         """
         if not self.available:
             return None
         device = self.env.device
         counts = torch.zeros(3, dtype=torch.long, device=device)  # correct_norm, correct, n
         scored = in_lockstep(self.losses(model, autocast), self.batches_per_rank, idle_forward)
-        for batch, sums, means in scored:
+        for done, (batch, sums, means) in enumerate(scored, start=1):
             labels = batch.labels.to(device)  # (E,)
             counts[0] += (means.argmin(dim=1) == labels).sum()
             counts[1] += (sums.argmin(dim=1) == labels).sum()
             counts[2] += labels.numel()
+            if progress is not None:
+                progress(done)
         all_reduce_sum(counts, self.env)  # integers: the same figure for any world size
         correct_norm, correct, n = counts.tolist()
         return {"acc_norm": correct_norm / n, "acc": correct / n, "n": n}

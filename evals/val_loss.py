@@ -24,7 +24,7 @@ import torch
 from common.log_fields import BPB, BPB_PREFIX, val_set_names
 from data.loader import ValLoader
 from data.tokenizer import token_byte_lengths
-from evals.base import Evaluator, Series, in_lockstep
+from evals.base import Evaluator, Progress, Series, in_lockstep
 from training.distributed.process_group import DistEnv, all_reduce_sum
 
 if TYPE_CHECKING:
@@ -46,21 +46,26 @@ class ValLoss(Evaluator):
     averaged = True
 
     def __init__(self, interval: int, env: DistEnv, autocast: Callable[[], contextlib.AbstractContextManager],
-                 byte_lengths: np.ndarray):
+                 byte_lengths: np.ndarray, console: Callable[[str], None] = lambda text: None):
         super().__init__(interval)
-        self.env, self.autocast, self.byte_lengths = env, autocast, byte_lengths
+        self.env, self.autocast, self.byte_lengths, self.console = env, autocast, byte_lengths, console
         self.window_bytes: dict[str, int] = {}  # each val set's target bytes, counted at its first evaluation
 
     @classmethod
     def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> ValLoss:
         # always on: a run ends with its val loss; the shards hold GPT-2 token ids (data/tokenizer.py)
-        return cls(settings.eval_interval, ctx.env, ctx.runtime.autocast, token_byte_lengths())
+        return cls(settings.eval_interval, ctx.env, ctx.runtime.autocast, token_byte_lengths(), ctx.logger.console)
 
     def evaluate(self, run) -> list[dict]:
+        def progress(name: str, loader: ValLoader) -> Progress:
+            return Progress(f"step {run.step:6d} | val loss{'' if name == 'val' else ' ' + name}",
+                            loader.batches_per_rank, self.console)
+
         losses, bpb = {}, {}
         for name, loader in run.val_loaders.items():  # every rank, every set, in the same order
             rows = val_row_losses(run.model, loader, self.env, self.autocast(),
-                                  idle_forward=lambda: run.strategy.idle_forward(run.model))
+                                  idle_forward=lambda: run.strategy.idle_forward(run.model),
+                                  progress=progress(name, loader))
             if name not in self.window_bytes:
                 self.window_bytes[name] = loader.target_bytes(self.byte_lengths)
             losses[name] = mean_loss(rows, loader.stream.seq_len)
@@ -83,7 +88,8 @@ class ValLoss(Evaluator):
 @torch.no_grad()
 def val_row_losses(model: torch.nn.Module, val_loader: ValLoader, env: DistEnv,
                    autocast: contextlib.AbstractContextManager, chunk_tokens: int = 8192,
-                   idle_forward: Callable[[], None] | None = None) -> torch.Tensor:
+                   idle_forward: Callable[[], None] | None = None,
+                   progress: Callable[[int], None] | None = None) -> torch.Tensor:
     """Each row's summed token cross-entropy over the whole val window, (num_rows,) float64 on the CPU,
     the same numbers for any world size.
 
@@ -92,19 +98,22 @@ def val_row_losses(model: torch.nn.Module, val_loader: ValLoader, env: DistEnv,
     its own slot of a float64 vector; the all-reduce adds only zeros to each slot. So 1, 2 or 8
     ranks give bitwise-equal rows, and every sum of them in the same order is equal too.
     A rank with fewer batches than rank 0 calls idle_forward() once for each one it lacks
-    (forwards are collectives under FSDP).
+    (forwards are collectives under FSDP). progress(n) hears of each of this rank's batches done (Progress).
     """
     was_training = model.training
     model.eval()
     acc_dtype = torch.float32 if env.device_type == "mps" else torch.float64  # MPS has no float64
     sums = torch.zeros(val_loader.num_rows, device=env.device, dtype=acc_dtype)
-    for index, x, y in in_lockstep(val_loader.batches(), val_loader.batches_per_rank, idle_forward):
+    batches = in_lockstep(val_loader.batches(), val_loader.batches_per_rank, idle_forward)
+    for done, (index, x, y) in enumerate(batches, start=1):
         x, y = x.to(env.device), y.to(env.device)  # (b, T)
         first = index * val_loader.batch_size
         with autocast:
             hidden = model.hidden_states(x).flatten(0, 1)  # (b*T, C)
             losses = [losses.to(acc_dtype) for _, losses in model.logits_and_losses(hidden, y.flatten(), chunk_tokens)]
         sums[first:first + x.size(0)] = torch.cat(losses).view_as(y).sum(dim=1)  # (b,)
+        if progress is not None:
+            progress(done)
     all_reduce_sum(sums, env)
     model.train(was_training)
     return sums.to("cpu", torch.float64)

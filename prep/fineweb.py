@@ -12,8 +12,13 @@ from 0, for parquet).
 
 Output. Every document becomes <|endoftext|> + its tokens, and the documents are written in
 input order as `{prefix}_{split}_{index:06d}.npy`: index 000000 is the val split (whole
-documents only, at most --val_size tokens), then train shards of --shard_size tokens. Without
---val_size, a corpus smaller than one shard gives about 10% of its documents to val.
+documents only, at most --val_size tokens: a first document longer than that is an error),
+then train shards of --shard_size tokens. Without --val_size, a corpus smaller than one shard
+gives about 10% of its documents to val.
+
+Offline. Streaming needs the Hub: where it cannot be reached (or HF_HUB_OFFLINE is set), prep
+stops at once with one line, before it writes anything. Offline, tokenize local copies instead
+(`--input *.parquet`: FineWeb-Edu's own parquet files, fetched on a machine with internet).
 `{prefix}_manifest.json`, written last, lists every shard (tokens, documents, sha256), the
 source, the settings and the tokenizer's hash.
 
@@ -435,6 +440,33 @@ class HubSource:
             yield key, get()
 
 
+HUB_PROBE_TIMEOUT_S = 10.0  # one request, no retries: a Hub that does not answer in this long is unreachable
+OFFLINE_ROUTE = ("offline, tokenize local copies instead: --input FILE.parquet ... (FineWeb-Edu's parquet files, "
+                 "fetched on a machine with internet), or .jsonl/.txt files")
+
+
+def check_hub_reachable(dataset: str, timeout: float = HUB_PROBE_TIMEOUT_S) -> None:
+    """One request to the Hub (HF_ENDPOINT, through the proxy settings of the environment, as `datasets` uses
+    them); a DataError naming the offline route when it cannot be made. `datasets` itself retries an unreachable
+    Hub with backoff for about half a minute, a screen of retry lines, before failing."""
+    import urllib.error
+    import urllib.request
+
+    if any(os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
+           for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        raise DataError(f"--dataset {dataset}: streaming needs the Hugging Face Hub, and HF_HUB_OFFLINE or "
+                        f"HF_DATASETS_OFFLINE is set; {OFFLINE_ROUTE}")
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return  # it answered (any status): reachable; what the dataset needs is `datasets`' to check
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise DataError(f"--dataset {dataset}: cannot reach the Hugging Face Hub at {endpoint} "
+                        f"({getattr(reason, 'strerror', None) or reason}); {OFFLINE_ROUTE}") from None
+
+
 def hub_stream(dataset: str, subset: str):
     try:
         from datasets import load_dataset
@@ -507,6 +539,7 @@ def prepare(source, out: Path, prefix: str, settings: dict, num_proc: int, overw
     record (a piece's position + how many of its tokens are already in shards) writes the same
     bytes.
     """
+    created = not out.exists()  # removed again by a failure before the first shard
     out.mkdir(parents=True, exist_ok=True)
     run = json.loads(json.dumps({"source": source.identity, "settings": {"prefix": prefix, **settings},
                                  "tokenizer_sha256": BPE_RANKS_SHA256}))  # as it reads back from JSON
@@ -538,21 +571,27 @@ def prepare(source, out: Path, prefix: str, settings: dict, num_proc: int, overw
     offset = done - record["skip"]  # stream offset of the first token of the first piece read
     bar = tqdm(desc=f"tokenizing into {out}", unit="tok", unit_scale=True, initial=done, dynamic_ncols=True,
                disable=not show_progress)
-    # closing(): an error stops the worker processes before it is reported
-    with bar, contextlib.closing(source.read(record["position"] or source.start(), num_proc)) as pieces:
-        for position, tokens in pieces:
-            pending.append((position, offset, tokens.size))
-            new = tokens[max(0, resume_at - offset) : max_tokens - offset if max_tokens else None]
-            writer.add(new)  # the tokens at stream offsets [resume_at, max_tokens)
-            offset += tokens.size
-            bar.update(new.size)
-            bar.set_postfix(shards=len(shards))
-            if max_tokens and offset >= max_tokens:
-                break
-        writer.close()
-    if not shards:
-        progress_path(out, prefix).unlink()
-        raise DataError(f"{source.name}: no documents; nothing was written")
+    try:
+        # closing(): an error stops the worker processes before it is reported
+        with bar, contextlib.closing(source.read(record["position"] or source.start(), num_proc)) as pieces:
+            for position, tokens in pieces:
+                pending.append((position, offset, tokens.size))
+                new = tokens[max(0, resume_at - offset) : max_tokens - offset if max_tokens else None]
+                writer.add(new)  # the tokens at stream offsets [resume_at, max_tokens)
+                offset += tokens.size
+                bar.update(new.size)
+                bar.set_postfix(shards=len(shards))
+                if max_tokens and offset >= max_tokens:
+                    break
+            writer.close()
+        if not shards:
+            raise DataError(f"{source.name}: no documents; nothing was written")
+    except BaseException:  # Ctrl-C too
+        if not shards:  # nothing to continue from: leave no progress record that looks like a prep under way
+            progress_path(out, prefix).unlink(missing_ok=True)
+            if created and not any(out.iterdir()):
+                out.rmdir()
+        raise
     write_manifest(out, prefix, source.identity, run["settings"], BPE_RANKS_SHA256, shards)
     progress_path(out, prefix).unlink()  # after the manifest: a folder always has one or the other
     return shards
@@ -568,7 +607,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--prefix", default=None, help="shard name prefix (default edufineweb, or local with --input)")
     parser.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per train shard (default 100M)")
     parser.add_argument("--val_size", type=int, default=None,
-                        help="most tokens in the val shard (default shard_size; about 10%% of a smaller corpus)")
+                        help="most tokens in the val shard, which holds whole documents: it ends at the last "
+                             "document start within them (a first document longer than that is an error); default "
+                             "shard_size, or about 10%% of a corpus smaller than that")
     parser.add_argument("--num_proc", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                         else os.cpu_count() or 1, help="tokenizer processes (default: one per core)")
     parser.add_argument("--text_field", default="text", help="field holding the document text")
@@ -589,6 +630,7 @@ def main(argv: list[str]) -> int:
         prefix = args.prefix or "local"
         source = LocalSource(check_inputs(args.input, args.text_field), args.text_field)
     else:
+        check_hub_reachable(args.dataset)  # before anything is written: offline, at once, not after retries
         out = Path(args.out or REPO / "data" / "edu_fineweb10B")
         prefix = args.prefix or "edufineweb"
         source = HubSource({"dataset": args.dataset, "subset": args.subset},

@@ -10,7 +10,8 @@
 #
 # scripts/gpu_check.sh calls this for its speed, levers and presets parts. Each variant writes
 # RESULTS_DIR/<label>.json (scripts/bench.py's row) and <label>.log. A variant that fails (out of memory,
-# its time limit) adds "label<TAB>why" to failed.txt and the rest go on; with BENCH_DEADLINE
+# its time limit) adds "label<TAB>why" to failed.txt and the rest go on (the script then exits 1, but for
+# variants that only ran out of memory); with BENCH_DEADLINE
 # (Unix seconds) set, one that would start with less than BENCH_MIN_S left adds a line to
 # skipped.txt instead, and none runs past the deadline. order.txt lists the labels in run order.
 #
@@ -26,8 +27,7 @@ RESULTS=${1:-bench_results}
 shift $(( $# > 0 ? 1 : 0 ))
 GROUPS_TO_RUN=${*:-speed levers presets fsdp longrun repro recompute}
 LIST=${BENCH_LIST:-0}  # 1: list the variants (every micro-batch size a `fit` would try), write and run nothing
-[ "$LIST" = 1 ] || mkdir -p "$RESULTS"
-PY=${PYTHON:-python3}
+PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}  # make install's venv first
 DATA=()
 [ -n "${DATA_DIR:-}" ] && DATA=(--data_dir "$DATA_DIR")
 # dry run: the same list, each variant shrunk to a tiny model on the CPU (the last value of a key wins)
@@ -165,6 +165,16 @@ if [ "$LIST" = 1 ]; then
     for group in $GROUPS_TO_RUN; do "group_$group"; done
     exit 0
 fi
+# what every variant needs, checked once: one line and exit 2, rather than a traceback per variant
+if ! "$PY" -c "import torch" > /dev/null 2>&1; then
+    echo "error: $PY cannot import torch: run make install (it makes .venv), or set PYTHON to a Python with torch" >&2
+    exit 2
+fi
+if [ "${BENCH_DRY_RUN:-0}" != 1 ] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+    echo "error: no CUDA GPU for $PY's torch: the variants are GPU benchmarks (BENCH_DRY_RUN=1 runs each as a tiny CPU run)" >&2
+    exit 2
+fi
+mkdir -p "$RESULTS"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$RESULTS/gpu.txt" 2>&1 \
     || echo "no nvidia-smi" > "$RESULTS/gpu.txt"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" >> "$RESULTS/gpu.txt"
@@ -172,3 +182,9 @@ for group in $GROUPS_TO_RUN; do
     "group_$group"
 done
 echo "results in $RESULTS/"
+# a variant that ran out of memory is an answer (fit tries a smaller batch next); any other failure is not
+failed=$(grep -cv $'\tout of memory$' "$RESULTS/failed.txt" 2> /dev/null)
+if [ "${failed:-0}" -gt 0 ]; then
+    echo "error: $failed variant(s) failed, not for lack of memory: $RESULTS/failed.txt says why" >&2
+    exit 1
+fi

@@ -1,8 +1,9 @@
 """The c10d rendezvous store of a multi-node torchrun, in a process of its own (scripts/slurm.sbatch runs it).
 
-    python scripts/rendezvous_store.py HOST PORT &
-    torchrun --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT --rdzv_conf=is_host=false ...   # on every node
-    kill -INT %1                                                                            # once they are done
+    python scripts/rendezvous_store.py HOST PORT &        # on the first node, before torchrun
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT \
+        --rdzv_conf=is_host=false --rdzv_id=gpt2-124m train_gpt2.py      # on every node
+    kill -INT %1                                          # once every node's torchrun is done
 
 By default the torchrun agent on the endpoint's host keeps the store in its own process, and it
 exits as soon as its own part is done: an agent on another node, still in torchrun's exit barrier
@@ -24,16 +25,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.errors import ConfigError, run_cli  # noqa: E402
+from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] in (["-h"], ["--help"]):
-        print(__doc__)
-        return 0
-    if len(argv) != 2 or not argv[1].isdigit():
-        raise ConfigError("usage: rendezvous_store.py HOST PORT (see --help)")
-    host, port = argv[0], int(argv[1])
+    parser = ArgumentParser(prog="rendezvous_store.py", description=__doc__)
+    parser.add_argument("host", help="the address torchrun's --rdzv_endpoint names (this node's)")
+    parser.add_argument("port", type=int, help="its port")
+    args = parser.parse_args(argv)
+    host, port = args.host, args.port
     from torch.distributed import TCPStore
 
     try:

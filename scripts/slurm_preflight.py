@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.errors import ConfigError, run_cli  # noqa: E402
+from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
 from training.checkpoint.folder import checkpoints_folder  # noqa: E402
 from training.checkpoint.storage import is_url  # noqa: E402
 from training.train.config import parse_args  # noqa: E402
@@ -36,13 +36,12 @@ SHARED_WAIT_S = float(os.environ.get("PREFLIGHT_SHARED_WAIT_S", 120))  # a netwo
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] in (["-h"], ["--help"]):
-        print(__doc__)
-        return 0
-    if len(argv) < 2 or argv[0] != "--workers_per_node" or not argv[1].isdigit():
-        raise ConfigError("usage: slurm_preflight.py --workers_per_node N [trainer arguments] (see --help)")
-    workers = int(argv[1])
-    cfg = parse_args(argv[2:])
+    parser = ArgumentParser(prog="slurm_preflight.py", description=__doc__)
+    parser.add_argument("--workers_per_node", type=int, required=True,
+                        help="torchrun's --nproc_per_node (GPUS_PER_NODE in scripts/slurm.sbatch)")
+    args, trainer_args = parser.parse_known_args(argv)  # the rest: the trainer's own arguments
+    workers = args.workers_per_node
+    cfg = parse_args(trainer_args)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     if cfg.device == "cuda" or int(os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE") or 0):
         check_gpus(node, workers)

@@ -20,6 +20,9 @@ TIMEOUT_S = 5  # a reachable index answers in well under a second; a black-holed
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     url = (argv[0] if argv else CPU_INDEX).rstrip("/")
     try:
         with urllib.request.urlopen(urllib.request.Request(f"{url}/torch/", method="HEAD"), timeout=TIMEOUT_S):

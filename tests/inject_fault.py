@@ -3,7 +3,7 @@
     torchrun ... tests/inject_fault.py TRAINER_ARGS...
     with FAULT=nan|batch|hang, FAULT_STEP=s, FAULT_RANK=r in the environment,
     or FAULT=spike, FAULT_POSITIONS=p1,p2,..., FAULT_FACTOR=f (default 1000; nan for a NaN loss)
-    or FAULT=slow, FAULT_RANK=r, FAULT_SLEEP=seconds (default 0.2)
+    or FAULT=slow, FAULT_RANK=r, FAULT_SLEEP=seconds (default 0.2), FAULT_STEP=s (default: from the first step)
 
 The trainer runs unchanged; only the step function it is given differs, and only on rank r at
 optimizer step s (counted from the run's first step, 0):
@@ -12,7 +12,8 @@ optimizer step s (counted from the run's first step, 0):
   hang:  rank r stops responding (sleeps) before the step, as a hung GPU or a deadlock would.
 The trainer must notice on its own and stop every rank (one line each, or a timeout).
 
-slow: rank r sleeps before every step's work, as a slower GPU would compute: a straggler.
+slow: rank r sleeps before every step's work, as a slower GPU would compute: a straggler (with
+FAULT_STEP=s, before the work of step s and of every step after it).
 
 spike is a property of the data, as a real spike's cause would be: on every rank, the loss of
 the steps that read the batches of the given data positions (step + data_offset) is multiplied
@@ -70,7 +71,7 @@ def with_fault(step):
     def faulty_step(run, model, batches, stop_requested):
         if FAULT == "spike" and run.step + run.data_offset in FAULT_POSITIONS:
             model = ScaledLoss(model, FAULT_FACTOR)
-        if FAULT == "slow" and ON_THIS_RANK:
+        if FAULT == "slow" and ON_THIS_RANK and run.step - run.start_step >= FAULT_STEP:
             time.sleep(float(os.environ.get("FAULT_SLEEP", "0.2")))
         if ON_THIS_RANK and run.step - run.start_step == FAULT_STEP:
             if FAULT == "nan":

@@ -26,6 +26,13 @@ def empty_dir(d):
         p.unlink()
 
 
+def unfinished_prep(d):
+    """What a prep killed before its first shard leaves: its progress record alone (issue 44: the trainer
+    said `no train shards` without the hint that the data is not prepared yet)."""
+    empty_dir(d)
+    (d / "edufineweb_progress.json").write_text("{}")
+
+
 def wrong_dtype(d):
     np.save(d / "tiny_train_000009.npy", np.arange(100, dtype=np.int32))
 
@@ -53,7 +60,9 @@ RANK_CASES = [
 # The same mechanism for the other problems, in this process (one rank): the message and exit code 2.
 IN_PROCESS_CASES = [
     (drop_val, {}, "no val shards (*_val_*.npy)"),
-    (empty_dir, {}, "no train shards (*_train_*.npy)"),
+    (empty_dir, {}, "no train shards (*_train_*.npy); prepare data first, e.g. `python prep/fineweb.py`"),
+    (unfinished_prep, {}, "no train shards (*_train_*.npy); a prep into it has not finished "
+                          "(edufineweb_progress.json): run its command again to continue it"),
     (wrong_dimension, {}, "tiny_train_000009.npy: token shards must be 1-D"),
     (corrupt, {}, "tiny_train_000009.npy: not a readable .npy token shard"),
     (None, {"data": "/no/such/folder"}, "data_dir /no/such/folder: no such directory"),
@@ -90,6 +99,7 @@ def test_bad_data_is_one_error_naming_the_file_or_key(tmp_path, damage, override
 
 CONFIG_CASES = [
     (["--n_layer", "x"], "error: n_layer: expected an integer or null, got 'x'"),
+    (["--micro_batch_size", "x"], "error: micro_batch_size: expected an integer or auto, got 'x'"),  # as --help
     (["--learning_rate", "1e-3"], "error: learning_rate: unknown config key"),
     (["--model", "gpt3"], "error: model: unknown model 'gpt3'"),
     (["--seq_len", "64"], "error: seq_len: 64 exceeds block_size 32"),

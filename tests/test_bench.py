@@ -60,3 +60,54 @@ def test_bench_reports_what_runs_on_the_cpu_of_a_gpu_machine(monkeypatch):
     on_gpu = runtime.resolve_runtime("auto", "auto", None, None)
     assert (on_gpu.device.type, on_gpu.compile, on_gpu.dtype, on_gpu.device_name) == (
         "cuda", True, "bfloat16", "NVIDIA H100 80GB HBM3")
+
+
+# --- scripts/bench_gpu.sh (issue 44: `python3` without torch printed a traceback per variant and exited 0) ------
+
+def bench_gpu(tmp_path, *groups: str, **env: str):
+    import os
+    import subprocess
+
+    from conftest import REPO
+
+    return subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), str(tmp_path / "results"), *groups],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **env})
+
+
+@pytest.mark.slow  # starts bash (and python: a second or two)
+def test_bench_gpu_without_torch_or_a_gpu_is_one_error_line_and_writes_nothing(tmp_path):
+    import os
+
+    import torch
+
+    from conftest import REPO
+
+    proc = bench_gpu(tmp_path, "speed", PYTHON="false")  # an interpreter that cannot import torch
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["error: false cannot import torch: run make install (it makes .venv), or set "
+                                        "PYTHON to a Python with torch"]
+    assert not (tmp_path / "results").exists()
+    if not torch.cuda.is_available() and (REPO / ".venv" / "bin" / "python").exists():
+        env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+        proc = bench_gpu(tmp_path, "speed", **env)  # the venv's python by default, not the system's python3
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [
+            "error: no CUDA GPU for .venv/bin/python's torch: the variants are GPU benchmarks (BENCH_DRY_RUN=1 runs "
+            "each as a tiny CPU run)"], proc.stderr
+
+
+@pytest.mark.slow
+def test_bench_gpu_exits_1_when_a_variant_fails_for_another_reason_than_memory(tmp_path):
+    """A dry-run variant on a damaged shard fails (bench.py's exit 2): failed.txt says why, and so does the
+    script's status; before, it exited 0."""
+    import sys
+
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "x_train_000001.npy").write_bytes(b"not a shard")
+    proc = bench_gpu(tmp_path, "speed", PYTHON=sys.executable, BENCH_DRY_RUN="1", BENCH_ONLY="124m-eager-fused-b64",
+                     DATA_DIR=str(damaged))
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = (tmp_path / "results" / "failed.txt").read_text().splitlines()
+    assert line.startswith("124m-eager-fused-b64\texit 2: error: ") and "x_train_000001.npy" in line, line
+    assert proc.stderr.splitlines()[-1] == (f"error: 1 variant(s) failed, not for lack of memory: "
+                                            f"{tmp_path / 'results'}/failed.txt says why")

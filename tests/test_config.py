@@ -242,7 +242,7 @@ def test_command_line_spellings(argv, value):
 @pytest.mark.parametrize("argv,message", [
     (["--min_lr", "-1e-3"], "min_lr: must be >= 0, got -0.001"),  # argparse alone would take -1e-3 for an option
     (["--max", "1"], "max: unknown config key (did you mean max_steps, max_lr, max_rollbacks?)"),  # no abbreviations
-    (["--help"], "help: unknown config key"),  # only as the first argument (train_gpt2.main)
+    (["--help"], "help: unknown config key"),  # train_gpt2.main answers --help before it parses (wants_help)
     (["--seed", "--max_lr", "1"], "seed: missing value"),
     (["--config"], "config: missing value"),
     (["--max_lr", "1", "extra"], "extra: expected --key value or --key=value"),
@@ -371,3 +371,47 @@ def test_keys_that_change_the_math_only_with_dropout_or_rollbacks(saved, now, ma
     (line,) = resume_warnings(saved, **now)
     assert ("the steps after the resume differ from an uninterrupted run" in line) is math
     assert ("none of them changes the training math" in line) is not math
+
+
+# --- issue 44: --help anywhere, what --help says of auto values ---------------------------------------------
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--config", "configs/demo.yaml", "--help"],
+                                  ["--max_lr", "1e-3", "-h", "--seed", "1"]])
+def test_help_anywhere_in_the_command_prints_the_usage(argv, capfd):
+    """Before: only as the first argument (`--config configs/demo.yaml --help` was `error: help: unknown config key`)."""
+    import train_gpt2
+    from common.errors import run_cli
+
+    assert run_cli(train_gpt2.main, argv) == 0
+    out, err = capfd.readouterr()
+    assert out.startswith("usage: train_gpt2.py") and not err
+
+
+def test_a_key_whose_value_is_minus_h_is_not_a_help_request():
+    from training.train.config import wants_help
+
+    assert not wants_help(["--sample_prompt", "-h"]) and wants_help(["--sample_prompt", "x", "-h"])
+
+
+def test_help_shows_what_each_key_accepts_and_auto_is_auto():
+    """micro_batch_size takes an integer or auto (its None): --help said INT|null, an error said `or null`."""
+    assert "--micro_batch_size INT|auto" in usage() and "--n_layer INT|null" in usage()
+    assert parse_args(["--micro_batch_size", "auto"]).micro_batch_size is None
+    with pytest.raises(ConfigError, match="micro_batch_size: expected an integer or auto, got 'x'"):
+        parse_args(["--micro_batch_size", "x"])
+
+
+def test_help_and_the_configuration_table_say_alike_what_dtype_auto_picks(monkeypatch):
+    """Before: --help said bf16 on CPUs where it is faster, CONFIGURATION.md bf16 wherever the hardware has it."""
+    import torch
+
+    from training.train import runtime
+
+    cpu_rule = "on CPUs with AMX, and on AMD CPUs with AVX512-BF16, where it is faster, else float32"
+    table = " ".join((REPO / "docs" / "CONFIGURATION.md").read_text().split())
+    assert cpu_rule in " ".join(usage().split()) and cpu_rule in table
+    for native, picked in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda native=native: native)
+        assert runtime.resolve_dtype("auto", torch.device("cpu")) == picked
+    assert runtime.resolve_dtype("auto", torch.device("mps")) == "float32"
+    assert "MPS: float32" in usage() and "on MPS float32" in table

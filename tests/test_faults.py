@@ -212,7 +212,7 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(dat
     assert_same_run(out, straight)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
 def test_preemption_signals_only_set_a_flag(sig):
     from training.distributed.preemption import PreemptionFlag
 
@@ -225,6 +225,30 @@ def test_preemption_signals_only_set_a_flag(sig):
     finally:
         flag.restore()
     assert signal.getsignal(sig) is before  # the previous handler is back
+
+
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_a_second_ctrl_c_raises_stop_now_and_torchruns_sigterm_after_one_counts_as_it(torchrun, monkeypatch):
+    """In this process: a second SIGINT raises StopNow (a KeyboardInterrupt); under torchrun, whose second Ctrl-C
+    reaches the workers as SIGTERM, a SIGTERM after a SIGINT does too. A SIGTERM alone, or before a SIGINT, is a
+    preemption: it only sets the flag."""
+    from training.distributed.preemption import PreemptionFlag, StopNow
+
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    if torchrun:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    flag = PreemptionFlag().install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # a preemption first: no Ctrl-C yet
+        os.kill(os.getpid(), signal.SIGINT)
+        assert flag.signal_name == "SIGTERM"
+        with pytest.raises(StopNow, match="stops at once: nothing was saved since the last checkpoint"):
+            os.kill(os.getpid(), signal.SIGTERM if torchrun else signal.SIGINT)
+            time.sleep(1)  # the handler runs in this thread, between bytecodes
+        if not torchrun:
+            os.kill(os.getpid(), signal.SIGTERM)  # outside torchrun a SIGTERM is a preemption, Ctrl-C or not
+    finally:
+        flag.restore()
 
 
 # --- reproduced fault paths: each of these lost work, mixed runs or hung before it was fixed ------
@@ -423,3 +447,78 @@ def test_a_hung_rank_fails_the_run_within_the_hang_timeout(data, tmp_path):
     assert proc.returncode != 0 and "Timed out waiting 6000ms" in proc.stderr, proc.stderr[-3000:]
     assert proc.exitcodes[0] == 1 and proc.exitcodes[1] == -9  # rank 0 gave up; the hung rank 1 was killed
     assert time.time() - started < guard(45)  # start-up, one step, the 6 s timeout, the teardown: not 30 minutes
+
+
+# --- Ctrl-C (issue 44: it lost everything since the last checkpoint, all of the demo's 400 steps) -----------
+
+def paused_from(step: int, seconds: float) -> dict[str, str]:
+    """tests/inject_fault.py's environment for rank 0 to sleep `seconds` before step `step` and every later one:
+    a run that reaches `step` at full speed, then leaves a signal sent just after step - 1 time to land in a step."""
+    return {**slow_steps(seconds), "FAULT_STEP": str(step)}
+
+
+def checkpoint_steps(out: Path) -> list[int]:
+    return [s for s, _ in list_checkpoints(out / "checkpoints")] if (out / "checkpoints").exists() else []
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_at_the_next_step_like_sigterm(data, tmp_path):
+    """`python train_gpt2.py`, one process (forked: tests/launch.py), Ctrl-C once: it says at once what it will do,
+    stops at the next step boundary with a checkpoint, and exits 0. Before: exit 130, nothing saved."""
+    out = tmp_path / "ctrl-c"
+    with start_trainer(base_args(data, out, **PREEMPTIBLE), script="tests/inject_fault.py",
+                       extra_env=paused_from(4, 0.5)) as proc:
+        wait_for_step(out, 3, proc)  # step 4 is in its pause
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=guard(120))
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "SIGINT received: saving a checkpoint after this step (Ctrl-C again stops at once, without saving)" \
+        in stderr.splitlines()
+    assert checkpoint_steps(out) == [6]  # set during step 4, the flag is voted at step 5's all-reduce
+    assert "SIGINT received: saved step 6; run the same command again to resume" in stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once_and_says_that_nothing_was_saved(data, tmp_path):
+    """The user who will not wait for the step and the save: the second Ctrl-C ends the process at once (its
+    step 4 would pause 30 s), exit 130, saving nothing after the last checkpoint, and says so."""
+    out = tmp_path / "twice"
+    with start_trainer(base_args(data, out, **ARGS), script="tests/inject_fault.py",
+                       extra_env=paused_from(4, 30.0)) as proc:
+        wait_for_step(out, 3, proc)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=guard(60))
+        stopped_in = time.monotonic() - started
+    assert proc.returncode == 130 and stopped_in < guard(10), (proc.returncode, stopped_in, stderr[-3000:])
+    assert stderr.splitlines()[-1] == \
+        "interrupted: a second SIGINT stops at once: nothing was saved since the last checkpoint"
+    assert checkpoint_steps(out) == [3]
+    assert max(r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train") == 3
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_under_torchrun_stops_the_workers_at_once(data, tmp_path):
+    """Under torchrun the terminal's Ctrl-C reaches torchrun alone (its workers run in sessions of their own).
+    It forwards SIGINT to each worker (rank 0 says it will save at the next step boundary; with no second
+    Ctrl-C they do, as for SIGTERM: torchrun then exits 1 with its SignalException). At a second Ctrl-C torchrun
+    sends its workers SIGTERM and waits for them, up to 30 s: a worker that had a SIGINT takes that SIGTERM for
+    the second Ctrl-C and stops at once, saving nothing. Before issue 44 the first Ctrl-C lost the steps."""
+    out = tmp_path / "twice"
+    proc = subprocess.Popen(torchrun_cmd(base_args(data, out, **ARGS), script="tests/inject_fault.py"), cwd=REPO,
+                            env={**env_for_workers(), **paused_from(4, 30.0), "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(out, 3, proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)  # torchrun forwards it
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=guard(60))
+    assert time.monotonic() - started < guard(15)  # not after step 4's 30 s pause, nor torchrun's 30 s wait
+    assert proc.returncode == 1 and "SignalException" in stderr  # torchrun's own
+    assert stderr.count("SIGINT received: saving a checkpoint after this step") == 1, stderr[-3000:]  # rank 0's
+    assert stderr.count("interrupted: a second Ctrl-C (torchrun's SIGTERM after its SIGINT) stops at once: "
+                        "nothing was saved since the last checkpoint") == 2, stderr[-3000:]
+    assert checkpoint_steps(out) == [3]

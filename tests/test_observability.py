@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -293,7 +294,16 @@ def test_mfu_is_reported_against_the_peak_and_lookup_table():
 @pytest.mark.slow
 def test_train_records_carry_throughput_and_mfu_with_a_peak_override(tmp_path):
     data = make_shards(tmp_path / "shards")
-    run_trainer(base_args(data, tmp_path / "out", max_steps=2, peak_flops=1e12))
+    proc = run_trainer(base_args(data, tmp_path / "out", max_steps=2, peak_flops=1e12))  # warmup_steps 2
+    # the console (issue 44): where the run is, its time so far and to go (from the second step: the first one
+    # compiles), and one warning for a schedule that never leaves its warmup
+    lines = [line for line in proc.stdout.splitlines() if re.match(r"step \d+/", line)]
+    figures = r"\| loss \d+\.\d{4} \| lr [\d.e+-]+ \| norm +[\d.]+ \| +[\d.]+ ms \| +[\d,]+ tok/s \| mfu +[\d.]+%"
+    assert re.fullmatch(rf"step 0/2 \( 50\.0%\) {figures} \| elapsed \d+s", lines[0]), lines
+    assert re.fullmatch(rf"step 1/2 \(100\.0%\) {figures} \| elapsed \d+s \| eta 0s", lines[1]), lines
+    assert [line for line in proc.stderr.splitlines() if line.startswith("warning:")] == [
+        "warning: warmup_steps 2 >= max_steps 2: the schedule never leaves its warmup; the lr goes from 1.500e-03 at "
+        "step 0 to 3.000e-03 at the last step (max_lr 0.003) and never decays; lower warmup_steps"]
     records = [r for r in read_log(tmp_path / "out" / "log.jsonl") if r["kind"] == "train"]
     from model import GPT, GPTConfig
 
@@ -342,3 +352,78 @@ def test_every_run_records_what_produced_it(runs):
     configs = [json.loads(item.value_json) for r in wandb_records(run_dir) if r.WhichOneof("record_type") == "run"
                for item in r.run.config.update if item.key == "provenance"]
     assert configs and configs[0] == record
+
+
+# --- the console (issue 44) -----------------------------------------------------------------------------------
+
+def test_the_step_line_says_where_the_run_is_its_peak_memory_and_its_time():
+    from training.observe.logger import format_duration, format_train_line
+
+    record = {"step": 1199, "loss": 4.18734, "lr": 6e-4, "grad_norm": 0.412, "step_ms": 1105.3,
+              "tokens_per_sec": 474350.0, "mfu": 0.413, "peak_mem_gb": 31.24}
+    assert format_train_line(record, 19073, 3725, 61234.0) == (
+        "step  1199/19073 (  6.3%) | loss 4.1873 | lr 6.000e-04 | norm  0.412 |   1105.3 ms |    474,350 tok/s | "
+        "mfu  41.3% | mem  31.2 GiB | elapsed 1h02m | eta 17h00m")
+    cpu = {k: v for k, v in record.items() if k not in ("mfu", "peak_mem_gb")}  # no peak to measure against
+    assert format_train_line(cpu, 19073, 59.4, None).endswith("474,350 tok/s | elapsed 59s")
+    assert [format_duration(s) for s in (0, 59.4, 60, 725, 3725, 90000)] == ["0s", "59s", "1m00s", "12m05s",
+                                                                            "1h02m", "1d01h"]
+
+
+def test_the_eta_is_the_launchs_pace_since_its_first_step_times_the_steps_left(monkeypatch):
+    """Evaluations and checkpoints between the steps count (they recur); the first step, which compiles, not."""
+    from types import SimpleNamespace
+
+    import train_gpt2
+
+    monkeypatch.setattr(train_gpt2.time, "perf_counter", lambda: 130.0)  # 3 steps after the first ended, at 100
+    run = SimpleNamespace(model=SimpleNamespace(estimate_flops_per_token=lambda T: 1.0), step=1)
+    records = train_gpt2.StepRecords(SimpleNamespace(cfg=SimpleNamespace(seq_len=32, max_steps=100)), run)
+    assert records.eta() is None
+    records.steps_taken, records.rate_from = 1, 100.0
+    assert records.eta() is None  # one step: no pace yet
+    records.steps_taken, run.step = 4, 4
+    assert records.eta() == pytest.approx(30.0 / 3 * 96)
+
+
+def test_a_long_evaluation_shows_its_progress_and_a_short_one_nothing():
+    from evals.base import Progress
+
+    now, said = [0.0], []
+    progress = Progress("step    250 | val loss", 160, said.append, clock=lambda: now[0])
+    for done in range(1, 161):  # 0.1 s a batch: 16 s in all
+        now[0] = done * 0.1
+        progress(done)
+    assert said == ["step    250 | val loss: 50/160 batches (31%) | elapsed 5s | eta 11s",
+                    "step    250 | val loss: 150/160 batches (94%) | elapsed 15s | eta 1s"]
+    quick = Progress("hellaswag", 10, said.append, clock=lambda: now[0])
+    for done in range(1, 11):
+        now[0] += 0.1
+        quick(done)
+    assert len(said) == 2  # under Progress.AFTER_S (5 s): no line
+
+
+def test_the_val_loss_and_hellaswag_in_the_loop_report_their_progress_on_rank_0(tmp_path, monkeypatch, capsys):
+    """The evaluators the trainer builds print through rank 0's console (Progress: no collective, no sync)."""
+    from conftest import build_tiny_run
+    from evals.base import Progress
+    from evals.hellaswag import HellaSwag
+    from evals.val_loss import ValLoss
+    from training.train.config import EvalSettings
+
+    monkeypatch.setattr(Progress, "AFTER_S", 0.0)
+    monkeypatch.setattr(Progress, "EVERY_S", 0.0)  # a line a batch
+    data = make_shards(tmp_path / "shards", vocab=GPT2_VOCAB)
+    ctx, run = build_tiny_run(data, tmp_path / "out", vocab_size=GPT2_VOCAB, val_tokens=512,
+                              hellaswag_path=hellaswag_fixture(tmp_path / "hs.jsonl"), hellaswag_interval=5)
+    ctx.logger.enabled = True
+    settings = ctx.cfg.section(EvalSettings)
+    assert ValLoss.from_settings(settings, ctx, run.strategy, None).evaluate(run)
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"step      0 \| val loss: 1/4 batches \(25%\) \| elapsed \d+s \| eta \d+s", lines[0]), lines
+    assert lines[-1].startswith("step      0 | val loss: 4/4 batches (100%)") and len(lines) == 4
+    from data.tokenizer import get_tokenizer
+
+    HellaSwag.from_settings(settings, ctx, run.strategy, get_tokenizer()).evaluate(run)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("step      0 | hellaswag: 1/1 batches (100%)"), lines

@@ -57,8 +57,15 @@ def fake_run(steps: int = 200, batch: int = 524288, start_loss: float = 10.9, en
 
 
 def figure(tmp_path: Path, runs: dict[str, tuple[list[dict], dict | None]], references: str = "auto"):
-    """The figure plot_log draws for run folders written from name -> (records, config or None)."""
-    loaded = {name: plot_log.load_run(write_log(tmp_path / name, records, config=config))
+    """The figure plot_log draws for run folders written from name -> (records, config or None). A config's
+    data_dir is moved under tmp_path, where no shards are (the unigram entropy line needs them: a checkout
+    that prepared data/shakespeare draws the same figure), unless it is there already."""
+    def no_data(config: dict | None) -> dict | None:
+        if not config or str(config.get("data_dir", "")).startswith(str(tmp_path)):
+            return config
+        return {**config, "data_dir": str(tmp_path / "no-shards" / config["data_dir"])}
+
+    loaded = {name: plot_log.load_run(write_log(tmp_path / name, records, config=no_data(config)))
               for name, (records, config) in runs.items()}
     return plot_log.plot(loaded, tmp_path / "curves.png", references=references)
 
@@ -68,8 +75,9 @@ def labels(ax) -> list[str]:
 
 
 def reference_labels(fig) -> list[list[str]]:
-    """Per panel, the labels of its horizontal reference lines."""
-    return [[line.get_label() for line in ax.get_lines() if line.get_color() == "gray"] for ax in fig.axes]
+    """Per panel, the labels of its horizontal reference lines (the lr panel, which has none, left out)."""
+    return [[line.get_label() for line in ax.get_lines() if line.get_color() == "gray"] for ax in fig.axes
+            if ax.get_title() != plot_log.LEARNING_RATE.panel]
 
 
 def run_plot(*args):
@@ -96,21 +104,21 @@ def test_two_runs_with_nulls_and_torn_line(tmp_path):
     proc = run_plot(run_a, run_b, "-o", out, "--smooth", 10, "--title", "two runs")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(out)
-    image = check_image(out, panels=2)
-    # Both panels carry curves: the HellaSwag half is not a plain background either.
-    assert image[:, PANEL_WIDTH:, :3].var() > 1e-3
+    image = check_image(out, panels=3)
+    # Every panel carries curves: the HellaSwag and lr thirds are not a plain background either.
+    assert image[:, PANEL_WIDTH:2 * PANEL_WIDTH, :3].var() > 1e-3 and image[:, 2 * PANEL_WIDTH:, :3].var() > 1e-3
 
 
 def test_one_panel_per_kind_of_data(tmp_path):
     fig = figure(tmp_path, {"demo": (fake_run(steps=30, batch=2048, hellaswag=False), DEMO)})
-    assert [ax.get_title() for ax in fig.axes] == ["loss"]
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "learning rate"]
     assert labels(fig.axes[0]) == ["demo train", "demo val"]
-    check_image(tmp_path / "curves.png", panels=1)
+    check_image(tmp_path / "curves.png", panels=2)
     fig = figure(tmp_path, {"demo": (fake_run(steps=30, batch=2048, hellaswag=False), DEMO),
                             "gpt2": (fake_run(), GPT2_124M)})  # one run with HellaSwag: a second panel
-    assert [ax.get_title() for ax in fig.axes] == ["loss", "HellaSwag"]
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "HellaSwag", "learning rate"]
     assert [label for label in labels(fig.axes[1]) if not label.startswith("GPT")] == ["gpt2"]
-    check_image(tmp_path / "curves.png", panels=2)
+    check_image(tmp_path / "curves.png", panels=3)
 
 
 def test_a_run_with_several_val_sets_gets_one_val_curve_per_set_in_a_style_of_its_own(tmp_path):
@@ -156,7 +164,7 @@ def test_train_records_only(tmp_path):
     out = tmp_path / "curves.png"
     proc = run_plot(run, "-o", out)
     assert proc.returncode == 0, proc.stderr
-    check_image(out, panels=1)
+    check_image(out, panels=2)  # loss, and the lr
 
 
 def test_references_follow_model_size_and_data(tmp_path):
@@ -325,3 +333,58 @@ def test_reference_line_only_when_the_data_still_fills_the_axis():
     assert plot_log.reference_fits(3.29, [np.array([3.1, 3.4])])  # line inside the data
     assert not plot_log.reference_fits(3.29, far_segment)
     assert not plot_log.reference_fits(3.29, [np.array([])])
+
+
+# --- issue 44: the lr panel, and the unigram entropy of the train data ---------------------------------------
+
+def test_the_lr_panel_draws_the_lr_of_every_step(tmp_path):
+    records = fake_run(steps=30, batch=2048, hellaswag=False)
+    for r in records:
+        if r["kind"] == "train":
+            r["lr"] = 1e-3 * (r["step"] + 1) / 30  # a warmup
+    fig = figure(tmp_path, {"demo": (records, DEMO)})
+    lr = fig.axes[-1]
+    assert lr.get_title() == "learning rate" and labels(lr) == ["demo"]
+    assert list(lr.get_lines()[0].get_ydata()) == [r["lr"] for r in records if r["kind"] == "train"]
+
+
+def shards_of(folder: Path, tokens: list[int], train_shards: int = 2) -> Path:
+    """A data folder whose train shards hold `tokens` (split over train_shards files), and a val shard."""
+    from data.shards import shard_name, write_shard
+
+    folder.mkdir(parents=True)
+    write_shard(folder / shard_name("t", "val", 0), np.array([7, 7, 7], dtype=np.uint16))  # not counted
+    for index, part in enumerate(np.array_split(np.array(tokens, dtype=np.uint16), train_shards), start=1):
+        write_shard(folder / shard_name("t", "train", index), part)
+    return folder
+
+
+def test_the_unigram_entropy_is_computed_from_the_train_shards_of_the_runs_data(tmp_path):
+    even = shards_of(tmp_path / "even", [0, 1, 2, 3] * 50)  # four tokens, equally often: ln 4
+    skewed = shards_of(tmp_path / "skewed", [0] * 150 + [1] * 50)  # 3/4 and 1/4
+    assert plot_log.unigram_entropy({"data_dir": str(even)}) == pytest.approx((np.log(4), False))
+    h = -(0.75 * np.log(0.75) + 0.25 * np.log(0.25))
+    assert plot_log.unigram_entropy({"data_dir": str(skewed)})[0] == pytest.approx(h)
+    # a mixture reads its sources in the share of their weights: (3/4 of 1/4 each) + (1/4 of skewed's)
+    mixed = np.array([0.75 / 4 + 0.25 * 0.75, 0.75 / 4 + 0.25 * 0.25, 0.75 / 4, 0.75 / 4])
+    assert plot_log.unigram_entropy({"data_dir": f"{even}:3,{skewed}:1"})[0] == \
+        pytest.approx(-(mixed * np.log(mixed)).sum())
+    assert plot_log.unigram_entropy({"data_dir": str(skewed)}, limit=100) == (0.0, True)  # the first 100: all 0s
+    assert plot_log.unigram_entropy({"data_dir": str(tmp_path / "none")}) is None
+    assert plot_log.unigram_entropy({}) is None
+
+
+def test_the_unigram_entropy_line_is_labelled_with_its_data_and_value(tmp_path):
+    data = shards_of(tmp_path / "corpus", list(range(64)) * 10)  # ln 64 = 4.16 nats
+    records = fake_run(steps=30, batch=2048, start_loss=6.0, end_loss=3.0, hellaswag=False)
+    config = {**DEMO, "data_dir": str(data)}
+    (line,) = [line for line in figure(tmp_path, {"run": (records, config)}).axes[0].get_lines()
+               if line.get_color() == "gray"]
+    assert line.get_label() == f"unigram entropy of {data}: 4.16"
+    assert line.get_ydata()[0] == pytest.approx(np.log(64))
+    assert reference_labels(figure(tmp_path, {"run": (records, config)}, references="none")) == [[]]
+    # far below losses that stay far above it: auto leaves it out, all draws it
+    high = fake_run(steps=30, batch=2048, start_loss=10.9, end_loss=10.0, hellaswag=False)
+    assert reference_labels(figure(tmp_path, {"run": (high, config)})) == [[]]
+    assert reference_labels(figure(tmp_path, {"run": (high, config)}, references="all")) == \
+        [["GPT-2 124M checkpoint: 3.29", f"unigram entropy of {data}: 4.16"]]

@@ -18,6 +18,7 @@ import pytest
 from conftest import REPO
 from slowness import guard
 from data.manifest import data_fingerprint, file_sha256, prep_files
+from common.errors import DataError
 from data.shards import ShardWriter, find_shards, open_shard
 from data.tokenizer import EOT_TOKEN, get_tokenizer
 
@@ -194,7 +195,7 @@ def test_markdown_and_python_files_are_plain_text_documents(tmp_path):
     docs = ["# Title\n\nSome *prose*.\n", "def f(x):\n    return x + 1\n"]
     (tmp_path / "notes.md").write_text(docs[0], encoding="utf-8")
     (tmp_path / "code.py").write_text(docs[1], encoding="utf-8")
-    prep_here([tmp_path / "notes.md", tmp_path / "code.py"], tmp_path / "out", 100, val_size=1)
+    prep_here([tmp_path / "notes.md", tmp_path / "code.py"], tmp_path / "out", 100, val_size=tokens_of(docs[:1]).size)
     assert np.array_equal(all_tokens(tmp_path / "out"), tokens_of(docs))
 
 
@@ -255,13 +256,19 @@ def test_shard_writer_val_ends_exactly_at_val_size_when_a_document_starts_there(
     assert [len(s) for s in shards] == [7, 5]
 
 
-def test_shard_writer_first_document_longer_than_val_is_the_whole_val_shard(tmp_path):
+def test_shard_writer_first_document_longer_than_val_size_is_an_error_naming_its_length(tmp_path):
+    """val_size is the most tokens in the val shard, which holds whole documents: a first document longer
+    than that cannot be honoured either way (it was the whole val shard, over val_size: issue 44)."""
     tokens = np.concatenate([doc(25, 1), doc(3, 2), doc(3, 3)])
     writer = ShardWriter(tmp_path, "x", shard_size=4, val_size=5)
-    for start in range(0, tokens.size, 2):  # in small pieces: the buffer has to grow
-        writer.add(tokens[start : start + 2])
-    shards = [np.load(p) for p in writer.close()]
-    assert [len(s) for s in shards] == [25, 4, 2]
+    with pytest.raises(DataError, match=r"--val_size 5: the first document is 25 tokens long.*at least 25"):
+        for start in range(0, tokens.size, 2):  # in small pieces: the buffer has to grow
+            writer.add(tokens[start : start + 2])
+    writer = ShardWriter(tmp_path / "one", "x", shard_size=4, val_size=5)
+    writer.add(doc(25, 1))  # the only document: its length is known at the end
+    with pytest.raises(DataError, match="the first document is 25 tokens long"):
+        writer.close()
+    assert not list(tmp_path.glob("**/*.npy"))  # nothing written
 
 
 def test_shard_writer_default_val_takes_about_a_tenth_of_a_small_corpus(tmp_path):
@@ -390,3 +397,44 @@ def test_prep_benchmark_times_prep_and_a_reference(tmp_path):
     assert [r["prep"] for r in results["runs"]] == ["prep/fineweb.py", reference]
     assert results["corpus_bytes"] >= 200_000 and results["corpus_tokens"] > 30_000
     assert all(r["best_s"] > 0 for r in results["runs"])
+
+
+# --- issue 44: the Hub out of reach -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("env", [{"HF_HUB_OFFLINE": "1"}, {"HF_ENDPOINT": "closed port"}], ids=["offline", "no-hub"])
+def test_a_hub_prep_without_the_hub_fails_at_once_naming_the_local_route_and_writes_nothing(tmp_path, monkeypatch,
+                                                                                          capfd, env):
+    """Before: `datasets` retried for 23-40 s (a screen of retry lines), then the error, which did not name
+    --input, and the progress record it left made the trainer say `no train shards`, not to prepare the data.
+    A closed port on this machine stands for an unreachable Hub (the tests never touch the network)."""
+    import time
+
+    from common.errors import run_cli
+    from launch import free_port
+    from prep import fineweb
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, f"http://127.0.0.1:{free_port()}" if value == "closed port" else value)
+    out = tmp_path / "fineweb"
+    started = time.monotonic()
+    assert run_cli(fineweb.main, ["--out", str(out), "--max_tokens", "1000", "--num_proc", "1"]) == 2
+    assert time.monotonic() - started < guard(5)
+    err = capfd.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: --dataset HuggingFaceFW/fineweb-edu: "), err
+    assert "offline, tokenize local copies instead: --input FILE.parquet" in err
+    assert not out.exists()
+
+
+def test_a_prep_that_fails_before_its_first_shard_leaves_no_progress_record(tmp_path):
+    """A source that fails before any shard (here: a document that is not UTF-8) leaves the folder as it found
+    it: no progress record for the trainer to take for a prep under way, nor the folder it made."""
+    (tmp_path / "bad.txt").write_bytes(b"\xff\xfe not UTF-8")
+    with pytest.raises(DataError, match="not UTF-8"):
+        prep_here([tmp_path / "bad.txt"], tmp_path / "out", 100)
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "kept").mkdir()  # a folder the user made is kept, empty
+    with pytest.raises(DataError, match="not UTF-8"):
+        prep_here([tmp_path / "bad.txt"], tmp_path / "kept", 100)
+    assert list((tmp_path / "kept").iterdir()) == []

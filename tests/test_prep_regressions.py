@@ -208,12 +208,19 @@ def test_the_val_shard_holds_whole_documents_and_train_starts_with_the_next(tmp_
     assert first_train[0] == EOT_TOKEN
 
 
-def test_a_first_document_longer_than_val_size_is_the_val_shard(tmp_path):
+def test_a_first_document_longer_than_val_size_is_one_error_line_and_writes_nothing(tmp_path):
+    """--val_size is the most tokens in the val shard (issue 44: a first document longer than it was the val
+    shard, 5,378 tokens for --val_size 4096); the val shard holds whole documents, so it cannot be honoured."""
     docs = make_docs(30, seed=22, words=(500, 900))
-    run_prep([write_jsonl(tmp_path / "docs.jsonl", docs)], tmp_path / "out", "--shard_size", "1000",
-             "--val_size", "100")
-    assert np.array_equal(np.load(find_shards(tmp_path / "out", "val")[0]), tokens_of(docs[:1]))
-    assert np.array_equal(all_tokens(tmp_path / "out"), tokens_of(docs))
+    first = tokens_of(docs[:1]).size
+    proc = run_prep([write_jsonl(tmp_path / "docs.jsonl", docs)], tmp_path / "out", "--shard_size", "1000",
+                    "--val_size", "100", check=False)
+    assert proc.returncode == 2
+    assert error_line(proc) == (
+        f"error: --val_size 100: the first document is {first:,} tokens long, and the val shard holds whole "
+        f"documents only (no document is in both splits); raise --val_size to at least {first}, or put a shorter "
+        f"document first")
+    assert not (tmp_path / "out").exists()  # no progress record that would look like a prep under way
 
 
 def test_a_worker_killed_while_sending_its_result_ends_prep_with_an_error_not_a_hang():

@@ -57,7 +57,11 @@ def test_a_bad_trainer_key_is_refused_before_any_launch(monkeypatch, capfd, tmp_
     assert status == 2 and len(errors) == 1 and errors[0].startswith("error: max_lrr: unknown config key")
 
 
-@pytest.mark.parametrize("argv", [[], ["--config", "x.yaml"], ["--workers_per_node", "x"]])
-def test_a_call_without_its_workers_per_node_is_one_line(capfd, argv):
+@pytest.mark.parametrize("argv,message", [
+    ([], "the following arguments are required: --workers_per_node"),
+    (["--config", "x.yaml"], "the following arguments are required: --workers_per_node"),
+    (["--workers_per_node", "x"], "argument --workers_per_node: invalid int value: 'x'"),
+])
+def test_a_call_without_its_workers_per_node_is_one_line(capfd, argv, message):
     assert run_cli(slurm_preflight.main, argv) == 2
-    assert capfd.readouterr().err.startswith("error: usage: slurm_preflight.py --workers_per_node N")
+    assert capfd.readouterr().err == f"error: slurm_preflight.py: {message} (see --help)\n"

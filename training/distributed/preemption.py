@@ -1,22 +1,39 @@
-"""SIGTERM / SIGUSR1 (what SLURM and cloud schedulers send before a kill) become a flag, and a stop.
+"""SIGTERM / SIGUSR1 (what SLURM and cloud schedulers send before a kill) and SIGINT (Ctrl-C) become a flag,
+and a stop.
 
 The handler only sets the flag (`PreemptionFlag`): the ranks agree on it at the next step
 boundary (it rides on the per-step loss all-reduce), and `StopVote` then saves the state and
-lets every rank exit cleanly.
+lets every rank exit cleanly. Ctrl-C does the same, so an interactive run keeps its work like a
+preempted one; a second Ctrl-C, for a user who will not wait for the step and the save, stops
+at once (`StopNow`, a KeyboardInterrupt: no `except Exception` on the way catches it), saving nothing.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 
 from training.distributed.process_group import any_rank
 
 
-class PreemptionFlag:
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+def under_torchrun() -> bool:
+    """A worker of torchrun's agent (the variable its agent sets, as process_group.stop_when_launcher_dies reads)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
-    def __init__(self):
+
+class StopNow(KeyboardInterrupt):
+    """A second SIGINT: stop at once, without the checkpoint the first one asked for (run_cli prints it)."""
+
+
+class PreemptionFlag:
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+    def __init__(self, announce: bool = False):
+        """announce: say at once, on stderr, what a Ctrl-C will do (rank 0: one line for the whole run)."""
         self.signal_name: str | None = None
+        self.announce = announce
+        self.interrupts = 0  # SIGINTs so far
         self._previous = {}
 
     @property
@@ -24,7 +41,22 @@ class PreemptionFlag:
         return self.signal_name is not None
 
     def _handle(self, signum, frame) -> None:
-        self.signal_name = signal.Signals(signum).name
+        self.signal_name = self.signal_name or signal.Signals(signum).name  # the first one names the stop
+        if self.interrupts and signum == signal.SIGINT:
+            raise StopNow("a second SIGINT stops at once: nothing was saved since the last checkpoint")
+        if self.interrupts and signum == signal.SIGTERM and under_torchrun():
+            # The terminal's Ctrl-C reaches torchrun, which forwards one SIGINT to each worker; at a second one it
+            # sends them SIGTERM (and SIGKILL 30 s later). A worker cannot tell that SIGTERM from a preemption's,
+            # but after a Ctrl-C it is the user's second, and torchrun waits for the workers before it exits.
+            raise StopNow("a second Ctrl-C (torchrun's SIGTERM after its SIGINT) stops at once: nothing was saved "
+                          "since the last checkpoint")
+        if signum != signal.SIGINT:
+            return
+        self.interrupts += 1
+        if self.announce:  # a step, an eval and the save may take a while: say so now
+            # os.write, not print: a handler that prints while the main thread is inside a print raises
+            os.write(sys.stderr.fileno(), b"SIGINT received: saving a checkpoint after this step "
+                                          b"(Ctrl-C again stops at once, without saving)\n")
 
     def install(self) -> "PreemptionFlag":
         for sig in self.SIGNALS:

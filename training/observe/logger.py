@@ -320,11 +320,32 @@ class RunLogger:
             self.wandb_run = None
 
 
-def format_train_line(r: dict) -> str:
-    """The console line of a train record."""
+def format_train_line(r: dict, max_steps: int, elapsed_s: float, eta_s: float | None) -> str:
+    """The console line of a train record: where the run is (`step 1200/19073 (6.3%)`: record step s is update
+    s + 1 of max_steps), the step's figures, the peak memory on a GPU, this launch's time so far, and the time
+    to max_steps (eta_s; None until a launch has a rate: its first step compiles)."""
+    width = len(str(max_steps))
     mfu = f" | mfu {100 * r['mfu']:5.1f}%" if "mfu" in r else ""
-    return (f"step {r['step']:6d} | loss {r['loss']:.4f} | lr {r['lr']:.3e} | norm {r['grad_norm']:6.3f} | "
-            f"{r['step_ms']:8.1f} ms | {r['tokens_per_sec']:10,.0f} tok/s{mfu}")
+    memory = f" | mem {r['peak_mem_gb']:5.1f} GiB" if "peak_mem_gb" in r else ""
+    eta = f" | eta {format_duration(eta_s)}" if eta_s is not None else ""
+    return (f"step {r['step']:{width}d}/{max_steps} ({100 * (r['step'] + 1) / max_steps:5.1f}%) | "
+            f"loss {r['loss']:.4f} | lr {r['lr']:.3e} | norm {r['grad_norm']:6.3f} | {r['step_ms']:8.1f} ms | "
+            f"{r['tokens_per_sec']:10,.0f} tok/s{mfu}{memory} | elapsed {format_duration(elapsed_s)}{eta}")
+
+
+def format_duration(seconds: float) -> str:
+    """45s, 12m05s, 3h07m, 2d04h: two units at most, the larger first."""
+    seconds = max(0, round(seconds))
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
 
 
 WANDB_MODES = ("online", "offline", "disabled")

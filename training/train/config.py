@@ -93,7 +93,8 @@ class DataSettings(Settings):
                                               "largest B that fits the GPU's free memory with headroom, found by "
                                               "probing the training step before training (the smallest over the "
                                               "ranks, keeping grad_accum_steps whole; run.json and the startup "
-                                              "line say which); on CPU and MPS micro_batch_size_fallback")
+                                              "line say which); on CPU and MPS micro_batch_size_fallback",
+                                              none="auto")
     micro_batch_size_fallback: int = option(16, "micro_batch_size auto on CPU and MPS, where no memory is probed: "
                                                 "this B, or the largest below it that keeps grad_accum_steps "
                                                 "whole, with a warning")
@@ -238,8 +239,9 @@ class RuntimeSettings(Settings):
     SUMMARY = "device, precision, kernels, the seed, and how the ranks share the model"
 
     device: str = option("auto", "auto, cuda, cuda:N, mps or cpu")
-    dtype: str = option("auto", "auto (bfloat16 autocast on GPUs and on CPUs where it is faster, float16 with a "
-                             "gradient scaler on GPUs without bf16 such as V100/T4, else float32), bfloat16, float16, "
+    dtype: str = option("auto", "auto (CUDA: bfloat16 autocast, or float16 with a gradient scaler on GPUs without "
+                             "bf16 such as V100/T4; CPU: bfloat16 autocast on CPUs with AMX, and on AMD CPUs with "
+                             "AVX512-BF16, where it is faster, else float32; MPS: float32), bfloat16, float16, "
                              "float32, or float64 (weights and math, for numerical checks)")
     compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)")
     seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples")
@@ -463,7 +465,7 @@ def coerce(key: str, value):
         return value
     elif isinstance(value, list) and list in accepted and all(isinstance(v, str) for v in value):
         return value
-    raise ConfigError(f"{key}: expected {_type_name(accepted)}, got {value!r}")
+    raise ConfigError(f"{key}: expected {_type_name(key, accepted)}, got {value!r}")
 
 
 def _from_text(key: str, value: str, accepted: tuple[type, ...]):
@@ -487,12 +489,12 @@ def _from_text(key: str, value: str, accepted: tuple[type, ...]):
             pass
     elif list in accepted:
         return [t for t in text.split(",") if t]
-    raise ConfigError(f"{key}: expected {_type_name(accepted)}, got {text!r}")
+    raise ConfigError(f"{key}: expected {_type_name(key, accepted)}, got {text!r}")
 
 
-def _type_name(accepted: tuple[type, ...]) -> str:
+def _type_name(key: str, accepted: tuple[type, ...]) -> str:
     names = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
-             list: "a list of strings", type(None): "null"}
+             list: "a list of strings", type(None): _FIELDS[key].metadata["none"]}
     return " or ".join(names[t] for t in accepted)
 
 
@@ -532,7 +534,7 @@ USAGE = "train_gpt2.py [--config configs/NAME.yaml] [--key value | --key=value .
 DESCRIPTION = """\
 Every key below can be set in the YAML file (flat, or nested under its section's name) or on the
 command line (the command line wins). Each belongs to one settings section of the code."""
-_METAVARS = {bool: "true|false", int: "INT", float: "NUMBER", str: "TEXT", list: "A,B,...", type(None): "null"}
+_METAVARS = {bool: "true|false", int: "INT", float: "NUMBER", str: "TEXT", list: "A,B,..."}
 
 
 def _parser() -> ArgumentParser:
@@ -546,7 +548,7 @@ def _parser() -> ArgumentParser:
         for f in dataclasses.fields(section):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             group.add_argument(f"--{f.name}", type=functools.partial(coerce, f.name),
-                               metavar="|".join(_METAVARS[t] for t in _base_types(f.name)),
+                               metavar="|".join(_METAVARS.get(t, f.metadata["none"]) for t in _base_types(f.name)),
                                help=f"{f.metadata['help']} (default: {json.dumps(default)})".replace("%", "%%"))
     return parser
 
@@ -569,6 +571,11 @@ def _argparse_form(argv: list[str]) -> list[str]:
 def _takes_value(arg: str) -> bool:
     """Whether arg is a `--key` still waiting for its value."""
     return arg.startswith("--") and "=" not in arg and arg[2:] in (_FIELDS.keys() | {"config"})
+
+
+def wants_help(argv: list[str]) -> bool:
+    """Whether argv asks for --help (or -h) anywhere, but as the value of a key (`--sample_prompt -h`)."""
+    return any(arg in ("-h", "--help") for arg in _argparse_form(argv))
 
 
 def usage() -> str:

@@ -96,6 +96,15 @@ class ScheduleSettings(Settings):
                     f"{self.warmup_steps} runs into the wsd cooldown, which starts at step {start} "
                     f"(max_steps {self.max_steps}, cooldown_frac {self.cooldown_frac})")
 
+    def warning(self) -> str | None:
+        """What a launch warns of: a warmup that never ends (warmup_steps >= max_steps, as when a config's
+        max_steps is cut for a quick test), so every step trains below max_lr; None when the schedule is sound."""
+        if self.warmup_steps < self.max_steps:
+            return None
+        return (f"warmup_steps {self.warmup_steps} >= max_steps {self.max_steps}: the schedule never leaves its "
+                f"warmup; the lr goes from {self.lr(0):.3e} at step 0 to {self.lr(self.max_steps - 1):.3e} at the "
+                f"last step (max_lr {self.max_lr:g}) and never decays; lower warmup_steps")
+
     def lr(self, step: int) -> float:
         """learning_rate for optimizer update `step` (0-based) under these settings."""
         return learning_rate(step, self.warmup_steps, self.max_steps, self.max_lr, self.min_lr, self.lr_schedule,

@@ -23,11 +23,14 @@ from typing import ClassVar
 from common.errors import ConfigError
 
 
-def option(default, help: str):
-    """A settings field with its help text beside it (printed by --help)."""
+def option(default, help: str, none: str = "null"):
+    """A settings field with its help text beside it (printed by --help). none: how a user writes the field's
+    None, for a field that takes one (`auto` where None means "chosen at launch"; YAML's null, none and auto
+    all read as None)."""
+    metadata = {"help": help, "none": none}
     if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda: list(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def require(ok: bool, key: str, message: str) -> None:
