@@ -47,7 +47,7 @@ test: install lint
 # missing (root or sudo). About 3 minutes on 2 idle CPU cores.
 test-slurm: install
 	bash scripts/install_slurm.sh
-	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m slurm tests/test_slurm.py --durations=0
+	REQUIRE_SLURM=1 $(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m slurm tests/test_slurm.py --durations=0
 
 # the inner loop: no test that starts a process (trainer, torchrun, prep) or compiles; about 40 seconds
 test-fast: install
