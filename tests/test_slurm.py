@@ -34,7 +34,9 @@ def cluster(tmp_path_factory):
     missing = missing_commands()
     if missing:  # make test-slurm installs it first, and asks for these tests to run (REQUIRE_SLURM)
         message = f"Slurm is not installed ({', '.join(missing)} missing): run `make test-slurm`, which installs it"
-        pytest.fail(message) if os.environ.get("REQUIRE_SLURM") else pytest.skip(message)
+        if os.environ.get("REQUIRE_SLURM"):
+            pytest.fail(message)
+        pytest.skip(message)
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         yield cluster.start()
