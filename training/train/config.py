@@ -1,7 +1,7 @@
 """The training configuration: settings sections, one per component, composed into TrainConfig.
 
 Every key is a typed dataclass field with its help text beside it, declared by the one settings
-section (training/train/settings.py) of the component it configures, and checked by that section's
+section (common/settings.py) of the component it configures, and checked by that section's
 validate(); TrainConfig is all the sections at once (cfg.max_lr), and its own validate() holds the
 rules that span sections. The sections, and where each is declared:
 
@@ -50,7 +50,7 @@ from training.train.optimizers import OptimizerSettings
 from training.distributed.strategies import STRATEGIES, strategies_help
 from training.observe.logger import LoggingSettings
 from training.train.schedule import ScheduleSettings
-from training.train.settings import Settings, check, option, require
+from common.settings import Settings, check, option, require
 from training.train.spikes import LongRunSettings
 from training.checkpoint.storage import absolute, is_url
 
@@ -69,7 +69,8 @@ class RunSettings(Settings):
     SECTION = "run"
     SUMMARY = "the run folder"
 
-    out_dir: str = option("out/gpt2_124m", "run folder: config.yaml, run.json, log.jsonl, checkpoints/")
+    out_dir: str = option("out/gpt2_124m", "run folder: config.yaml, run.json, log.jsonl, checkpoints/",
+                          on_resume="none")
 
     def validate(self) -> None:
         require(not is_url(self.out_dir), "out_dir",
@@ -87,23 +88,25 @@ class DataSettings(Settings):
     data_dir: str = option("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy), or a "
                                                    "mixture: folder:weight,folder:weight ({folder: weight, ...} in "
                                                    "YAML), every step the same share of rows from each "
-                                                   "(data/mixture.py)")
-    total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)")
+                                                   "(data/mixture.py)", on_resume="trajectory")
+    total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)",
+                                   on_resume="trajectory")
     micro_batch_size: int | None = option(64, "sequences in one forward pass on one rank (B), or auto: on CUDA the "
                                               "largest B that fits the GPU's free memory with headroom, found by "
                                               "probing the training step before training (the smallest over the "
                                               "ranks, keeping grad_accum_steps whole; run.json and the startup "
                                               "line say which); on CPU and MPS micro_batch_size_fallback",
-                                              none="auto")
+                                          on_resume="with_dropout", none="auto")
     micro_batch_size_fallback: int = option(16, "micro_batch_size auto on CPU and MPS, where no memory is probed: "
                                                 "this B, or the largest below it that keeps grad_accum_steps "
-                                                "whole, with a warning")
-    seq_len: int = option(1024, "tokens per sequence (T)")
+                                                "whole, with a warning", on_resume="with_dropout")
+    seq_len: int = option(1024, "tokens per sequence (T)", on_resume="trajectory")
     shuffle: bool = option(False, "read the train rows in a new order every epoch, seeded by seed and epoch (false: "
-                                  "build-nanogpt's order, the shards in order, then in a seeded shard order)")
+                                  "build-nanogpt's order, the shards in order, then in a seeded shard order)",
+                           on_resume="trajectory")
     doc_aligned: bool = option(False, "start every train row at a document (its <|endoftext|>): a document longer "
                                       "than a row is cut at the row's end and its rest passed over (the startup "
-                                      "line says the share of tokens the rows use)")
+                                      "line says the share of tokens the rows use)", on_resume="trajectory")
 
     def validate(self) -> None:
         parse_sources(self.data_dir)  # its form and weights; the folders are opened at launch
@@ -125,16 +128,18 @@ class ModelSettings(Settings):
     SECTION = "model"
     SUMMARY = "the architecture and the initial weights"
 
-    model: str = option("gpt2", "gpt2, gpt2-medium, gpt2-large, gpt2-xl, or custom (with n_layer, n_head, n_embd)")
-    n_layer: int | None = option(None, "transformer blocks (model=custom only)")
-    n_head: int | None = option(None, "attention heads (model=custom only)")
-    n_embd: int | None = option(None, "width of the residual stream (model=custom only)")
+    model: str = option("gpt2", "gpt2, gpt2-medium, gpt2-large, gpt2-xl, or custom (with n_layer, n_head, n_embd)",
+                        on_resume="trajectory")
+    n_layer: int | None = option(None, "transformer blocks (model=custom only)", on_resume="trajectory")
+    n_head: int | None = option(None, "attention heads (model=custom only)", on_resume="trajectory")
+    n_embd: int | None = option(None, "width of the residual stream (model=custom only)", on_resume="trajectory")
     vocab_size: int = option(50304, "embedding rows: GPT-2's 50257 padded to a multiple of 128 for faster matmuls "
-                                    "(smaller only for data of other token ids: HellaSwag and samples need 50257)")
-    block_size: int = option(1024, "longest sequence the position table covers")
-    dropout: float = option(0.0, "dropout probability (0 for pretraining)")
+                                    "(smaller only for data of other token ids: HellaSwag and samples need 50257)",
+                             on_resume="trajectory")
+    block_size: int = option(1024, "longest sequence the position table covers", on_resume="trajectory")
+    dropout: float = option(0.0, "dropout probability (0 for pretraining)", on_resume="trajectory")
     init_from: str = option("scratch", "initial weights: scratch, a GPT-2 preset or HF folder, or a checkpoint .pt "
-                                    "(weights only)")
+                                    "(weights only)", on_resume="none")  # a resumed run's weights are its checkpoint's
 
     def validate(self) -> None:
         shape = ("n_layer", "n_head", "n_embd")
@@ -166,18 +171,21 @@ class EvalSettings(Settings):
     SECTION = "evaluation"
     SUMMARY = "val loss (always after the last step), HellaSwag and text samples"
 
-    eval_interval: int = option(250, "val loss every N steps (0: only after the last)")
-    val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288), of each val set")
+    eval_interval: int = option(250, "val loss every N steps (0: only after the last)", on_resume="none")
+    val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288), of each val set",
+                             on_resume="none")
     val_sets: str = option("", "named val windows, each its own val/<name> series: name=folder or name=val shard, "
                                "comma-separated ({name: folder, ...} in YAML); '': data_dir's val split as `val`, or "
-                               "each mixture source's under its name")
-    hellaswag_interval: int = option(250, "HellaSwag every N steps and after the last (0: off)")
-    hellaswag_path: str = option("", "a local HellaSwag val jsonl ('': download it once into the cache)")
-    hellaswag_limit: int = option(0, "score only the first N examples (0: all 10,042)")
-    sample_interval: int = option(250, "text samples every N steps and after the last (0: off)")
-    sample_prompt: str = option("Hello, I'm a language model,", "prompt of the samples ('': unconditional)")
-    sample_count: int = option(4, "samples each time")
-    sample_tokens: int = option(32, "new tokens per sample")
+                               "each mixture source's under its name", on_resume="none")
+    hellaswag_interval: int = option(250, "HellaSwag every N steps and after the last (0: off)", on_resume="none")
+    hellaswag_path: str = option("", "a local HellaSwag val jsonl ('': download it once into the cache)",
+                                 on_resume="none")
+    hellaswag_limit: int = option(0, "score only the first N examples (0: all 10,042)", on_resume="none")
+    sample_interval: int = option(250, "text samples every N steps and after the last (0: off)", on_resume="none")
+    sample_prompt: str = option("Hello, I'm a language model,", "prompt of the samples ('': unconditional)",
+                                on_resume="none")
+    sample_count: int = option(4, "samples each time", on_resume="none")
+    sample_tokens: int = option(32, "new tokens per sample", on_resume="none")
 
     def validate(self) -> None:
         for key in ("val_tokens", "sample_count", "sample_tokens"):
@@ -198,18 +206,21 @@ class CheckpointSettings(Settings):
     SECTION = "checkpoint"
     SUMMARY = "when checkpoints are written and kept, where they go, which one a run resumes"
 
-    checkpoint_interval: int = option(5000, "checkpoint every N steps (0: only at the end and on preemption)")
-    final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)")
-    keep_last: int = option(3, "keep the newest N checkpoints")
-    resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
+    checkpoint_interval: int = option(5000, "checkpoint every N steps (0: only at the end and on preemption)",
+                                      on_resume="with_rollbacks")
+    final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)", on_resume="none")
+    keep_last: int = option(3, "keep the newest N checkpoints", on_resume="none")
+    resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path",
+                         on_resume="none")
     checkpoint_dir: str = option("", "where checkpoints go ('': out_dir/checkpoints): a local or shared path (a "
                                      "relative one is stored absolute), or an fsspec URL (s3://bucket/run, gs://..., "
-                                     "needing s3fs, gcsfs, ...)")
+                                     "needing s3fs, gcsfs, ...)", on_resume="none")
     checkpoint_format: str = option("auto", "file (one step_X.pt written by rank 0), sharded (a step_X/ folder "
                                             "every rank writes its part of, torch.distributed.checkpoint), or auto "
-                                            "(sharded under fsdp and for URLs, else file); both resume anywhere")
+                                            "(sharded under fsdp and for URLs, else file); both resume anywhere",
+                                    on_resume="none")
     checkpoint_async: bool = option(True, "sharded checkpoints are written in the background: training waits only "
-                                          "for the copy to host memory")
+                                          "for the copy to host memory", on_resume="none")
 
     def resolve(self) -> None:
         # stored absolute, so config.yaml, the checkpoints' config and run.json name the place itself: a tool run
@@ -238,29 +249,32 @@ class RuntimeSettings(Settings):
     SECTION = "runtime"
     SUMMARY = "device, precision, kernels, the seed, and how the ranks share the model"
 
-    device: str = option("auto", "auto, cuda, cuda:N, mps or cpu")
+    device: str = option("auto", "auto, cuda, cuda:N, mps or cpu", on_resume="trajectory")
     dtype: str = option("auto", "auto (CUDA: bfloat16 autocast, or float16 with a gradient scaler on GPUs without "
                              "bf16 such as V100/T4; CPU: bfloat16 autocast on CPUs with AMX, and on AMD CPUs with "
                              "AVX512-BF16, where it is faster, else float32; MPS: float32), bfloat16, float16, "
-                             "float32, or float64 (weights and math, for numerical checks)")
-    compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)")
-    seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples")
+                             "float32, or float64 (weights and math, for numerical checks)", on_resume="trajectory")
+    compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)", on_resume="with_dropout")
+    seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples", on_resume="trajectory")
     deterministic: bool = option(False, "only kernels that give the same bits for the same inputs, so two runs "
                                         "with the same seed and data log the same losses (slower on GPUs: see "
-                                        "docs/PERFORMANCE.md; on CPUs the kernels mostly are already)")
+                                        "docs/PERFORMANCE.md; on CPUs the kernels mostly are already)",
+                                 on_resume="with_dropout")
     loss_chunk_size: int | None = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
-                                            "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
-    peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
-    strategy: str = option("ddp", f"data parallelism: {strategies_help()}")
+                                            "holding the whole logits (0: plain; null: 8192 on CUDA without compile)",
+                                         on_resume="none")
+    peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)", on_resume="none")
+    strategy: str = option("ddp", f"data parallelism: {strategies_help()}", on_resume="none")
     activation_checkpointing: str = option("none", "recompute transformer blocks' activations in the backward "
                                                    "instead of keeping them from the forward: none, full (every "
                                                    "block: the least memory, about one more forward of compute) "
                                                    "or selective (one block in every activation_checkpointing_every); "
-                                                   "the same losses and gradients (README, memory table)")
+                                                   "the same losses and gradients (README, memory table)",
+                                           on_resume="none")
     activation_checkpointing_every: int = option(2, "selective: recompute blocks 0, N, 2N, ... (2: every other "
-                                                    "block)")
+                                                    "block)", on_resume="none")
     hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
-                                            "(a rank hung or died); start-up gets 30 minutes")
+                                            "(a rank hung or died); start-up gets 30 minutes", on_resume="none")
 
     def recompute_every(self) -> int:
         """activation_checkpointing as GPT.recompute_blocks takes it: one block in every N recomputed (0: none)."""
@@ -300,14 +314,17 @@ class DiagnosticsSettings(Settings):
     SUMMARY = "rank stats, stragglers, the profiler and memory snapshots"
 
     rank_stats_interval: int = option(100, "every N steps the ranks share their step and data-wait times, and a "
-                                           "ranks record gives the median and the slowest rank (0: off)")
+                                           "ranks record gives the median and the slowest rank (0: off)",
+                                      on_resume="none")
     straggler_factor: float = option(1.5, "warn, naming rank and host, when a rank's step time stays above this "
-                                          "multiple of the median for 3 rank_stats intervals in a row (0: never)")
+                                          "multiple of the median for 3 rank_stats intervals in a row (0: never)",
+                                     on_resume="none")
     profile_from: int = option(0, "profile profile_steps steps from this step with torch.profiler: one trace per "
-                                  "rank in out_dir/profile/ (0: off)")
-    profile_steps: int = option(3, "steps in the profile window")
+                                  "rank in out_dir/profile/ (0: off)", on_resume="none")
+    profile_steps: int = option(3, "steps in the profile window", on_resume="none")
     memory_snapshot: int = option(0, "CUDA only: record every allocation for the first N steps, then write one "
-                                     "snapshot per rank to out_dir/memory/ (also on out-of-memory; 0: off)")
+                                     "snapshot per rank to out_dir/memory/ (also on out-of-memory; 0: off)",
+                                  on_resume="none")
 
     def validate(self) -> None:
         for key in ("rank_stats_interval", "profile_from", "memory_snapshot"):
@@ -375,44 +392,18 @@ SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
 # --- what a changed key does to a run's steps (the resume warning, training/train/run.py) -------------------
-# Every key is in exactly one of these sets (tests/test_config.py checks it, so a new key must be placed).
+# Each key's field declares it (option's on_resume: common/settings.py's ON_RESUME); these are the keys of each kind.
 
-# Keys whose value is in the training math: resumed with another value, a run's steps differ from those of
-# an uninterrupted one.
-TRAJECTORY_KEYS = frozenset({
-    "data_dir",  # other shards are other batches (the data-fingerprint warning says whether they differ)
-    "model", "n_layer", "n_head", "n_embd", "vocab_size", "block_size",  # the model (another shape is refused)
-    "dropout", "seed",  # dropout masks (and the epoch shuffles: seed)
-    "total_batch_size", "seq_len", "shuffle", "doc_aligned",  # which tokens a step trains on
-    "max_steps", "warmup_steps", "max_lr", "min_lr", "lr_schedule", "cooldown_frac", "cooldown_shape",  # the lr
-    "optimizer", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "muon_lr", "muon_momentum",
-    "muon_weight_decay",
-    "device", "dtype",  # the precision of the math (dtype auto picks it by device)
-    "spike_skip", "spike_window", "spike_threshold", "rollback_after", "rollback_on_nonfinite",
-    "max_rollbacks",  # which updates apply, and whether a run goes on past a rollback
-})
-# Keys that change only the rounding (other kernels, other orders of sums) unless dropout is on: then which
-# dropout mask falls on which row (micro-batches hold other rows; compiled kernels draw their masks apart
-# from eager ones; deterministic mode may pick another attention kernel, which draws its own).
-WITH_DROPOUT_KEYS = frozenset({"micro_batch_size", "micro_batch_size_fallback", "compile", "deterministic"})
-# Keys that change nothing unless rollbacks are on: a rollback goes back to the newest checkpoint, so the
-# checkpoint cadence decides which batches it passes over.
-WITH_ROLLBACKS_KEYS = frozenset({"checkpoint_interval"})
-# Keys that cannot change the training math: where the files go, logging, evaluation (which draws from its
-# own generator; the training reseeds dropout every step), diagnostics, checkpoint storage, how the model is
-# spread over the ranks (ddp and fsdp: the same math, rounded differently), the chunked loss (the same math,
-# rounded differently), activation checkpointing (the same forward run again in the backward, with the same
-# dropout masks), and init_from (a resumed run's weights are its checkpoint's).
-OTHER_KEYS = frozenset({
-    "out_dir", "init_from", "resume", "log_interval", "peak_flops", "strategy", "loss_chunk_size",
-    "activation_checkpointing", "activation_checkpointing_every",
-    "eval_interval", "val_tokens", "val_sets", "hellaswag_interval", "hellaswag_path", "hellaswag_limit",
-    "sample_interval", "sample_prompt", "sample_count", "sample_tokens",
-    "ema_decay", "ema_start",  # an average kept beside the weights: never read by the training
-    "final_checkpoint", "keep_last", "checkpoint_dir", "checkpoint_format", "checkpoint_async",
-    "hang_timeout_minutes", "rank_stats_interval", "straggler_factor", "profile_from", "profile_steps",
-    "memory_snapshot", "tensorboard", "wandb", "wandb_project", "wandb_run_name", "wandb_mode", "wandb_tags",
-})
+
+def _keys_on_resume(kind: str) -> frozenset[str]:
+    return frozenset(f.name for section in SECTIONS for f in dataclasses.fields(section)
+                     if f.metadata["on_resume"] == kind)
+
+
+TRAJECTORY_KEYS = _keys_on_resume("trajectory")  # in the training math
+WITH_DROPOUT_KEYS = _keys_on_resume("with_dropout")  # only the rounding, unless dropout is on
+WITH_ROLLBACKS_KEYS = _keys_on_resume("with_rollbacks")  # nothing, unless rollbacks are on
+OTHER_KEYS = _keys_on_resume("none")  # never in the training math
 
 # --- parsing --------------------------------------------------------------------------------------
 

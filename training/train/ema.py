@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from training.distributed.strategies import is_sharded, local_part
-from training.train.settings import Settings, option, require
+from common.settings import Settings, option, require
 
 
 @dataclass
@@ -39,11 +39,12 @@ class EMASettings(Settings):
 
     ema_decay: float = option(0.0, "EMA of the weights: average = decay * average + (1 - decay) * weights after "
                                    "each applied update, in (0, 1) (0: off); evaluated beside the live weights "
-                                   "(val/ema_loss, hellaswag/ema_acc_norm) and saved with the checkpoints")
+                                   "(val/ema_loss, hellaswag/ema_acc_norm) and saved with the checkpoints",
+                              on_resume="none")
     ema_start: float = option(0.0, "the share of max_steps after which the EMA starts, in [0, 1): it is the "
                                    "weights after update floor(ema_start * max_steps), then averages on (0: from "
                                    "the first update; 0.5: a tail average of the second half); set at a fresh "
-                                   "start, kept by resumes")
+                                   "start, kept by resumes", on_resume="none")
 
     def validate(self) -> None:
         require(self.ema_decay == 0 or 0 < self.ema_decay < 1, "ema_decay",
