@@ -61,12 +61,12 @@ from evals.report_card import DEFAULT_METRIC, SUITE, build_card, card_markdown, 
 from evals.val_loss import val_row_losses
 from hf_interop.convert import load_hf_gpt2
 from model import PRESETS
-from training.checkpoint import storage
+from training.core import storage
 from training.checkpoint.folder import CHECKPOINT_DIR, WEIGHTS, read_model
-from training.distributed.process_group import DistEnv
-from training.observe.logger import write_text_file
+from training.core.process_group import DistEnv
+from training.core.logger import write_text_file
 from training.train.config import parse_args as trainer_defaults
-from training.train.runtime import resolve_runtime
+from training.core.runtime import resolve_runtime
 
 RESULTS_DIR = "lm_eval"  # inside the run folder
 WANDB_PREFIX = "lm_eval"

@@ -16,7 +16,7 @@ agreement around it. The loop below calls components that decide their own timin
 (val loss, HellaSwag, samples, each at its interval), training/checkpoint/checkpointer.py (when a
 checkpoint is due, saves in the background, a failed save's retry), training/distributed/preemption.py
 (the stop vote), training/train/recovery.py (the data feed, and rollbacks), training/observe/diagnostics.py
-(profiler, memory snapshots, rank timings); training/observe/logger.py is rank 0's console, files,
+(profiler, memory snapshots, rank timings); training/core/logger.py is rank 0's console, files,
 W&B and TensorBoard.
 
 Exit codes (common/errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
@@ -41,23 +41,23 @@ from evals.periodic import PeriodicEvaluation
 from training.checkpoint.folder import checkpoints_folder
 from training.checkpoint.checkpointer import Checkpointer
 from training.train.config import TrainConfig, config_yaml, parse_args, usage, wants_help
-from training.train.context import Context
+from training.core.context import Context
 from training.observe.diagnostics import Diagnostics
-from training.distributed.process_group import (barrier, local_rank, run_on_all_ranks,
+from training.core.process_group import (barrier, local_rank, run_on_all_ranks,
                                   set_collective_timeout, setup_distributed, teardown_distributed)
 from training.train.lockstep import Lockstep, StepResult
-from training.observe.metrics import model_flops_utilization, process_start_time
+from training.core.metrics import model_flops_utilization, process_start_time
 from training.distributed.strategies import local_state_bytes, make_strategy
 from training.distributed.preemption import PreemptionFlag, StopVote
 from training.observe.provenance import provenance
 from training.train.recovery import Recovery
 from training.train.run import Run, build_run
 from training.checkpoint.run_folder import claim_run_folder, release_all
-from training.observe.logger import TENSORBOARD_MISSING, RunLogger, format_train_line
-from training.train.runtime import resolve_runtime, deterministic_kernels
-from training.train.schedule import ScheduleSettings
-from training.train.spikes import RollbackRequested
-from training.checkpoint.storage import filesystem, is_url, require_shared
+from training.core.logger import TENSORBOARD_MISSING, RunLogger, format_train_line
+from training.core.runtime import resolve_runtime, deterministic_kernels
+from training.optim.schedule import ScheduleSettings
+from training.optim.spikes import RollbackRequested
+from training.core.storage import filesystem, is_url, require_shared
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first evals: ranks wait on each other
 
@@ -94,7 +94,7 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
                                  if env.master_process else [])
         run = build_run(ctx, strategy)  # data, model, optimizer, the checkpoint it resumes
         if run is not None:  # None: that checkpoint already reached max_steps
-            record = provenance(ctx, argv, run.data_fingerprint, run.run_id)
+            record = provenance(ctx, argv, run.data_fingerprint, run.run_id, config_yaml(cfg))
             if run.micro_batch is not None:  # micro_batch_size auto: how B was chosen (config.yaml has the B)
                 record["micro_batch_size"] = run.micro_batch
             open_run_folder(ctx, run, record)

@@ -5,7 +5,7 @@ the help text --help prints, and what another value does to a resumed run: one o
 its own rules in validate(), each a require() whose ConfigError names the key. So a new key is
 written in one place, its field, plus its line in docs/CONFIGURATION.md (tests/test_config.py
 checks that every key has both). A section sits beside the component it configures wherever the
-imports allow (training/train/optimizers.py, schedule.py, spikes.py, training/observe/logger.py);
+imports allow (training/optim/optimizers.py, schedule.py, spikes.py, training/core/logger.py);
 the others are in training/train/config.py. TrainConfig (training/train/config.py) is every
 section at once, by inheritance: the keys stay flat (cfg.max_lr, --max_lr, `max_lr:` in YAML),
 each declared by the one section it belongs to, and cfg.section(OptimizerSettings) hands a

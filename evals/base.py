@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from common.log_fields import EMA_PREFIX
-from training.observe.logger import format_duration
+from training.core.logger import format_duration
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from training.train.config import EvalSettings
-    from training.train.context import Context
+    from training.core.context import Context
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Adding an evaluation is one Evaluator subclass (evals/base.py) with its keys in 
 section (EvalSettings, training/train/config.py), listed here: the runner schedules it, logs its
 records, keeps its figure for checkpoints, and plot_log.py draws its series.
 
-With an EMA of the weights (training/train/ema.py), an evaluator whose `averaged` is set runs again on
+With an EMA of the weights (training/optim/ema.py), an evaluator whose `averaged` is set runs again on
 the average, swapped into the model and back out (bitwise), and its figures join the live record
 prefixed `ema_` (val's `ema_loss`: val/ema_loss in W&B and TensorBoard, its own curve in plot_log.py).
 """
@@ -19,7 +19,7 @@ from evals.samples import Samples
 from evals.val_loss import ValLoss
 from training.distributed.strategies import Strategy
 from training.train.config import EvalSettings
-from training.train.context import Context
+from training.core.context import Context
 
 EVALUATORS: tuple[type[Evaluator], ...] = (ValLoss, HellaSwag, Samples)  # in the order they run at a step
 

@@ -49,7 +49,7 @@ def generate_shards(folder: Path, train_tokens: int, val_tokens: int, vocab: int
 
 def summarize(log_path: Path, warmup: int) -> dict:
     """Figures from the trainer's log.jsonl: the steps after the warm-up, and the first step."""
-    from training.observe.logger import read_log
+    from training.core.logger import read_log
 
     records = read_log(log_path)
     train = [r for r in records if r["kind"] == "train"]
@@ -81,8 +81,8 @@ def describe_run(cfg, world_size: int) -> dict:
     import torch
 
     from model import GPT
-    from training.distributed.process_group import local_rank
-    from training.train.runtime import resolve_runtime
+    from training.core.process_group import local_rank
+    from training.core.runtime import resolve_runtime
 
     runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops, local_rank())
     with torch.device("meta"):

@@ -47,13 +47,13 @@ from model import GPT, PRESETS  # noqa: E402
 from training.checkpoint.folder import FORMATS  # noqa: E402
 from training.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from training.train.config import TrainConfig  # noqa: E402
-from training.train.context import Context  # noqa: E402
-from training.distributed.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
+from training.core.context import Context  # noqa: E402
+from training.core.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
 from training.distributed.strategies import STRATEGIES, make_strategy  # noqa: E402
 from training.checkpoint.resume import load_compatible_checkpoint  # noqa: E402
 from training.train.run import Run  # noqa: E402
-from training.observe.logger import RunLogger  # noqa: E402
-from training.train.runtime import resolve_runtime  # noqa: E402
+from training.core.logger import RunLogger  # noqa: E402
+from training.core.runtime import resolve_runtime  # noqa: E402
 
 
 def peak_rss_gib() -> float:

@@ -18,10 +18,10 @@ import train_gpt2
 from common.errors import run_cli
 from training.train.config import (MAX_HANG_TIMEOUT_MINUTES, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
                              parse_args, usage)
-from training.train.optimizers import OptimizerSettings
-from training.observe.logger import LoggingSettings
-from training.train.schedule import ScheduleSettings, learning_rate
-from training.train.spikes import LongRunSettings
+from training.optim.optimizers import OptimizerSettings
+from training.core.logger import LoggingSettings
+from training.optim.schedule import ScheduleSettings, learning_rate
+from training.optim.spikes import LongRunSettings
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -405,7 +405,7 @@ def test_help_and_the_configuration_table_say_alike_what_dtype_auto_picks(monkey
     """Before: --help said bf16 on CPUs where it is faster, CONFIGURATION.md bf16 wherever the hardware has it."""
     import torch
 
-    from training.train import runtime
+    from training.core import runtime
 
     cpu_rule = "on CPUs with AMX, and on AMD CPUs with AVX512-BF16, where it is faster, else float32"
     table = " ".join((REPO / "docs" / "CONFIGURATION.md").read_text().split())

@@ -16,11 +16,11 @@ import torch
 
 from launch import launch
 from training.train.config import TrainConfig
-from training.train.context import Context
+from training.core.context import Context
 from training.observe.diagnostics import Diagnostics, MemorySnapshot, ProfileWindow, RankStats
-from training.distributed.process_group import DistEnv
-from training.observe.logger import RunLogger, read_log
-from training.train.runtime import Runtime
+from training.core.process_group import DistEnv
+from training.core.logger import RunLogger, read_log
+from training.core.runtime import Runtime
 
 CPU_ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
 

@@ -1,4 +1,4 @@
-"""The EMA of the weights (training/train/ema.py): its math, its checkpoints, its evaluation, its readers.
+"""The EMA of the weights (training/optim/ema.py): its math, its checkpoints, its evaluation, its readers.
 
 The fast tests drive the step in this process; the slow ones launch the trainer (2 ranks, gloo).
 """
@@ -17,7 +17,7 @@ from common.errors import CheckpointError, ConfigError
 from data.loader import Prefetcher
 from slowness import guard
 from training.checkpoint.folder import list_checkpoints, read_full_state, read_model
-from training.observe.logger import read_log
+from training.core.logger import read_log
 from training.train.config import parse_args
 from training.train.lockstep import Lockstep
 

@@ -22,7 +22,7 @@ from conftest import base_args, make_shards, run_trainer, train_losses
 from common.errors import run_cli
 from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
-from training.observe.logger import read_log
+from training.core.logger import read_log
 
 RUN = dict(max_steps=12, checkpoint_interval=3, eval_interval=0, val_tokens=64)
 

@@ -237,9 +237,9 @@ def test_hellaswag_in_a_compiled_run_matches_an_eager_eval_of_its_checkpoint(com
     from evals.hellaswag import HellaSwag
     from hellaswag_scores import per_example_scores
     from model import GPT, GPTConfig
-    from training.distributed.process_group import DistEnv
-    from training.observe.logger import read_log
-    from training.train.runtime import resolve_runtime
+    from training.core.process_group import DistEnv
+    from training.core.logger import read_log
+    from training.core.runtime import resolve_runtime
 
     out, fixture = compiled_run
     records = read_log(out / "log.jsonl")

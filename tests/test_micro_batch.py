@@ -100,7 +100,7 @@ def two_rank_votes(argv: list[str]) -> int:
     """A rank body for launch(): each rank votes argv[rank]; prints the agreed value."""
     import torch.distributed as dist
 
-    from training.distributed.process_group import DistEnv
+    from training.core.process_group import DistEnv
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=1))
     rank = dist.get_rank()
@@ -236,11 +236,11 @@ def test_on_the_cpu_a_fallback_that_does_not_divide_the_batch_is_made_to_fit(mon
     """configs/demo.yaml's batch is 1,024 tokens, 8 rows of seq_len 128: the fallback 16 would not keep
     grad_accum_steps whole, so auto takes 8, the largest micro-batch up to it that does, and says so."""
     from conftest import REPO
-    from training.distributed.process_group import DistEnv
+    from training.core.process_group import DistEnv
     from training.distributed.strategies import make_strategy
-    from training.observe.logger import RunLogger
-    from training.train.context import Context
-    from training.train.runtime import resolve_runtime
+    from training.core.logger import RunLogger
+    from training.core.context import Context
+    from training.core.runtime import resolve_runtime
 
     cfg = parse_args(["--config", str(REPO / "configs" / "demo.yaml"), "--micro_batch_size", "auto",
                       "--device", "cpu"])

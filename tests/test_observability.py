@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
-from training.observe.metrics import model_flops_utilization, peak_flops_for
-from training.observe.logger import LOG_ONLY_KINDS, RunLogger, read_log
+from training.core.metrics import model_flops_utilization, peak_flops_for
+from training.core.logger import LOG_ONLY_KINDS, RunLogger, read_log
 
 
 def hellaswag_fixture(path: Path, n: int = 11) -> Path:
@@ -193,7 +193,7 @@ def test_a_rank_ending_without_atexit_leaves_nothing_of_wandb_in_the_temp_dir(tm
     temp.mkdir()
     out = tmp_path / "run"
     script = ("import os\n"
-              "from training.observe.logger import RunLogger\n"
+              "from training.core.logger import RunLogger\n"
               f"logger = RunLogger(enabled=True)\n"
               f"logger.open_run_folder({str(out)!r}, 0, {{}})\n"
               f"logger.start_wandb('test', '', 'offline', {{}}, [], None, {str(out)!r})\n"
@@ -357,7 +357,7 @@ def test_every_run_records_what_produced_it(runs):
 # --- the console (issue 44) -----------------------------------------------------------------------------------
 
 def test_the_step_line_says_where_the_run_is_its_peak_memory_and_its_time():
-    from training.observe.logger import format_duration, format_train_line
+    from training.core.logger import format_duration, format_train_line
 
     record = {"step": 1199, "loss": 4.18734, "lr": 6e-4, "grad_norm": 0.412, "step_ms": 1105.3,
               "tokens_per_sec": 474350.0, "mfu": 0.413, "peak_mem_gb": 31.24}

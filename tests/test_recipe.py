@@ -22,9 +22,9 @@ from data.loader import Prefetcher
 from common.errors import ConfigError, NonFiniteLossError
 from training.train.config import TrainConfig, parse_args
 from training.train.lockstep import Lockstep
-from training.train.optimizers import MuonWithAdamW, OptimizerSettings, build_optimizer, split_parameters
+from training.optim.optimizers import MuonWithAdamW, OptimizerSettings, build_optimizer, split_parameters
 from training.train.run import with_current_settings
-from training.train.schedule import cooldown_start, learning_rate
+from training.optim.schedule import cooldown_start, learning_rate
 
 MODERN = dict(optimizer="muon", lr_schedule="wsd", cooldown_frac=0.5, cooldown_shape="1-sqrt")
 
@@ -32,7 +32,7 @@ MODERN = dict(optimizer="muon", lr_schedule="wsd", cooldown_frac=0.5, cooldown_s
 # --- the schedule ---------------------------------------------------------------------------------
 
 def cosine_as_it_was(step, warmup_steps, max_steps, max_lr, min_lr):
-    """training/train/schedule.py's learning_rate before lr_schedule existed, verbatim."""
+    """training/optim/schedule.py's learning_rate before lr_schedule existed, verbatim."""
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if step >= max_steps:

@@ -30,9 +30,9 @@ from launch import launch
 from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
 from training.checkpoint.resume import find_resume_checkpoint
-from training.checkpoint import storage
+from training.core import storage
 from training.checkpoint.checkpointer import Checkpointer
-from training.observe.logger import read_log
+from training.core.logger import read_log
 
 STEPS = 6
 ARGS = dict(max_steps=STEPS, checkpoint_interval=3, checkpoint_format="sharded")  # checkpoints 3 and 6

@@ -120,7 +120,7 @@ def test_float16_overflow_skips_the_update_and_lowers_the_loss_scale(shards, tmp
 
 
 def test_dtype_auto_picks_float16_on_a_gpu_without_bf16(monkeypatch):
-    from training.train.runtime import resolve_dtype
+    from training.core.runtime import resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert resolve_dtype("auto", torch.device("cuda", 0)) == "float16"

@@ -29,14 +29,14 @@ import torch
 
 from common.errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
 from training.checkpoint.folder import FORMAT_VERSION, checkpoints_folder, format_for, prune_checkpoints
-from training.train.config import CheckpointSettings, TrainConfig
-from training.distributed.process_group import any_rank, run_on_all_ranks
+from training.checkpoint.format import TrainingState
+from training.train.config import CheckpointSettings
+from training.core.process_group import any_rank, run_on_all_ranks
 from training.distributed.strategies import local_part
-from training.train.context import Context
-from training.train.run import Run
+from training.core.context import Context
 from training.checkpoint.run_folder import adopt_checkpoint_folder
-from training.train.spikes import RollbackRequested
-from training.checkpoint.storage import Location
+from training.optim.spikes import RollbackRequested
+from training.core.storage import Location
 
 
 @dataclass
@@ -77,7 +77,7 @@ class Checkpointer:
             self.process_group = dist.new_group(  # the runtime section's hang timeout, as the training's group
                 backend="gloo", timeout=datetime.timedelta(minutes=ctx.cfg.hang_timeout_minutes))
 
-    def due(self, run: Run, last_step: bool) -> bool:
+    def due(self, run: TrainingState, last_step: bool) -> bool:
         """Whether step run.step is saved: every checkpoint_interval steps and (final_checkpoint) at the
         end; never the step this launch (or a rollback) loaded, nor one saved already."""
         if run.step in (run.start_step, self.saved_step):
@@ -85,7 +85,7 @@ class Checkpointer:
         interval = self.settings.checkpoint_interval
         return (last_step and self.settings.final_checkpoint) or bool(interval and run.step % interval == 0)
 
-    def save(self, run: Run, blocking: bool = False) -> None:
+    def save(self, run: TrainingState, blocking: bool = False) -> None:
         """Checkpoint `step_{run.step}`. Collective: every rank calls it at the same step.
 
         blocking: written and committed on return, also where saves are asynchronous. For the
@@ -101,7 +101,7 @@ class Checkpointer:
         run_on_all_ranks(self.env, self._prepare_folder)
         self.saved_step = run.step
         # the whole configuration: a checkpoint says with which settings of every section it was trained
-        metadata = {**run.progress_state(), **checkpoint_metadata(run, self.cfg, self.provenance)}
+        metadata = {**run.progress_state(), **checkpoint_metadata(run, self.cfg.to_dict(), self.provenance)}
         path = self.format.path(self.folder, run.step)
         started = time.perf_counter()
         asynchronous = self.asynchronous and not blocking
@@ -131,7 +131,7 @@ class Checkpointer:
             adopt_checkpoint_folder(self.folder, self.cfg.out_dir, self.logger.console)  # the run section's folder
             self.adopted = True
 
-    def save_before_exit(self, run: Run) -> None:
+    def save_before_exit(self, run: TrainingState) -> None:
         """This step's state, written and committed on return (a stop signal: the process exits next),
         unless it is saved already (a retry's save at this very step), then that save is waited for."""
         if self.saved_step == run.step:
@@ -139,7 +139,7 @@ class Checkpointer:
         else:
             self.save(run, blocking=True)
 
-    def check_finite(self, run: Run) -> None:
+    def check_finite(self, run: TrainingState) -> None:
         """Refuse to save weights with a NaN/inf (an update of step run.step - 1 that blew up: the loss
         guard checks a step's loss before its update, never the weights after it). Collective."""
         local = [local_part(p) for p in run.model.parameters()]  # FSDP: the shard
@@ -172,7 +172,7 @@ class Checkpointer:
         """This rank saw the save in flight fail: its vote, at the next step, for `retry`."""
         return self.pending is not None and self.pending.error is not None
 
-    def retry(self, run: Run) -> None:
+    def retry(self, run: TrainingState) -> None:
         """Every rank, once the step's vote said a background save failed: save this step's state now,
         synchronously. If that fails too, the run stops with its error (the earlier checkpoints are
         intact). Collective."""
@@ -255,10 +255,11 @@ class Checkpointer:
         return CheckpointWriteError(f"{path}: could not write checkpoint ({reason}); earlier checkpoints are intact")
 
 
-def checkpoint_metadata(run: Run, cfg: TrainConfig, provenance: dict) -> dict:
-    """What a checkpoint holds beside the run's state: what wrote it, with which settings."""
+def checkpoint_metadata(run: TrainingState, config: dict, provenance: dict) -> dict:
+    """What a checkpoint holds beside the run's state: what wrote it, with which settings (config: every key,
+    flat, as config.yaml has them)."""
     return {
-        "config": cfg.to_dict(),
+        "config": config,
         "model_args": run.model.config.to_dict(),
         "provenance": provenance,
         "checkpoint_id": uuid.uuid4().hex,

@@ -1,7 +1,7 @@
 """Checkpoints: `step_XXXXXXXX.pt` files or `step_XXXXXXXX/` sharded folders in the checkpoint folder.
 
 The checkpoint folder is `out_dir/checkpoints` unless `checkpoint_dir` names another place (a
-local path or an fsspec URL, see training/checkpoint/storage.py). A checkpoint `step_s` holds the state
+local path or an fsspec URL, see training/core/storage.py). A checkpoint `step_s` holds the state
 after s optimizer updates (training/checkpoint/format.py says what it holds), in one of two
 formats, each a class behind the interface of training/checkpoint/format.py:
 
@@ -25,11 +25,11 @@ from common.errors import CheckpointError, CheckpointWriteError, first_line, pri
 from common.log_fields import EMA_PREFIX
 from model import GPT, GPTConfig
 from training.checkpoint import sharded_format as sharded  # noqa: F401 - re-exported (tests write folders with it)
-from training.checkpoint import storage
+from training.core import storage
 from training.checkpoint.format import FORMAT_VERSION, CheckpointFormat
 from training.checkpoint.file_format import FileFormat, save_checkpoint
 from training.checkpoint.sharded_format import ShardedFormat
-from training.checkpoint.storage import Location
+from training.core.storage import Location
 
 CHECKPOINT_DIR = "checkpoints"
 FILE, SHARDED = FileFormat(), ShardedFormat()
@@ -180,7 +180,7 @@ def run_checkpoints_folder(folder: Path) -> Location:
     return folder / CHECKPOINT_DIR if (folder / CHECKPOINT_DIR).is_dir() else folder
 
 
-WEIGHTS = ("live", "ema")  # the readers' --weights: the trained weights, or their EMA (training/train/ema.py)
+WEIGHTS = ("live", "ema")  # the readers' --weights: the trained weights, or their EMA (training/optim/ema.py)
 
 
 def require_average(state: dict, path: Location) -> None:

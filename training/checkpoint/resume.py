@@ -28,14 +28,14 @@ import json
 from pathlib import Path
 
 from common.errors import CheckpointError, ConfigError, print_warning
-from training.checkpoint import storage
+from training.core import storage
 from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, checkpoints_folder,
                                  list_checkpoints, load_checkpoint, newest_readable_checkpoint, require_entries,
                                  set_aside)
-from training.distributed.process_group import DistEnv, broadcast_object, run_on_all_ranks
-from training.observe.logger import LOG_NAME, read_log
-from training.checkpoint.storage import Location, name_of, parent_of
-from training.train.context import Context
+from training.core.process_group import DistEnv, broadcast_object, run_on_all_ranks
+from training.core.logger import LOG_NAME, read_log
+from training.core.storage import Location, name_of, parent_of
+from training.core.context import Context
 
 RUN_RECORD = "run.json"  # written by the trainer at every launch (training/observe/provenance.py)
 

@@ -2,7 +2,7 @@
 
 Three independent pieces, each off unless its key of the diagnostics section (DiagnosticsSettings)
 turns it on, and a small bundle (`Diagnostics`) that drives all three from the training loop in a
-few lines. Each is made from the launch's Context (training/train/context.py) and keeps its section
+few lines. Each is made from the launch's Context (training/core/context.py) and keeps its section
 as `settings`; the files go into the run folder (out_dir, the run section's key).
 
 - `ProfileWindow` (profile_from, profile_steps): torch.profiler over a few steps, one Chrome
@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from common.errors import first_line
 from training.train.config import DiagnosticsSettings
-from training.train.context import Context
+from training.core.context import Context
 
 STRAGGLER_INTERVALS = 3  # intervals in a row, for the same rank, before it is named
 # Every rank's tensor gathered into one output tensor: torch 2.13 names it all_gather_single and deprecates

@@ -8,15 +8,15 @@ rules that span sections. The sections, and where each is declared:
     run          out_dir                                     here: run_folder.py imports it (via checkpoint.py)
     data         the shards and the batch geometry           here: data/ is a layer below training/
     model        the architecture, the initial weights       here: model.py imports nothing of the project
-    optimizer    AdamW or Muon + AdamW, gradient clipping    training/train/optimizers.py
-    schedule     max_steps and the learning-rate schedule    training/train/schedule.py
-    ema          an average of the weights, evaluated beside  training/train/ema.py
+    optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/optimizers.py
+    schedule     max_steps and the learning-rate schedule    training/optim/schedule.py
+    ema          an average of the weights, evaluated beside  training/optim/ema.py
     evaluation   val loss, HellaSwag, samples                here: evals/ is a layer above training/
     checkpoint   cadence, retention, resume, where and how   here: checkpointer.py, checkpoint.py import it
     runtime      device, precision, kernels, seed, ranks     here: read by runtime.py, parallel.py, distributed.py
-    long_run     loss spikes and rollbacks                   training/train/spikes.py
+    long_run     loss spikes and rollbacks                   training/optim/spikes.py
     diagnostics  rank stats, profiler, memory snapshots      here: diagnostics.py imports it
-    logging      the console, TensorBoard, W&B               training/observe/logger.py
+    logging      the console, TensorBoard, W&B               training/core/logger.py
 
 The keys users type stay flat. Precedence: the defaults (the faithful GPT-2 124M recipe) <
 `--config FILE.yaml` (flat keys, or a section's keys nested under its name) < `--key value` /
@@ -45,14 +45,14 @@ from data.mixture import mapping_text, parse_sources, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from common.errors import ArgumentParser, ConfigError, first_line
 from model import PRESETS, GPTConfig
-from training.train.ema import EMASettings
-from training.train.optimizers import OptimizerSettings
+from training.optim.ema import EMASettings
+from training.optim.optimizers import OptimizerSettings
 from training.distributed.strategies import STRATEGIES, strategies_help
-from training.observe.logger import LoggingSettings
-from training.train.schedule import ScheduleSettings
+from training.core.logger import LoggingSettings
+from training.optim.schedule import ScheduleSettings
 from common.settings import Settings, check, option, require
-from training.train.spikes import LongRunSettings
-from training.checkpoint.storage import absolute, is_url
+from training.optim.spikes import LongRunSettings
+from training.core.storage import absolute, is_url
 
 # The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
 # where the timeout is set after the first step, on every rank: datetime.timedelta past ~2.7 million years, gloo's
@@ -244,7 +244,7 @@ ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 
 @dataclass
 class RuntimeSettings(Settings):
-    """The runtime section, read by training/train/runtime.py, parallel.py and distributed.py."""
+    """The runtime section, read by training/core/runtime.py, parallel.py and distributed.py."""
 
     SECTION = "runtime"
     SUMMARY = "device, precision, kernels, the seed, and how the ranks share the model"

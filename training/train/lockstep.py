@@ -12,7 +12,7 @@ alike, before the update is applied:
 - a NaN/inf loss or gradient norm: NonFiniteLossError, the update is not applied (with
   rollback_on_nonfinite: RollbackRequested, and the loop reloads the newest checkpoint);
 - float16 gradients that overflowed: the scaler skips this update (and lowers its scale);
-- with spike_skip, a loss spike (training/train/spikes.py): the update is not applied, and after
+- with spike_skip, a loss spike (training/optim/spikes.py): the update is not applied, and after
   rollback_after of them in a row, RollbackRequested;
 - a stop signal on any rank: every rank stops after this step;
 - a background checkpoint save that failed on any rank: every rank saves this step's state.
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import NonFiniteLossError, ReproError
-from training.distributed.process_group import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
-from training.train.context import Context
+from training.core.process_group import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
+from training.core.context import Context
 from training.train.run import Run
-from training.train.schedule import ScheduleSettings
-from training.train.spikes import RollbackRequested, spike_reason
+from training.optim.schedule import ScheduleSettings
+from training.optim.spikes import RollbackRequested, spike_reason
 from training.train.step import apply_update, train_step
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.errors import ConfigError, ReproError
-from training.distributed.process_group import DistEnv, as_repro_error, raise_first_error
+from training.core.process_group import DistEnv, as_repro_error, raise_first_error
 from training.distributed.strategies import local_nbytes
 
 HEADROOM = 0.10  # of the GPU's total memory, left free beyond the probe's peak (allocator fragmentation, evals)

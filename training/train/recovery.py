@@ -1,7 +1,7 @@
 """The loop's data feed, and what a rollback does to it: go back to the newest good state, and read on past
 the batches since.
 
-A rollback is asked for by the step, on every rank alike (training/train/spikes.py's RollbackRequested:
+A rollback is asked for by the step, on every rank alike (training/optim/spikes.py's RollbackRequested:
 spikes in a row, a NaN/inf with rollback_on_nonfinite) or by a save that found non-finite weights
 (training/checkpoint/checkpointer.py). The run's state becomes the checkpoint's (training/train/run.py roll_back),
 and the feed restarts at the data position that state says.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from data.loader import Prefetcher
 from training.checkpoint.checkpointer import Checkpointer
-from training.train.context import Context
+from training.core.context import Context
 from training.train.run import Run, roll_back
-from training.train.spikes import RollbackRequested
+from training.optim.spikes import RollbackRequested
 
 
 class Recovery:

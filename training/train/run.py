@@ -19,16 +19,16 @@ from data.mixture import (MixtureLoader, changed_shards, derived_state, make_tra
 from common.errors import CheckpointError, ConfigError, DivergedError
 from model import GPT
 from training.checkpoint.folder import checkpoints_folder, format_of
-from training.checkpoint.storage import Location
+from training.core.storage import Location
 from training.train.config import TrainConfig
-from training.distributed.process_group import run_on_all_ranks
-from training.train.optimizers import OptimizerSettings, build_optimizer, check_same_optimizer
+from training.core.process_group import run_on_all_ranks
+from training.optim.optimizers import OptimizerSettings, build_optimizer, check_same_optimizer
 from training.distributed.strategies import Strategy, full_tensors
 from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
-from training.train.context import Context
+from training.core.context import Context
 from training.train.micro_batch import choose_micro_batch_size
-from training.train.ema import EMASettings, WeightAverage, checkpointed_start
-from training.train.spikes import RollbackRequested, SpikeWindow
+from training.optim.ema import EMASettings, WeightAverage, checkpointed_start
+from training.optim.spikes import RollbackRequested, SpikeWindow
 from training.train.weights import load_initial_weights
 
 
@@ -65,7 +65,7 @@ class Run:
     metrics: dict = field(default_factory=dict)  # the latest val / HellaSwag figures
     wandb_run_id: str | None = None  # set on rank 0 when W&B starts (a resume continues that W&B run)
     spikes: SpikeWindow | None = None  # with spike_skip: the recent steps a spike is judged against
-    ema: WeightAverage | None = None  # with ema_decay: the average of the weights (training/train/ema.py)
+    ema: WeightAverage | None = None  # with ema_decay: the average of the weights (training/optim/ema.py)
     skips_in_a_row: int = 0  # spikes skipped since the last applied update
     rollbacks: int = 0  # rollbacks so far in this run (max_rollbacks bounds them)
     data_offset: int = 0  # batches passed over by rollbacks: step s trains on the data of step s + data_offset

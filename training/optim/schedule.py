@@ -7,7 +7,7 @@ wsd     warmup-stable-decay: the same linear warmup, max_lr held constant, then 
         can be extended, or cooled down from any checkpoint of the stable phase.
 
 The value is in max_lr's units: the optimizer groups whose base lr is not max_lr (Muon's,
-training/train/optimizers.py) scale it by their base lr / max_lr.
+training/optim/optimizers.py) scale it by their base lr / max_lr.
 
 ScheduleSettings (below) is the config's schedule section: its keys, their rules, and lr(step).
 """
@@ -62,7 +62,7 @@ def _wsd(step: int, max_steps: int, max_lr: float, min_lr: float, cooldown_frac:
 @dataclass
 class ScheduleSettings(Settings):
     """The schedule section: the run's length and every step's learning rate (max_lr is the peak of
-    every optimizer group: training/train/optimizers.py scales Muon's muon_lr by lr / max_lr)."""
+    every optimizer group: training/optim/optimizers.py scales Muon's muon_lr by lr / max_lr)."""
 
     SECTION = "schedule"
     SUMMARY = "the run's length and the learning rate of every step"

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from training.train.config import TrainConfig
-from training.distributed.process_group import DistEnv
-from training.observe.logger import RunLogger
-from training.train.runtime import Runtime
+from training.core.process_group import DistEnv
+from training.core.logger import RunLogger
+from training.core.runtime import Runtime
 
 
 @dataclass(frozen=True)

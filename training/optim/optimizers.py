@@ -17,7 +17,7 @@ groups, muon_lr for Muon's), and the update uses lr * base_lr / max_lr: the sche
 optimizers alike, and the AdamW groups get the schedule's value exactly (base_lr / max_lr is 1).
 
 OptimizerSettings (below) is the config's optimizer section: its keys and their rules (max_lr, the
-peak of every group, is the schedule's: training/train/schedule.py).
+peak of every group, is the schedule's: training/optim/schedule.py).
 """
 
 from __future__ import annotations
