@@ -306,7 +306,7 @@ def card_val_window(args, config: dict | None, block_size: int) -> tuple[dict[st
     if args.data_dir is None and config is None:
         raise ConfigError(f"--data_dir: needed for {args.ckpt}'s val loss and bpb (the folder whose val split to "
                           f"score, your run's data_dir to compare; none leaves them out)")
-    defaults = config or vars(trainer_defaults([]))
+    defaults = config or trainer_defaults([]).to_dict()
     sets = {"val": args.data_dir} if args.data_dir else parse_val_sets(defaults.get("val_sets") or "",
                                                                         defaults["data_dir"])
     seq_len = args.seq_len or (defaults["seq_len"] if config else min(defaults["seq_len"], block_size))

@@ -2,19 +2,16 @@
 
 A section is a dataclass deriving from `Settings`: its fields made with option() (the default,
 the help text --help prints, and what another value does to a resumed run: one of ON_RESUME),
-its own rules in validate(), each a require() whose ConfigError names the key. So a new key is
-written in one place, its field, plus its line in docs/CONFIGURATION.md (tests/test_config.py
-checks that every key has both). A section sits beside the component it configures wherever the
-imports allow (training/optim/optimizers.py, schedule.py, spikes.py, training/core/logger.py);
-the others are in training/train/config.py. TrainConfig (training/train/config.py) is every
-section at once, by inheritance: the keys stay flat (cfg.max_lr, --max_lr, `max_lr:` in YAML),
-each declared by the one section it belongs to, and cfg.section(OptimizerSettings) hands a
-component only its own values.
+its own rules in validate(), each a require() whose ConfigError names the key; it checks itself
+when it is made. So a new key is written in one place, its field, plus its line in
+docs/CONFIGURATION.md (tests/test_config.py checks that every key has both).
 
-A section's methods run on the section, or on a whole TrainConfig (TrainConfig.validate calls
-every section's validate with itself): they read only their own section's keys. A rule that
-needs two sections' keys is TrainConfig's. The kit lives in common/ so that a section can sit in
-any layer above it.
+A section sits beside the component it configures (training/optim/optimizers.py's
+OptimizerSettings, data/mixture.py's DataSettings, ...), and that component is handed the section
+itself, not the whole configuration. TrainConfig (training/train/config.py) holds every section as
+a field named for it (cfg.schedule.max_lr) and holds the rules that span sections. The keys users
+type stay flat (--max_lr, `max_lr:` in YAML, each declared by the one section it belongs to). The
+kit lives in common/, the lowest layer, so that a section can sit in any layer above it.
 """
 
 from __future__ import annotations
@@ -75,7 +72,15 @@ class Settings:
     SUMMARY: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        check(type(self), self)
+        """Resolve and check the values: no float key is inf or nan (where a key can be off, 0 is that value,
+        and the range checks would let inf through, inf > 0), then the section's own rules."""
+        self.resolve()
+        hints = typing.get_type_hints(type(self))
+        for key in self.keys():
+            value = getattr(self, key)
+            if float in typing.get_args(hints[key]) + (hints[key],) and value is not None:
+                require(math.isfinite(value), key, f"must be a finite number, got {value}")
+        self.validate()
 
     def resolve(self) -> None:
         """Normalise values in place before validation (a section overrides it where a value needs it)."""
@@ -85,18 +90,5 @@ class Settings:
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
-        """The section's keys, in order (a TrainConfig's: every key)."""
+        """The section's keys, in order."""
         return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def check(section: type[Settings], values) -> None:
-    """Resolve and validate one section of `values` (the section itself, or a TrainConfig): no float key
-    is inf or nan (where a key can be off, 0 is that value, and the range checks would let inf through,
-    inf > 0), then the section's own rules."""
-    section.resolve(values)
-    hints = typing.get_type_hints(section)
-    for key in section.keys():
-        value = getattr(values, key)
-        if float in typing.get_args(hints[key]) + (hints[key],) and value is not None:
-            require(math.isfinite(value), key, f"must be a finite number, got {value}")
-    section.validate(values)

@@ -318,7 +318,8 @@ class HellaSwag(Evaluator):
     # --- as a periodic evaluation ----------------------------------------------------------------
 
     @classmethod
-    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> HellaSwag | None:
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer,
+                      seed: int) -> HellaSwag | None:
         if not settings.hellaswag_interval:
             return None
         return cls(settings.hellaswag_path, settings.hellaswag_limit, ctx.env, tokenizer, warn=ctx.logger.warn,

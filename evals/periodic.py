@@ -31,11 +31,12 @@ class PeriodicEvaluation:
     at every step.
     """
 
-    def __init__(self, ctx: Context, strategy: Strategy, tokenizer):
+    def __init__(self, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer, seed: int):
+        """settings: the evaluation section, what every evaluator is made from; seed: the runtime section's."""
         self.logger = ctx.logger
-        self.settings = ctx.cfg.section(EvalSettings)  # what every evaluator is made from
+        self.settings = settings
         self.evaluators = [e for cls in EVALUATORS
-                           if (e := cls.from_settings(self.settings, ctx, strategy, tokenizer))]
+                           if (e := cls.from_settings(settings, ctx, strategy, tokenizer, seed))]
 
     def run_due(self, run, last_step: bool, agree_to_stop: Callable[[], bool]) -> bool:
         """Each evaluation due at run.step, unless the ranks agree to stop; whether they did.

@@ -52,7 +52,8 @@ class ValLoss(Evaluator):
         self.window_bytes: dict[str, int] = {}  # each val set's target bytes, counted at its first evaluation
 
     @classmethod
-    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> ValLoss:
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer,
+                      seed: int) -> ValLoss:
         # always on: a run ends with its val loss; the shards hold GPT-2 token ids (data/tokenizer.py)
         return cls(settings.eval_interval, ctx.env, ctx.runtime.autocast, token_byte_lengths(), ctx.logger.console)
 

@@ -64,13 +64,6 @@ def floor_of(module: str) -> int | None:
     return FLOOR_OF[parts[1]] if parts[0] == "training" and len(parts) > 1 else None
 
 
-# Imports that still run up a floor: the settings sections that the next change moves beside their owners
-# (training/train/config.py declares them now), and the whole configuration in Context.
-NOT_YET = {"training.core.context imports training.train.config",
-           "training.checkpoint.checkpointer imports training.train.config",
-           "training.observe.diagnostics imports training.train.config"}
-
-
 def test_inside_training_imports_run_down_the_floors():
     """checkpoint never imports the run, observe never the configuration, core nothing of training but core."""
     modules = project_modules()
@@ -82,7 +75,7 @@ def test_inside_training_imports_run_down_the_floors():
         for imported in imports_of(path, modules):
             if floor is not None and (floor_of(imported) or 0) > floor:
                 upward.append(f"{name} imports {imported}")
-    assert sorted(set(upward) - NOT_YET) == []
+    assert upward == []
 
 
 def test_the_layers_keep_to_themselves():

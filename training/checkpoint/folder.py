@@ -10,7 +10,8 @@ formats, each a class behind the interface of training/checkpoint/format.py:
 - sharded (training/checkpoint/sharded_format.py): a folder that every rank writes its part of,
   possibly in the background; complete once its commit file is there.
 
-`format_of` (a path) and `format_for` (a run's settings) are the only places that tell them
+`format_of` (a path) and FORMATS (by name: the checkpoint_format a run writes, auto resolved by
+training/checkpoint/checkpointer.py's CheckpointSettings) are the only places that tell them
 apart. Everything here takes both: listing, "newest readable", retention, and the readers
 (sample.py, export_hf.py, eval_lm.py, init_from, consolidation) do not care which format a
 checkpoint has. Which checkpoint a launch resumes, and the lineage rules, are in
@@ -40,11 +41,6 @@ def format_of(path: Location) -> CheckpointFormat:
     """The format of the checkpoint at path: a folder, or anything at a URL (only folders are written
     there), is a sharded checkpoint; anything else a file."""
     return SHARDED if storage.is_url(path) or storage.is_dir(path) else FILE
-
-
-def format_for(cfg) -> CheckpointFormat:
-    """The format a run writes (its checkpoint_format, auto resolved: see TrainConfig)."""
-    return FORMATS[cfg.resolved_checkpoint_format()]
 
 
 def checkpoints_folder(out_dir: str | Path, checkpoint_dir: str = "") -> Location:

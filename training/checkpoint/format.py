@@ -6,8 +6,8 @@ Two formats lay a checkpoint `step_s` (the state after s optimizer updates) out 
 - ShardedFormat (training/checkpoint/sharded_format.py): a `step_XXXXXXXX/` folder that every rank
   writes its part of, possibly in the background.
 
-training/checkpoint/folder.py picks the format of a path (`format_of`) or of a run's settings
-(`format_for`); nothing else asks which format a checkpoint has. Both hold the same state, so
+training/checkpoint/folder.py picks the format of a path (`format_of`) or by name (`FORMATS`, a
+run's checkpoint_format); nothing else asks which format a checkpoint has. Both hold the same state, so
 a checkpoint of either resumes in the other, under any strategy and world size:
 
 - `model`: the unwrapped, uncompiled GPT's state dict (every key of GPT.state_dict());

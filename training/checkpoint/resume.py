@@ -29,7 +29,7 @@ from pathlib import Path
 
 from common.errors import CheckpointError, ConfigError, print_warning
 from training.core import storage
-from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, checkpoints_folder,
+from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible,
                                  list_checkpoints, load_checkpoint, newest_readable_checkpoint, require_entries,
                                  set_aside)
 from training.core.process_group import DistEnv, broadcast_object, run_on_all_ranks
@@ -40,22 +40,22 @@ from training.core.context import Context
 RUN_RECORD = "run.json"  # written by the trainer at every launch (training/observe/provenance.py)
 
 
-def choose_resume_checkpoint(ctx: Context) -> Location | None:
-    """The checkpoint this launch continues (None: a fresh start). Rank 0 resolves `resume` (scanning
-    the checkpoint folder) and checks the history; every rank gets its answer, or its error."""
-    cfg, env, logger = ctx.cfg, ctx.env, ctx.logger
-    folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
+def choose_resume_checkpoint(ctx: Context, out_dir: str, folder: Location, resume: str) -> Location | None:
+    """The checkpoint this launch continues (None: a fresh start). Rank 0 resolves `resume` (the checkpoint
+    section's) in the run's checkpoint folder and checks the history of out_dir; every rank gets its
+    answer, or its error."""
+    env, logger = ctx.env, ctx.logger
 
     def resolve() -> Location | None:
         if not env.master_process:
             return None
-        if cfg.resume == "never":
-            refuse_used_out_dir(Path(cfg.out_dir), folder)
-        found = find_resume_checkpoint(folder, cfg.resume, warn=logger.warn)
-        check_one_history(cfg.out_dir, folder, None if found is None else found[:2])
+        if resume == "never":
+            refuse_used_out_dir(Path(out_dir), folder)
+        found = find_resume_checkpoint(folder, resume, warn=logger.warn)
+        check_one_history(out_dir, folder, None if found is None else found[:2])
         if found is None:
-            if cfg.resume == "auto":
-                refuse_lost_history(cfg.out_dir, folder, logger.warn)
+            if resume == "auto":
+                refuse_lost_history(out_dir, folder, logger.warn)
             return None
         path, _, how = found
         logger.console(f"resuming from {path} ({how})")

@@ -137,13 +137,13 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._share_state()
 
 
-def check_same_optimizer(cfg, saved_config: dict, path) -> None:
-    """A checkpoint resumes only with the optimizer it was written with: its state (AdamW moments,
-    or Muon momentum buffers) does not fit another. Checkpoints from before the key were adamw's."""
+def check_same_optimizer(optimizer: str, saved_config: dict, path) -> None:
+    """A checkpoint resumes only with the optimizer it was written with (optimizer: this run's): its state
+    (AdamW moments, or Muon momentum buffers) does not fit another. Checkpoints from before the key were adamw's."""
     saved = saved_config.get("optimizer", "adamw")
-    if saved != cfg.optimizer:
+    if saved != optimizer:
         raise CheckpointError(f"optimizer: {path} was written with optimizer {saved}, this run uses "
-                              f"{cfg.optimizer}: its optimizer state does not fit; resume with --optimizer {saved}, "
+                              f"{optimizer}: its optimizer state does not fit; resume with --optimizer {saved}, "
                               f"or start from its weights with --init_from {path} in another out_dir")
 
 

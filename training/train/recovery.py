@@ -19,21 +19,24 @@ from training.optim.spikes import RollbackRequested
 class Recovery:
     """Every rank holds one: `batches` feeds the steps from run.step to max_steps, read ahead on a thread."""
 
-    def __init__(self, ctx: Context, run: Run, checkpointer: Checkpointer):
+    def __init__(self, ctx: Context, run: Run, checkpointer: Checkpointer, max_steps: int, max_rollbacks: int):
+        """max_steps: the schedule section's (where the feed ends); max_rollbacks: the long_run section's. A
+        rollback goes back to the newest good checkpoint of the checkpointer's folder."""
         self.ctx, self.run, self.checkpointer = ctx, run, checkpointer
+        self.max_steps, self.max_rollbacks = max_steps, max_rollbacks
         self.batches = self._read_ahead()
 
     def _read_ahead(self) -> Prefetcher:
         """The micro-batches of the steps from run.step on: step s reads data position s + data_offset."""
         run = self.run
-        return Prefetcher(run.train_loader, run.step + run.data_offset, self.ctx.cfg.max_steps + run.data_offset,
+        return Prefetcher(run.train_loader, run.step + run.data_offset, self.max_steps + run.data_offset,
                           self.ctx.runtime.device)
 
     def roll_back(self, request: RollbackRequested) -> None:
         """Every rank: continue from the newest good checkpoint, past the batches since (collective)."""
         self.checkpointer.wait(fail=False)  # a save in flight counts: it may be the newest good state
         self.batches.close()
-        roll_back(self.ctx, self.run, request)
+        roll_back(self.ctx, self.run, request, self.checkpointer.folder, self.max_rollbacks)
         self.batches = self._read_ahead()
 
     def close(self) -> None:

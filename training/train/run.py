@@ -22,7 +22,7 @@ from training.checkpoint.folder import checkpoints_folder, format_of
 from training.core.storage import Location
 from training.train.config import TrainConfig
 from training.core.process_group import run_on_all_ranks
-from training.optim.optimizers import OptimizerSettings, build_optimizer, check_same_optimizer
+from training.optim.optimizers import build_optimizer, check_same_optimizer
 from training.distributed.strategies import Strategy, full_tensors
 from training.checkpoint.resume import choose_resume_checkpoint, choose_rollback_checkpoint, load_compatible_checkpoint
 from training.core.context import Context
@@ -159,87 +159,93 @@ class Run:
         return None
 
 
-def build_run(ctx: Context, strategy: Strategy) -> Run | None:
+def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
     """The run this launch continues or starts; None when its checkpoint already reached max_steps.
 
     Every rank calls this. Rank 0 picks the checkpoint, every rank loads that same file; a
     problem any rank sees (a data folder one node lacks, an unreadable file) stops every rank
-    with the same error. It reads keys of many sections (data, model, optimizer, schedule,
-    long_run, evaluation's val_tokens) from ctx.cfg: building the run is where they meet.
+    with the same error. It reads keys of many sections (data, model, optimizer, schedule, ema,
+    long_run, checkpoint's resume, evaluation's val sets, runtime's seed): building the run is
+    where they meet, so it is handed the whole configuration.
     """
-    cfg, env, runtime, logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
+    env, runtime, logger = ctx.env, ctx.runtime, ctx.logger
+    data, seed = cfg.data, cfg.runtime.seed
     micro_batch = None
-    if cfg.micro_batch_size is None:  # auto: probed now, and the concrete B is what every part of the run reads
-        cfg.micro_batch_size, micro_batch = choose_micro_batch_size(ctx, strategy)
-    grad_accum_steps = cfg.grad_accum_steps(strategy.dp_size)  # a ConfigError when the batch does not divide
-    resume_path = choose_resume_checkpoint(ctx)
+    if data.micro_batch_size is None:  # auto: probed now, and the concrete B is what every part of the run reads
+        data.micro_batch_size, micro_batch = choose_micro_batch_size(ctx, strategy, data, cfg.model.model_config())
+    grad_accum_steps = data.grad_accum_steps(strategy.dp_size)  # a ConfigError when the batch does not divide
+    folder = checkpoints_folder(cfg.run.out_dir, cfg.checkpoint.checkpoint_dir)
+    resume_path = choose_resume_checkpoint(ctx, cfg.run.out_dir, folder, cfg.checkpoint.resume)
 
     def open_data() -> tuple[TrainLoader | MixtureLoader, dict[str, ValLoader], str]:
         # each data-parallel replica reads its share of every batch (the strategy's dp view)
-        train_loader = make_train_loader(cfg.data_dir, cfg.seq_len, cfg.micro_batch_size, cfg.total_batch_size,
-                                         strategy.dp_rank, strategy.dp_size, cfg.seed, shuffle=cfg.shuffle,
-                                         doc_aligned=cfg.doc_aligned)
-        val_loaders = {name: ValLoader(path, cfg.seq_len, cfg.val_tokens, cfg.micro_batch_size, strategy.dp_rank,
-                                       strategy.dp_size, key="val_sets" if cfg.val_sets else "data_dir")
-                       for name, path in parse_val_sets(cfg.val_sets, cfg.data_dir).items()}
+        train_loader = make_train_loader(data.data_dir, data.seq_len, data.micro_batch_size, data.total_batch_size,
+                                         strategy.dp_rank, strategy.dp_size, seed, shuffle=data.shuffle,
+                                         doc_aligned=data.doc_aligned)
+        val_sets, val_tokens = cfg.evaluation.val_sets, cfg.evaluation.val_tokens
+        val_loaders = {name: ValLoader(path, data.seq_len, val_tokens, data.micro_batch_size, strategy.dp_rank,
+                                       strategy.dp_size, key="val_sets" if val_sets else "data_dir")
+                       for name, path in parse_val_sets(val_sets, data.data_dir).items()}
         # every rank checks the headers, and the token ranges of its share of the shards: a split of
         # the work over the processes (env), not of the data over the replicas
         val_paths = [p for loader in val_loaders.values() for p in loader.paths]
-        validate_shards(train_loader.paths + val_paths, cfg.vocab_size, env.rank, env.world_size)
-        return train_loader, val_loaders, sources_fingerprint(cfg.data_dir)
+        validate_shards(train_loader.paths + val_paths, cfg.model.vocab_size, env.rank, env.world_size)
+        return train_loader, val_loaders, sources_fingerprint(data.data_dir)
 
     train_loader, val_loaders, fingerprint = run_on_all_ranks(env, open_data)
 
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank (the same as one process's)
-    model = GPT(cfg.model_config())
-    load_initial_weights(model, cfg.init_from)
+    torch.manual_seed(seed)  # the same initial weights on every rank (the same as one process's)
+    model = GPT(cfg.model.model_config())
+    load_initial_weights(model, cfg.model.init_from)
     strategy.shard(model)  # under FSDP: before the optimizer, which must hold the sharded parameters
     model.to(runtime.device, dtype=runtime.weights_dtype)
     # AdamW (configure_optimizers), or Muon + AdamW: the optimizer section, and the schedule's peak lr
-    optimizer = build_optimizer(model, cfg.section(OptimizerSettings), cfg.max_lr, runtime.device_type)
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.schedule.max_lr, runtime.device_type)
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.loss_scaling)
-    spikes = SpikeWindow(cfg.spike_window, cfg.spike_threshold, runtime.device, runtime.weights_dtype) \
-        if cfg.spike_skip else None
-    averaging = cfg.section(EMASettings)
-    ema = WeightAverage(averaging.ema_decay, averaging.start_step(cfg.max_steps)) if averaging.ema_decay else None
+    long_run = cfg.long_run
+    spikes = SpikeWindow(long_run.spike_window, long_run.spike_threshold, runtime.device, runtime.weights_dtype) \
+        if long_run.spike_skip else None
+    averaging, max_steps = cfg.ema, cfg.schedule.max_steps
+    ema = WeightAverage(averaging.ema_decay, averaging.start_step(max_steps)) if averaging.ema_decay else None
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
               val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes,
               micro_batch=micro_batch, ema=ema)
     if resume_path is None:
         return run
 
-    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(resume_path, cfg.model_config()))
-    if state["step"] >= cfg.max_steps:  # decided on every rank: all of them stop here
-        if state["step"] > cfg.max_steps:
-            raise ConfigError(f"max_steps: {cfg.max_steps} is below step {state['step']} of {resume_path}; "
+    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(resume_path, model.config))
+    if state["step"] >= max_steps:  # decided on every rank: all of them stop here
+        if state["step"] > max_steps:
+            raise ConfigError(f"max_steps: {max_steps} is below step {state['step']} of {resume_path}; "
                               f"raise max_steps to train on, or start another run in another out_dir")
-        logger.console(f"nothing to do: {resume_path} is at max_steps {cfg.max_steps}; raise max_steps to train on")
+        logger.console(f"nothing to do: {resume_path} is at max_steps {max_steps}; raise max_steps to train on")
         return None
-    check_same_optimizer(cfg, state["config"], resume_path)  # another optimizer's state does not fit
+    check_same_optimizer(cfg.optimizer.optimizer, state["config"], resume_path)  # another's state does not fit
     composition = run.load_state_dict(state, resume_path)
     run.resumed_from, run.resumed_step = resume_path, run.step
     if composition:
         logger.warn(f"the mixture's composition changed since {resume_path} was written: {composition}")
     if run.ema is not None:
-        describe_ema_start(run, checkpointed_start(state), averaging.start_step(cfg.max_steps), cfg, resume_path,
-                           logger.warn)
+        describe_ema_start(run, checkpointed_start(state), averaging, max_steps, resume_path, logger.warn)
     warn_on_changed_settings(cfg, state["config"], logger.warn)
     trained_on = state.get("provenance", {}).get("data_fingerprint")
     changed = changed_shards(trained_on, fingerprint) if trained_on is not None else None
     if changed:  # the shards themselves (a mixture's weights are in its fingerprint too, but are not its shards)
-        where = cfg.data_dir if changed == ["data_dir"] else f"source(s) {', '.join(changed)}"
+        where = data.data_dir if changed == ["data_dir"] else f"source(s) {', '.join(changed)}"
         logger.warn(f"the shards in {where} changed since {resume_path} was written (data fingerprint "
                     f"{trained_on} -> {fingerprint}): the steps after the resume read other data")
     return run
 
 
-def describe_ema_start(run: Run, kept: int | None, planned: int, cfg: TrainConfig, path: Location,
+def describe_ema_start(run: Run, kept: int | None, averaging: EMASettings, max_steps: int, path: Location,
                        warn: Callable[[str], None]) -> None:
     """Say where a resumed run's EMA starts when it is not where this config would start a fresh one.
 
-    kept: the start of the EMA the checkpoint's run kept (None: it had none); planned: floor(ema_start *
-    max_steps) of this config. A kept start is state and goes on (a raised max_steps must not freeze the
-    average until a later start, and then fold on from the stale one)."""
+    kept: the start of the EMA the checkpoint's run kept (None: it had none); averaging: this run's ema
+    section, whose start would be floor(ema_start * max_steps) (max_steps: the schedule section's). A kept
+    start is state and goes on (a raised max_steps must not freeze the average until a later start, and then
+    fold on from the stale one)."""
+    planned = averaging.start_step(max_steps)
     if kept is None:
         if run.step > planned:
             warn(f"{path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts from the "
@@ -247,17 +253,17 @@ def describe_ema_start(run: Run, kept: int | None, planned: int, cfg: TrainConfi
         return
     if kept == planned:
         return
-    now = f"ema_start {cfg.ema_start} of max_steps {cfg.max_steps} would start a fresh run's at step {planned}"
+    now = f"ema_start {averaging.ema_start} of max_steps {max_steps} would start a fresh run's at step {planned}"
     if run.ema.ready:
         warn(f"the EMA of the weights started at step {kept} and averages on from there ({now})")
-    elif kept < cfg.max_steps:
+    elif kept < max_steps:
         warn(f"the EMA of the weights starts at step {kept}, as the run of {path} set it ({now})")
     else:
         warn(f"the EMA of the weights starts at step {kept}, as the run of {path} set it, at or after max_steps "
-             f"{cfg.max_steps}: this run ends without one ({now})")
+             f"{max_steps}: this run ends without one ({now})")
 
 
-def roll_back(ctx: Context, run: Run, request: RollbackRequested) -> None:
+def roll_back(ctx: Context, run: Run, request: RollbackRequested, folder: Location, max_rollbacks: int) -> None:
     """Continue from the newest checkpoint, past the batches since it. Every rank calls it (collective).
 
     The run's state becomes the checkpoint's (weights, optimizer, step, spike window) except
@@ -266,18 +272,18 @@ def roll_back(ctx: Context, run: Run, request: RollbackRequested) -> None:
     over, and the rollback record says which. So the data position stays a function of the
     state, and a run resumed later goes where this one goes. The log drops the records of the
     steps that will be redone, as a resume does. A save in flight must have been waited for.
+    folder: the run's checkpoint folder; max_rollbacks: the long_run section's.
     """
-    cfg, env, logger = ctx.cfg, ctx.env, ctx.logger
-    folder = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
+    env, logger = ctx.env, ctx.logger
     stop = f"step {request.step}: {request.reason}"
-    if run.rollbacks >= cfg.max_rollbacks:
-        raise DivergedError(f"{stop}; rolled back {run.rollbacks} time(s) already (max_rollbacks {cfg.max_rollbacks}): "
+    if run.rollbacks >= max_rollbacks:
+        raise DivergedError(f"{stop}; rolled back {run.rollbacks} time(s) already (max_rollbacks {max_rollbacks}): "
                             f"stopping; the newest checkpoint in {folder} is the last good state")
 
     path = choose_rollback_checkpoint(folder, run.resumed_from, run.resumed_step, env, logger.warn)
     if path is None:
         raise DivergedError(f"{stop}; there is no checkpoint in {folder} to roll back to: stopping")
-    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, cfg.model_config()))
+    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, run.model.config))
     failed_batch, rollbacks = request.step + run.data_offset, run.rollbacks + 1
     run.optimizer.zero_grad(set_to_none=True)  # a non-finite step left its gradients
     run.load_state_dict(state, path)
@@ -289,7 +295,7 @@ def roll_back(ctx: Context, run: Run, request: RollbackRequested) -> None:
     logger.log({"kind": "rollback", "step": run.step, "tokens": run.tokens_seen, "from_step": request.step,
                 "reason": request.reason, "skipped_batches": passed_over})
     logger.warn(f"{stop}; rolled back to {path} (step {run.step}) and passing over the batches of data positions "
-                f"{passed_over[0]}-{passed_over[1]} (rollback {rollbacks} of at most {cfg.max_rollbacks})")
+                f"{passed_over[0]}-{passed_over[1]} (rollback {rollbacks} of at most {max_rollbacks})")
 
 
 def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
