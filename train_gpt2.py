@@ -51,7 +51,8 @@ from training.distributed.strategies import Strategy, local_state_bytes, make_st
 from training.distributed.preemption import PreemptionFlag, StopVote
 from training.observe.provenance import provenance
 from training.train.recovery import Recovery
-from training.train.run import Run, build_run
+from training.train.build import build_run
+from training.train.run import Run
 from training.checkpoint.run_folder import claim_run_folder, release_all
 from training.core.logger import TENSORBOARD_MISSING, RunLogger, format_train_line
 from training.core.runtime import deterministic_kernels

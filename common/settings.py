@@ -25,7 +25,7 @@ from common.errors import ConfigError
 
 
 # What another value of a key does to a run resumed with it: every field declares one (option's on_resume), and
-# the resume warning names the keys whose change makes the steps differ (training/train/run.py's
+# the resume warning names the keys whose change makes the steps differ (training/train/resume.py's
 # warn_on_changed_settings).
 ON_RESUME = (
     "trajectory",  # in the training math: resumed with another value, a run's steps differ from an uninterrupted one's

@@ -344,7 +344,7 @@ def build_tiny_run(data_dir: Path, out_dir: Path, **overrides):
     from training.core.process_group import DistEnv
     from training.distributed.strategies import make_strategy
     from training.train.config import parse_args
-    from training.train.run import build_run
+    from training.train.build import build_run
 
     cfg = parse_args(base_args(data_dir, out_dir, **overrides))
     runtime = cfg.runtime.make_runtime()

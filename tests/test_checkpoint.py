@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from training.checkpoint import folder as ckpt
-from training.checkpoint import resume
+from training.train import resume
 def state(step: int, n_layer: int = 2) -> dict:
     return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {"state": {}, "param_groups": []},
             "step": step, "tokens_seen": step * 10, "config": {"seed": 1, "tags": ["a"]},

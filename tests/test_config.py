@@ -332,7 +332,7 @@ class Warnings:
 
 
 def resume_warnings(saved: dict, **now) -> list[str]:
-    from training.train.run import warn_on_changed_settings
+    from training.train.resume import warn_on_changed_settings
 
     logger = Warnings()
     warn_on_changed_settings(TrainConfig(**now), TrainConfig(**saved).to_dict(), logger.warn)

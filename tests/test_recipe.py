@@ -22,7 +22,7 @@ from data.loader import Prefetcher
 from common.errors import ConfigError, NonFiniteLossError
 from training.train.config import TrainConfig, parse_args
 from training.optim.optimizers import MuonWithAdamW, build_optimizer, split_parameters
-from training.train.run import with_current_settings
+from training.train.resume import with_current_settings
 from training.optim.schedule import cooldown_start, learning_rate
 from train_gpt2 import make_lockstep
 

@@ -30,7 +30,7 @@ from launch import launch
 from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.resume import find_resume_checkpoint
+from training.train.resume import find_resume_checkpoint, load_state
 from training.core import storage
 from training.core.logger import read_log
 
@@ -574,7 +574,7 @@ def test_a_memory_url_checkpoint_dir_saves_and_loads_in_one_process(data, tmp_pa
         assert_same_state(ckpt.read_full_state(f"{url}/step_00000002", state),
                           {"model": run.model.state_dict(), "optimizer": by_name(run)})
         *_, resumed = build_tiny_run(data, tmp_path / "other", checkpoint_dir=url)
-        resumed.load_state_dict(state, f"{url}/step_00000002")  # what a resume does: every tensor read back through fsspec
+        load_state(resumed, state, f"{url}/step_00000002")  # what a resume does: every tensor read back through fsspec
         assert resumed.step == 2
         assert_same_state({"model": resumed.model.state_dict(), "optimizer": resumed.optimizer.state_dict()},
                           {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()})

@@ -274,7 +274,7 @@ CHECKPOINT_FORMATS = ("auto", "file", "sharded")
 @dataclass
 class CheckpointSettings(Settings):
     """The checkpoint section: when the Checkpointer (above) writes, where, in which format, how many it keeps,
-    and which checkpoint a launch resumes (training/checkpoint/resume.py)."""
+    and which checkpoint a launch resumes (training/train/resume.py)."""
 
     SECTION = "checkpoint"
     SUMMARY = "when checkpoints are written and kept, where they go, which one a run resumes"

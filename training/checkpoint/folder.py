@@ -14,8 +14,8 @@ formats, each a class behind the interface of training/checkpoint/format.py:
 training/checkpoint/checkpointer.py's CheckpointSettings) are the only places that tell them
 apart. Everything here takes both: listing, "newest readable", retention, and the readers
 (sample.py, export_hf.py, eval_lm.py, init_from, consolidation) do not care which format a
-checkpoint has. Which checkpoint a launch resumes, and the lineage rules, are in
-training/checkpoint/resume.py.
+checkpoint has. Which checkpoint a launch resumes, the lineage rules and what a resume loads
+are in training/train/resume.py.
 """
 
 from __future__ import annotations

@@ -56,20 +56,6 @@ class EMASettings(Settings):
         return math.floor(self.ema_start * max_steps)
 
 
-def checkpointed_start(state: dict) -> int | None:
-    """The start step of the EMA kept by the run that wrote a checkpoint (its state), started or not; None where
-    that run kept none (ema_decay 0). Checkpoints of older code saved it only once the average had started:
-    before that, their config's ema_start and max_steps give it, as that run computed it."""
-    saved = state.get("ema_state")
-    if saved is not None:
-        return saved["start_step"]
-    config = state.get("config") or {}
-    if not config.get("ema_decay"):
-        return None
-    return EMASettings(ema_decay=config["ema_decay"], ema_start=config.get("ema_start", 0.0)).start_step(
-        config["max_steps"])
-
-
 def average_dtype(p: torch.Tensor) -> torch.dtype:
     """float32, or the parameter's own dtype where that is wider (float64 runs)."""
     return torch.promote_types(p.dtype, torch.float32)

@@ -137,16 +137,6 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._share_state()
 
 
-def check_same_optimizer(optimizer: str, saved_config: dict, path) -> None:
-    """A checkpoint resumes only with the optimizer it was written with (optimizer: this run's): its state
-    (AdamW moments, or Muon momentum buffers) does not fit another. Checkpoints from before the key were adamw's."""
-    saved = saved_config.get("optimizer", "adamw")
-    if saved != optimizer:
-        raise CheckpointError(f"optimizer: {path} was written with optimizer {saved}, this run uses "
-                              f"{optimizer}: its optimizer state does not fit; resume with --optimizer {saved}, "
-                              f"or start from its weights with --init_from {path} in another out_dir")
-
-
 @dataclass
 class OptimizerSettings(Settings):
     """The optimizer section: which optimizer, and its hyperparameters (its peak lr is the schedule's max_lr)."""

@@ -141,14 +141,6 @@ class TrainConfig:
         section's strategy (CheckpointSettings.resolved_format)."""
         return self.checkpoint.resolved_format(STRATEGIES[self.runtime.strategy].default_checkpoint_format)
 
-    def changes_training_math(self, key: str) -> bool:
-        """Whether another value of key makes this run's steps differ (what a resume with it changed warns of)."""
-        if key in WITH_DROPOUT_KEYS:
-            return self.model.dropout > 0
-        if key in WITH_ROLLBACKS_KEYS:
-            return bool(self.long_run.rollback_after or self.long_run.rollback_on_nonfinite)
-        return key in TRAJECTORY_KEYS
-
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """Every key, flat, in order: the sections' keys, section by section."""
@@ -167,7 +159,7 @@ SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
 SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
-# --- what a changed key does to a run's steps (the resume warning, training/train/run.py) -------------------
+# --- what a changed key does to a run's steps (the resume warning, training/train/resume.py) ----------------
 # Each key's field declares it (option's on_resume: common/settings.py's ON_RESUME); these are the keys of each kind.
 
 

@@ -3,7 +3,7 @@ the batches since.
 
 A rollback is asked for by the step, on every rank alike (training/optim/spikes.py's RollbackRequested:
 spikes in a row, a NaN/inf with rollback_on_nonfinite) or by a save that found non-finite weights
-(training/checkpoint/checkpointer.py). The run's state becomes the checkpoint's (training/train/run.py roll_back),
+(training/checkpoint/checkpointer.py). The run's state becomes the checkpoint's (training/train/resume.py's roll_back),
 and the feed restarts at the data position that state says.
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 from data.loader import Prefetcher
 from training.checkpoint.checkpointer import Checkpointer
 from training.core.context import Context
-from training.train.run import Run, roll_back
+from training.train.resume import roll_back
+from training.train.run import Run
 from training.optim.spikes import RollbackRequested
 
 
