@@ -10,14 +10,17 @@ collective (the step's all-reduce, val loss, HellaSwag, checkpoint agreement) is
 all ranks, and an error that only one rank can see is shared with the others before they go
 on, so every rank stops with the same one-line message instead of hanging.
 
-The pieces: training/train/run.py builds the run (data, model, optimizer, the checkpoint it
-resumes); training/train/step.py is one optimizer step's math, and training/train/lockstep.py the ranks'
-agreement around it. The loop below calls components that decide their own timing: evals/
-(val loss, HellaSwag, samples, each at its interval), training/checkpoint/checkpointer.py (when a
-checkpoint is due, saves in the background, a failed save's retry), training/distributed/preemption.py
-(the stop vote), training/train/recovery.py (the data feed, and rollbacks), training/observe/diagnostics.py
-(profiler, memory snapshots, rank timings); training/core/logger.py is rank 0's console, files,
-W&B and TensorBoard.
+The pieces: training/train/build.py builds the run (data, model, optimizer), and
+training/train/resume.py continues it from the checkpoint it resumes (which one, what it loads,
+what a changed setting means); training/train/step.py is one optimizer step's math, and
+training/train/lockstep.py the ranks' agreement around it. The loop below calls components that
+decide their own timing: evals/ (val loss, HellaSwag, samples, each at its interval),
+training/checkpoint/checkpointer.py (when a checkpoint is due, saves in the background, a failed
+save's retry), training/distributed/preemption.py (the stop vote), training/train/recovery.py
+(the data feed, and rollbacks), training/observe/diagnostics.py (profiler, memory snapshots,
+rank timings); training/core/logger.py is rank 0's console, files, W&B and TensorBoard. Here the
+configuration is split: each component is made from its own settings section, and any key of
+another section it reads is passed to it as a value.
 
 Exit codes (common/errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
 configuration or input; 3 the loss went NaN/inf (the update was not applied), or spikes went on
@@ -74,10 +77,7 @@ def main(argv: list[str], wrap_step=None) -> int:
 
 
 def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
-    """Set up the processes, then build and train the run that cfg describes; the exit status.
-
-    Here, and in train() below, the configuration is split: each component is made from its own
-    section, and any key of another section it needs is passed as a value."""
+    """Set up the processes, then build and train the run that cfg describes; the exit status."""
     runtime = cfg.runtime.make_runtime(local_rank())
     if runtime.device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul left outside autocast
@@ -88,7 +88,8 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
     ctx = Context(env, runtime, logger)  # what every component below is made from, beside its sections
     locks = []
     try:
-        strategy = make_strategy(cfg.runtime.strategy, env, runtime)  # ddp, or FSDP's (distributed/strategies.py)
+        # ddp, or FSDP's sharding (training/distributed/strategies.py)
+        strategy = make_strategy(cfg.runtime.strategy, env, runtime)
         out_dir = cfg.run.out_dir
         checkpoints = checkpoints_folder(out_dir, cfg.checkpoint.checkpoint_dir)
         require_shared(checkpoints, env.world_size)  # every rank's part must land where rank 0 sees it

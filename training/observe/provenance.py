@@ -31,7 +31,8 @@ def provenance(ctx: Context, argv: list[str], data_fingerprint: str, run_id: str
     runtime = ctx.runtime
     commit, dirty = git_state(REPO)
     return {
-        "run_id": run_id,  # the run this launch continues or starts: the run folder's owner (checkpoint/run_folder.py)
+        # the run this launch continues or starts: the run folder's owner (training/checkpoint/run_folder.py)
+        "run_id": run_id,
         "git_commit": commit,  # None outside a git checkout
         "git_dirty": dirty,  # uncommitted changes to tracked files
         "python": platform.python_version(),

@@ -13,7 +13,8 @@ host synchronisation and no collective. It never feeds back into the training: w
 live weights, losses and checkpointed optimizer state are those of a run without it.
 
 It is part of the run's state: saved in both checkpoint formats beside the model (`ema`, keyed by
-parameter name), resumed exactly, and evaluated beside the live weights (evals/periodic.py swaps it
+parameter name), resumed exactly (training/train/resume.py loads it, and the start its run kept),
+and evaluated beside the live weights (evals/periodic.py swaps it
 in for the evaluation, and back out). The readers (sample.py, export_hf.py, eval_lm.py) take it
 with `--weights ema`.
 """
@@ -40,7 +41,7 @@ class EMASettings(Settings):
     ema_decay: float = option(0.0, "EMA of the weights: average = decay * average + (1 - decay) * weights after "
                                    "each applied update, in (0, 1) (0: off); evaluated beside the live weights "
                                    "(val/ema_loss, hellaswag/ema_acc_norm) and saved with the checkpoints",
-                              on_resume="none")
+                              on_resume="none")  # an average kept beside the weights: the training never reads it
     ema_start: float = option(0.0, "the share of max_steps after which the EMA starts, in [0, 1): it is the "
                                    "weights after update floor(ema_start * max_steps), then averages on (0: from "
                                    "the first update; 0.5: a tail average of the second half); set at a fresh "

@@ -3,8 +3,8 @@ the batches since.
 
 A rollback is asked for by the step, on every rank alike (training/optim/spikes.py's RollbackRequested:
 spikes in a row, a NaN/inf with rollback_on_nonfinite) or by a save that found non-finite weights
-(training/checkpoint/checkpointer.py). The run's state becomes the checkpoint's (training/train/resume.py's roll_back),
-and the feed restarts at the data position that state says.
+(training/checkpoint/checkpointer.py). The run's state becomes the checkpoint's (training/train/resume.py's
+roll_back), and the feed restarts at the data position that state says.
 """
 
 from __future__ import annotations
