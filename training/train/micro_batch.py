@@ -44,7 +44,8 @@ from common.errors import ConfigError, ReproError
 from data.mixture import DataSettings
 from model import GPTConfig
 from training.core.process_group import DistEnv, as_repro_error, raise_first_error
-from training.distributed.strategies import local_nbytes
+from training.core.context import Context
+from training.distributed.strategies import Strategy, local_nbytes
 
 HEADROOM = 0.10  # of the GPU's total memory, left free beyond the probe's peak (allocator fragmentation, evals)
 FAILED = -1  # a rank's vote when its search raised: every rank stops
@@ -148,7 +149,8 @@ def later_state_bytes(model: torch.nn.Module, ddp_buckets: bool) -> int:
     return params * (2 + int(ddp_buckets))
 
 
-def choose_micro_batch_size(ctx, strategy, data: DataSettings, model_config: GPTConfig) -> tuple[int, dict]:
+def choose_micro_batch_size(ctx: Context, strategy: Strategy, data: DataSettings,
+                            model_config: GPTConfig) -> tuple[int, dict]:
     """micro_batch_size auto: the B this run uses, and what run.json records of how it was chosen.
 
     Every rank calls this, before the run is built. On CUDA: one all-reduce, and under FSDP the probes'
@@ -188,7 +190,8 @@ def choose_micro_batch_size(ctx, strategy, data: DataSettings, model_config: GPT
                     "candidates": candidates, "headroom": HEADROOM, **result.record()}
 
 
-def probe_search(ctx, strategy, candidates: list[int], model_config: GPTConfig, seq_len: int) -> SearchResult:
+def probe_search(ctx: Context, strategy: Strategy, candidates: list[int], model_config: GPTConfig,
+                 seq_len: int) -> SearchResult:
     """This rank's search, by probes of the training step on a model of the run's shape, built for them and
     dropped after: the run's model, optimizer and random generators are never touched."""
     device = ctx.runtime.device
@@ -202,7 +205,7 @@ def probe_search(ctx, strategy, candidates: list[int], model_config: GPTConfig, 
             torch.cuda.reset_peak_memory_stats(device)  # the train records' peak_mem_gb is the run's, not a probe's
 
 
-def search_with_probe_model(ctx, strategy, candidates: list[int], model_config: GPTConfig,
+def search_with_probe_model(ctx: Context, strategy: Strategy, candidates: list[int], model_config: GPTConfig,
                             seq_len: int) -> SearchResult:
     env, runtime = ctx.env, ctx.runtime
     device = runtime.device
