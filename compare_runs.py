@@ -26,7 +26,7 @@ from common.errors import ArgumentParser, ConfigError, DataError, run_cli
 from evals.base import EMA_PREFIX
 from evals.stats import Difference, format_p, paired, verdict, welch
 from common.log_fields import BPB, BPB_PREFIX, val_set_names
-from training.observe.logger import LOG_NAME, read_log, write_text_file
+from training.core.logger import LOG_NAME, read_log, write_text_file
 
 CARD = "report"  # eval_lm.py --card's report.json (report_ema.json of the EMA weights)
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from common.errors import ArgumentParser, ConfigError, run_cli
-from training.checkpoint import storage
+from training.core import storage
 from training.checkpoint.folder import consolidate, step_of
 
 

@@ -61,12 +61,12 @@ from evals.report_card import DEFAULT_METRIC, SUITE, build_card, card_markdown, 
 from evals.val_loss import val_row_losses
 from hf_interop.convert import load_hf_gpt2
 from model import PRESETS
-from training.checkpoint import storage
+from training.core import storage
 from training.checkpoint.folder import CHECKPOINT_DIR, WEIGHTS, read_model
-from training.distributed.process_group import DistEnv
-from training.observe.logger import write_text_file
+from training.core.process_group import DistEnv
+from training.core.logger import write_text_file
 from training.train.config import parse_args as trainer_defaults
-from training.train.runtime import resolve_runtime
+from training.core.runtime import resolve_runtime
 
 RESULTS_DIR = "lm_eval"  # inside the run folder
 WANDB_PREFIX = "lm_eval"
@@ -306,7 +306,7 @@ def card_val_window(args, config: dict | None, block_size: int) -> tuple[dict[st
     if args.data_dir is None and config is None:
         raise ConfigError(f"--data_dir: needed for {args.ckpt}'s val loss and bpb (the folder whose val split to "
                           f"score, your run's data_dir to compare; none leaves them out)")
-    defaults = config or vars(trainer_defaults([]))
+    defaults = config or trainer_defaults([]).to_dict()
     sets = {"val": args.data_dir} if args.data_dir else parse_val_sets(defaults.get("val_sets") or "",
                                                                         defaults["data_dir"])
     seq_len = args.seq_len or (defaults["seq_len"] if config else min(defaults["seq_len"], block_size))

@@ -23,7 +23,7 @@ from common.errors import ArgumentParser, ConfigError, run_cli
 from hf_interop.convert import load_hf_gpt2
 from model import GPT, PRESETS
 from training.checkpoint.folder import WEIGHTS, read_model
-from training.train.runtime import pick_device
+from training.core.runtime import pick_device
 from evals.samples import encode_prompt
 
 

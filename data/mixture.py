@@ -46,6 +46,7 @@ import torch
 
 from common.errors import ConfigError, DataError
 from common.log_fields import source_name_problem, val_set_name_problem
+from common.settings import Settings, option, require
 from data.loader import RowStream, TrainLoader, grad_accum_steps, row_permutation, shard_order
 from data.manifest import data_fingerprint
 from data.shards import find_shards
@@ -331,3 +332,46 @@ def sources_fingerprint(data_dir: str) -> str:
     if len(sources) == 1:
         return data_fingerprint(sources[0].path)
     return ",".join(f"{s.name}:{s.weight:g}={data_fingerprint(s.path)}" for s in sources)
+
+
+@dataclass
+class DataSettings(Settings):
+    """The data section: the shards (one folder, or a mixture: make_train_loader) and the batch geometry."""
+
+    SECTION = "data"
+    SUMMARY = "the token shards and the batch geometry"
+
+    data_dir: str = option("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy), or a "
+                                                   "mixture: folder:weight,folder:weight ({folder: weight, ...} in "
+                                                   "YAML), every step the same share of rows from each "
+                                                   "(data/mixture.py)", on_resume="trajectory")
+    total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)",
+                                   on_resume="trajectory")
+    micro_batch_size: int | None = option(64, "sequences in one forward pass on one rank (B), or auto: on CUDA the "
+                                              "largest B that fits the GPU's free memory with headroom, found by "
+                                              "probing the training step before training (the smallest over the "
+                                              "ranks, keeping grad_accum_steps whole; run.json and the startup "
+                                              "line say which); on CPU and MPS micro_batch_size_fallback",
+                                          on_resume="with_dropout", none="auto")
+    micro_batch_size_fallback: int = option(16, "micro_batch_size auto on CPU and MPS, where no memory is probed: "
+                                                "this B, or the largest below it that keeps grad_accum_steps "
+                                                "whole, with a warning", on_resume="with_dropout")
+    seq_len: int = option(1024, "tokens per sequence (T)", on_resume="trajectory")
+    shuffle: bool = option(False, "read the train rows in a new order every epoch, seeded by seed and epoch (false: "
+                                  "build-nanogpt's order, the shards in order, then in a seeded shard order)",
+                           on_resume="trajectory")
+    doc_aligned: bool = option(False, "start every train row at a document (its <|endoftext|>): a document longer "
+                                      "than a row is cut at the row's end and its rest passed over (the startup "
+                                      "line says the share of tokens the rows use)", on_resume="trajectory")
+
+    def validate(self) -> None:
+        parse_sources(self.data_dir)  # its form and weights; the folders are opened at launch
+        for key in ("total_batch_size", "micro_batch_size", "micro_batch_size_fallback", "seq_len"):
+            value = getattr(self, key)
+            require(value is None or value > 0, key, f"must be positive, got {value}")  # None: micro_batch_size auto
+        require(self.total_batch_size % self.seq_len == 0, "total_batch_size",
+                f"{self.total_batch_size} is not a multiple of seq_len {self.seq_len}")
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """total_batch_size / (micro_batch_size * seq_len * world_size), which must be whole (ConfigError)."""
+        return grad_accum_steps(self.total_batch_size, self.seq_len, self.micro_batch_size, world_size)

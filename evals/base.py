@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from common.log_fields import EMA_PREFIX
-from training.observe.logger import format_duration
+from training.core.logger import format_duration
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from training.train.config import EvalSettings
-    from training.train.context import Context
+    from training.core.context import Context
 
 
 @dataclass(frozen=True)
@@ -64,13 +64,14 @@ class Evaluator:
         self.interval = interval  # every N steps, and after the last step; 0: only after the last
 
     @classmethod
-    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> Evaluator | None:
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer,
+                      seed: int) -> Evaluator | None:
         """The evaluator the evaluation section asks for, or None when it is off. Called on every rank.
 
-        Its own keys come from `settings`; ctx gives the processes, the device and the logger (and
-        a key of another section, read from ctx.cfg with the reason beside it). An evaluation that
-        splits its examples over the ranks takes its share from the strategy's data-parallel view
-        (strategy.dp_rank of strategy.dp_size), as the loaders do."""
+        Its own keys come from `settings`; ctx gives the processes, the device and the logger; seed is
+        the runtime section's, the run's one seed, what an evaluation that draws (the samples) draws
+        from. An evaluation that splits its examples over the ranks takes its share from the
+        strategy's data-parallel view (strategy.dp_rank of strategy.dp_size), as the loaders do."""
         raise NotImplementedError
 
     def due(self, step: int, last_step: bool) -> bool:

@@ -34,12 +34,12 @@ from common.atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN
 from common.errors import DataError, print_warning
 from evals.base import Evaluator, Progress, Series, in_lockstep
-from training.distributed.process_group import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
+from training.core.process_group import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from training.train.config import EvalSettings
-    from training.train.context import Context
+    from training.core.context import Context
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_FILENAME = "hellaswag_val.jsonl"
@@ -318,7 +318,8 @@ class HellaSwag(Evaluator):
     # --- as a periodic evaluation ----------------------------------------------------------------
 
     @classmethod
-    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> HellaSwag | None:
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer,
+                      seed: int) -> HellaSwag | None:
         if not settings.hellaswag_interval:
             return None
         return cls(settings.hellaswag_path, settings.hellaswag_limit, ctx.env, tokenizer, warn=ctx.logger.warn,

@@ -4,7 +4,7 @@ Adding an evaluation is one Evaluator subclass (evals/base.py) with its keys in 
 section (EvalSettings, training/train/config.py), listed here: the runner schedules it, logs its
 records, keeps its figure for checkpoints, and plot_log.py draws its series.
 
-With an EMA of the weights (training/train/ema.py), an evaluator whose `averaged` is set runs again on
+With an EMA of the weights (training/optim/ema.py), an evaluator whose `averaged` is set runs again on
 the average, swapped into the model and back out (bitwise), and its figures join the live record
 prefixed `ema_` (val's `ema_loss`: val/ema_loss in W&B and TensorBoard, its own curve in plot_log.py).
 """
@@ -19,7 +19,7 @@ from evals.samples import Samples
 from evals.val_loss import ValLoss
 from training.distributed.strategies import Strategy
 from training.train.config import EvalSettings
-from training.train.context import Context
+from training.core.context import Context
 
 EVALUATORS: tuple[type[Evaluator], ...] = (ValLoss, HellaSwag, Samples)  # in the order they run at a step
 
@@ -31,11 +31,12 @@ class PeriodicEvaluation:
     at every step.
     """
 
-    def __init__(self, ctx: Context, strategy: Strategy, tokenizer):
+    def __init__(self, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer, seed: int):
+        """settings: the evaluation section, what every evaluator is made from; seed: the runtime section's."""
         self.logger = ctx.logger
-        self.settings = ctx.cfg.section(EvalSettings)  # what every evaluator is made from
+        self.settings = settings
         self.evaluators = [e for cls in EVALUATORS
-                           if (e := cls.from_settings(self.settings, ctx, strategy, tokenizer))]
+                           if (e := cls.from_settings(settings, ctx, strategy, tokenizer, seed))]
 
     def run_due(self, run, last_step: bool, agree_to_stop: Callable[[], bool]) -> bool:
         """Each evaluation due at run.step, unless the ranks agree to stop; whether they did.

@@ -10,12 +10,12 @@ import torch
 
 from data.tokenizer import EOT_TOKEN
 from evals.base import Evaluator
-from training.distributed.process_group import DistEnv, run_on_all_ranks
+from training.core.process_group import DistEnv, run_on_all_ranks
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from training.train.config import EvalSettings
-    from training.train.context import Context
+    from training.core.context import Context
 
 
 class Samples(Evaluator):
@@ -30,12 +30,13 @@ class Samples(Evaluator):
         self.max_new_tokens, self.seed, self.device, self.autocast = max_new_tokens, seed, device, autocast
 
     @classmethod
-    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> Samples | None:
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer,
+                      seed: int) -> Samples | None:
         if not settings.sample_interval:
             return None
-        # seed is the runtime section's: the run's one seed, which the samples' generator is drawn from too
+        # seed: the run's one seed, which the samples' generator is drawn from too
         return cls(settings.sample_interval, ctx.env, tokenizer, settings.sample_prompt, settings.sample_count,
-                   settings.sample_tokens, ctx.cfg.seed, ctx.runtime.device, ctx.runtime.autocast)
+                   settings.sample_tokens, seed, ctx.runtime.device, ctx.runtime.autocast)
 
     def due(self, step: int, last_step: bool) -> bool:
         return step > 0 and super().due(step, last_step)

@@ -25,12 +25,12 @@ from common.log_fields import BPB, BPB_PREFIX, val_set_names
 from data.loader import ValLoader
 from data.tokenizer import token_byte_lengths
 from evals.base import Evaluator, Progress, Series, in_lockstep
-from training.distributed.process_group import DistEnv, all_reduce_sum
+from training.core.process_group import DistEnv, all_reduce_sum
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from training.train.config import EvalSettings
-    from training.train.context import Context
+    from training.core.context import Context
 
 def bits_per_byte(loss_sum: float, n_bytes: int) -> float | None:
     """Summed token loss in nats over n_bytes bytes of text, in bits per byte; None for a window of no text."""
@@ -52,7 +52,8 @@ class ValLoss(Evaluator):
         self.window_bytes: dict[str, int] = {}  # each val set's target bytes, counted at its first evaluation
 
     @classmethod
-    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer) -> ValLoss:
+    def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer,
+                      seed: int) -> ValLoss:
         # always on: a run ends with its val loss; the shards hold GPT-2 token ids (data/tokenizer.py)
         return cls(settings.eval_interval, ctx.env, ctx.runtime.autocast, token_byte_lengths(), ctx.logger.console)
 

@@ -49,7 +49,7 @@ def generate_shards(folder: Path, train_tokens: int, val_tokens: int, vocab: int
 
 def summarize(log_path: Path, warmup: int) -> dict:
     """Figures from the trainer's log.jsonl: the steps after the warm-up, and the first step."""
-    from training.observe.logger import read_log
+    from training.core.logger import read_log
 
     records = read_log(log_path)
     train = [r for r in records if r["kind"] == "train"]
@@ -81,17 +81,17 @@ def describe_run(cfg, world_size: int) -> dict:
     import torch
 
     from model import GPT
-    from training.distributed.process_group import local_rank
-    from training.train.runtime import resolve_runtime
+    from training.core.process_group import local_rank
 
-    runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops, local_rank())
+    runtime = cfg.runtime.make_runtime(local_rank())
     with torch.device("meta"):
-        params = GPT(cfg.model_config()).num_params()
+        params = GPT(cfg.model.model_config()).num_params()
+    data = cfg.data
     return {
-        "model": cfg.model, "params": params, "B": cfg.micro_batch_size, "T": cfg.seq_len,
-        "total_batch_size": cfg.total_batch_size, "world_size": world_size,
-        "grad_accum": cfg.grad_accum_steps(world_size), "strategy": cfg.strategy, "compile": runtime.compile,
-        "activation_checkpointing": cfg.activation_checkpointing_label(),
+        "model": cfg.model.model, "params": params, "B": data.micro_batch_size, "T": data.seq_len,
+        "total_batch_size": data.total_batch_size, "world_size": world_size,
+        "grad_accum": data.grad_accum_steps(world_size), "strategy": cfg.runtime.strategy, "compile": runtime.compile,
+        "activation_checkpointing": cfg.runtime.activation_checkpointing_label(),
         "loss_chunk_size": runtime.loss_chunk_size, "dtype": runtime.dtype, "device": runtime.device_name,
         "torch": torch.__version__,
     }
@@ -140,20 +140,21 @@ def main(argv: list[str]) -> int:
         # parse once to know the batch geometry, then hand the trainer its full argument list
         user_cfg = parse_args(quiet + trainer_args)
         total_steps = args.warmup + args.steps
-        if not any(Path(user_cfg.data_dir).glob("*_train_*.npy")):
+        user_data = user_cfg.data
+        if not any(Path(user_data.data_dir).glob("*_train_*.npy")):
             # no shards where the config points: random tokens. Every rank writes its own
             # identical copy, so no coordination is needed before the process group exists.
-            generate_shards(work / "data", total_steps * user_cfg.total_batch_size + 1,
-                            user_cfg.seq_len * user_cfg.micro_batch_size + 1, min(user_cfg.vocab_size, 50257))
+            generate_shards(work / "data", total_steps * user_data.total_batch_size + 1,
+                            user_data.seq_len * user_data.micro_batch_size + 1, min(user_cfg.model.vocab_size, 50257))
             trainer_args = [*trainer_args, "--data_dir", str(work / "data")]
         bench_args = ["--out_dir", str(work / "run"), "--max_steps", str(total_steps),
-                      "--val_tokens", str(user_cfg.seq_len * user_cfg.micro_batch_size), *quiet]
+                      "--val_tokens", str(user_data.seq_len * user_data.micro_batch_size), *quiet]
         code = train_gpt2.cli(bench_args + trainer_args)  # the user's keys come last and win
         if code != 0 or rank != 0:
             return code
         cfg = parse_args(bench_args + trainer_args)
         row = {"label": args.label, **describe_run(cfg, int(os.environ.get("WORLD_SIZE", 1))),
-               "data": "random" if str(work) in cfg.data_dir else cfg.data_dir,
+               "data": "random" if str(work) in cfg.data.data_dir else cfg.data.data_dir,
                **summarize(work / "run" / "log.jsonl", args.warmup),
                "date": datetime.date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).name, *argv])}
         print(table(row))

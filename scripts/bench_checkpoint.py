@@ -16,7 +16,7 @@ in one process), and its AdamW state (one step on zero gradients), then goes thr
 trainer's own code: a save is `Checkpointer.save` then `Checkpointer.wait`
 (training/checkpoint/checkpointer.py) of checkpoint step 1 into --dir (a temp folder, deleted afterwards,
 when not given); `--load PATH` builds a fresh model and optimizer and times
-`load_compatible_checkpoint` + `Run.load_state_dict`, on whatever number of ranks it is launched.
+`load_compatible_checkpoint` + `load_state` (training/train/resume.py), on whatever number of ranks it is launched.
 Each invocation is its own processes, so the peak resident memory (ru_maxrss) is that method's.
 Rank 0 prints one JSON line: blocking_s (until `save` returns: the whole save, except for
 `--async`, where it is the copy to host memory), total_s (until written and committed), the bytes
@@ -45,15 +45,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import GPT, PRESETS  # noqa: E402
 from training.checkpoint.folder import FORMATS  # noqa: E402
-from training.checkpoint.checkpointer import Checkpointer  # noqa: E402
 from training.train.config import TrainConfig  # noqa: E402
-from training.train.context import Context  # noqa: E402
-from training.distributed.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
+from training.core.context import Context  # noqa: E402
+from training.core.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
 from training.distributed.strategies import STRATEGIES, make_strategy  # noqa: E402
-from training.checkpoint.resume import load_compatible_checkpoint  # noqa: E402
+from training.train.resume import load_compatible_checkpoint, load_state  # noqa: E402
 from training.train.run import Run  # noqa: E402
-from training.observe.logger import RunLogger  # noqa: E402
-from training.train.runtime import resolve_runtime  # noqa: E402
+from training.core.logger import RunLogger  # noqa: E402
+from training.core.runtime import resolve_runtime  # noqa: E402
+from train_gpt2 import make_checkpointer  # noqa: E402
 
 
 def peak_rss_gib() -> float:
@@ -86,11 +86,12 @@ def main() -> None:
                       checkpoint_async=args.asynchronous)
     runtime = resolve_runtime(args.device, "float32", False, 0)
     strategy = make_strategy(strategy_name, env, runtime)
-    model = GPT(cfg.model_config())
+    model = GPT(cfg.model.model_config())
     strategy.shard(model)
     model.to(device)
-    optimizer = model.configure_optimizers(cfg.weight_decay, cfg.max_lr, (cfg.beta1, cfg.beta2), cfg.adam_eps,
-                                           device.type)  # fused AdamW on CUDA, as the trainer
+    adamw = cfg.optimizer
+    optimizer = model.configure_optimizers(adamw.weight_decay, cfg.schedule.max_lr, (adamw.beta1, adamw.beta2),
+                                           adamw.adam_eps, device.type)  # fused AdamW on CUDA, as the trainer
     if args.load is None:  # a resume loads into a fresh optimizer; a save needs the AdamW moments
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
@@ -98,9 +99,9 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
     run = Run(model=model, optimizer=optimizer, strategy=strategy, train_loader=None, val_loaders={},
               scaler=torch.amp.GradScaler("cpu", enabled=False), grad_accum_steps=1, data_fingerprint="", step=1)
-    result = {"label": args.label, "model": cfg.model, "params": model.num_params(), "strategy": strategy_name,
+    result = {"label": args.label, "model": cfg.model.model, "params": model.num_params(), "strategy": strategy_name,
               "world_size": env.world_size, "device": args.device}
-    checkpointer = Checkpointer(Context(cfg, env, runtime, RunLogger(enabled=False)), provenance={})  # the trainer's
+    checkpointer = make_checkpointer(cfg, Context(env, runtime, RunLogger(enabled=False)), strategy, record={})
     built = peak_rss_gib()
 
     def synchronize() -> None:  # a time taken on CUDA counts the kernels launched before it
@@ -113,7 +114,7 @@ def main() -> None:
     synchronize()
     t0 = time.perf_counter()
     if args.load:
-        run.load_state_dict(load_compatible_checkpoint(args.load, cfg.model_config()), args.load)  # as build_run does
+        load_state(run, load_compatible_checkpoint(args.load, model.config), args.load)  # as a resume does
         synchronize()
         result.update(path=args.load, load_s=round(time.perf_counter() - t0, 2))
     else:

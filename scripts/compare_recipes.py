@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from compare_runs import compare, format_rows  # noqa: E402
-from training.observe.logger import read_log  # noqa: E402
+from training.core.logger import read_log  # noqa: E402
 
 DEMO = REPO / "configs" / "demo.yaml"
 EMA = ["--ema_decay", "0.98", "--ema_start", "0.5"]

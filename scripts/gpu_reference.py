@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))  # run as a script: our model (FLOPs per token) an
 
 from model import GPT as OurGPT, GPTConfig as OurConfig  # noqa: E402
 from training.train.config import TrainConfig  # noqa: E402
-from training.observe.metrics import detect_peak_flops, process_start_time  # noqa: E402
+from training.core.metrics import detect_peak_flops, process_start_time  # noqa: E402
 
 DEFAULT_REF = REPO / ".ref" / "build-nanogpt" / "train_gpt2.py"
 NEEDED = ("GPTConfig", "GPT", "DataLoaderLite", "get_lr")
@@ -71,8 +71,9 @@ def load_definitions(path: Path) -> types.ModuleType:
     sys.modules[module.__name__] = module  # @dataclass looks its class's module up there
     # the script-level globals its definitions read: one process, and its (our) lr schedule
     recipe = TrainConfig()
-    module.__dict__.update(master_process=True, max_lr=recipe.max_lr, min_lr=recipe.min_lr,
-                           warmup_steps=recipe.warmup_steps, max_steps=recipe.max_steps)
+    schedule = recipe.schedule
+    module.__dict__.update(master_process=True, max_lr=schedule.max_lr, min_lr=schedule.min_lr,
+                           warmup_steps=schedule.warmup_steps, max_steps=schedule.max_steps)
     body = ast.Module(body=[node for node in tree.body if wanted(node)], type_ignores=[])
     exec(compile(body, str(path), "exec"), module.__dict__)
     missing = [name for name in NEEDED if name not in module.__dict__]

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
 from training.checkpoint.folder import checkpoints_folder  # noqa: E402
-from training.checkpoint.storage import is_url  # noqa: E402
+from training.core.storage import is_url  # noqa: E402
 from training.train.config import parse_args  # noqa: E402
 
 SHARED_WAIT_S = float(os.environ.get("PREFLIGHT_SHARED_WAIT_S", 120))  # a network filesystem's caches may lag
@@ -43,13 +43,15 @@ def main(argv: list[str]) -> int:
     workers = args.workers_per_node
     cfg = parse_args(trainer_args)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    if cfg.device == "cuda" or int(os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE") or 0):
+    gpus_here = int(os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE") or 0)
+    if cfg.runtime.device == "cuda" or gpus_here:
         check_gpus(node, workers)
     node_id, nodes = int(os.environ.get("SLURM_NODEID", 0)), int(os.environ.get("SLURM_JOB_NUM_NODES", 1))
     attempt = f"{os.environ.get('SLURM_JOB_ID', os.getpid())}.{os.environ.get('SLURM_RESTART_COUNT', 0)}"
-    folders = [("out_dir", Path(cfg.out_dir))]
-    checkpoints = checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir)
-    if not is_url(checkpoints) and Path(cfg.out_dir).resolve() not in Path(checkpoints).resolve().parents:
+    out_dir = cfg.run.out_dir
+    folders = [("out_dir", Path(out_dir))]
+    checkpoints = checkpoints_folder(out_dir, cfg.checkpoint.checkpoint_dir)
+    if not is_url(checkpoints) and Path(out_dir).resolve() not in Path(checkpoints).resolve().parents:
         folders.append(("checkpoint_dir", Path(checkpoints)))
     for key, folder in folders:
         check_shared(key, folder, node, node_id, nodes, attempt)

@@ -331,24 +331,23 @@ def crashed_copy(run: Path, out: Path, last_checkpoint: int) -> Path:
 
 
 def train_losses(out_dir: Path) -> dict[int, float]:
-    from training.observe.logger import read_log
+    from training.core.logger import read_log
 
     return {r["step"]: r["loss"] for r in read_log(Path(out_dir) / "log.jsonl") if r["kind"] == "train"}
 
 
 def build_tiny_run(data_dir: Path, out_dir: Path, **overrides):
     """A run of the tiny model built in this process (one rank, no process group, a silent logger): its
-    Context (cfg, env, runtime, logger), and the run."""
-    from training.train.config import parse_args
-    from training.train.context import Context
-    from training.distributed.process_group import DistEnv
+    configuration, its Context (env, runtime, logger), and the run."""
+    from training.core.context import Context
+    from training.core.logger import RunLogger
+    from training.core.process_group import DistEnv
     from training.distributed.strategies import make_strategy
-    from training.train.run import build_run
-    from training.observe.logger import RunLogger
-    from training.train.runtime import resolve_runtime
+    from training.train.config import parse_args
+    from training.train.build import build_run
 
     cfg = parse_args(base_args(data_dir, out_dir, **overrides))
-    runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops)
+    runtime = cfg.runtime.make_runtime()
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
-    ctx = Context(cfg, env, runtime, RunLogger(enabled=False))
-    return ctx, build_run(ctx, make_strategy(cfg.strategy, env, runtime))
+    ctx = Context(env, runtime, RunLogger(enabled=False))
+    return cfg, ctx, build_run(cfg, ctx, make_strategy(cfg.runtime.strategy, env, runtime))

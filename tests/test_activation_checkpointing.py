@@ -81,10 +81,10 @@ def test_evaluation_and_generation_do_not_recompute():
 @pytest.mark.parametrize("setting,every", [("none", 0), ("full", 1), ("selective", 2)])
 def test_the_config_key_names_the_blocks_recomputed(setting, every, tmp_path):
     cfg = parse_args(base_args(tmp_path, tmp_path / "out", activation_checkpointing=setting))
-    assert cfg.recompute_every() == every
+    assert cfg.runtime.recompute_every() == every
     cfg = parse_args(base_args(tmp_path, tmp_path / "out", activation_checkpointing="selective",
                                activation_checkpointing_every=3))
-    assert cfg.recompute_every() == 3 and cfg.activation_checkpointing_label() == "selective (1 block in 3)"
+    assert cfg.runtime.recompute_every() == 3 and cfg.runtime.activation_checkpointing_label() == "selective (1 block in 3)"
 
 
 @pytest.mark.parametrize("key,value", [("activation_checkpointing", "some"), ("activation_checkpointing", "true"),
@@ -99,12 +99,11 @@ def test_a_bad_value_is_one_error_naming_the_key(key, value, tmp_path):
 
 @pytest.mark.parametrize("setting,recomputed", [("none", []), ("full", [0, 1]), ("selective", [0])])
 def test_the_training_model_recomputes_the_blocks_the_config_names(shards, tmp_path, setting, recomputed):
-    from training.train.runtime import resolve_runtime
+    from training.core.runtime import resolve_runtime
 
-    ctx, run = build_tiny_run(shards, tmp_path / "out", activation_checkpointing=setting)
-    cfg = ctx.cfg
-    runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size,
-                              recompute_every=cfg.recompute_every())
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "out", activation_checkpointing=setting)
+    runtime = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.loss_chunk_size,
+                              recompute_every=cfg.runtime.recompute_every())
     assert run.model.transformer.h[0].recompute is False  # built plain: only the training forward recomputes
     type(run.strategy)(run.strategy.env, runtime).training_model(run.model)
     assert [i for i, block in enumerate(run.model.transformer.h) if block.recompute] == recomputed
@@ -166,11 +165,11 @@ def test_a_recipe_launches(recipe, tmp_path):
     cfg = parse_args(["--config", str(REPO / "configs" / recipe)])
     nproc = RECIPES[recipe][1]
     shards = make_shards(tmp_path / "shards")
-    short = base_args(shards, tmp_path / "out", total_batch_size=cfg.micro_batch_size * 32 * (nproc or 1) * 2,
-                      micro_batch_size=cfg.micro_batch_size, max_steps=2, warmup_steps=1, eval_interval=0,
+    short = base_args(shards, tmp_path / "out", total_batch_size=cfg.data.micro_batch_size * 32 * (nproc or 1) * 2,
+                      micro_batch_size=cfg.data.micro_batch_size, max_steps=2, warmup_steps=1, eval_interval=0,
                       checkpoint_interval=0)
     proc = run_trainer(["--config", str(REPO / "configs" / recipe), *short], nproc=nproc)
     assert "grad_accum_steps 2 |" in proc.stdout
-    if cfg.activation_checkpointing != "none":
-        assert f"activation checkpointing {cfg.activation_checkpointing}" in proc.stdout
+    if cfg.runtime.activation_checkpointing != "none":
+        assert f"activation checkpointing {cfg.runtime.activation_checkpointing}" in proc.stdout
     assert sorted(train_losses(tmp_path / "out")) == [0, 1]

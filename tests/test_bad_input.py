@@ -172,11 +172,11 @@ def tiny_checkpoint(tmp_path, drop: str | None, checkpoint_format: str = "file")
 
     import torch
 
-    from training.checkpoint.checkpointer import Checkpointer
+    from train_gpt2 import make_checkpointer
 
     data = make_shards(tmp_path / "shards")
-    ctx, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
-    checkpointer = Checkpointer(ctx, provenance={})
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
+    checkpointer = make_checkpointer(cfg, ctx, run.strategy, record={})
     checkpointer.save(run)
     checkpointer.wait()
     if checkpoint_format == "sharded":

@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import build_tiny_run, make_shards
+from train_gpt2 import make_evaluation
 from data.loader import ValLoader
 from data.shards import shard_name, write_shard
 from data.tokenizer import EOT_TOKEN, get_tokenizer, token_byte_lengths
-from evals.periodic import PeriodicEvaluation
 from common.log_fields import val_set_names as set_names
 from evals.val_loss import ValLoss
 
@@ -46,13 +46,13 @@ def test_val_bpb_is_the_windows_summed_loss_over_its_bytes_times_ln2_counted_onc
     """A hand computation of the logged figures (float64 forward, F.cross_entropy per row) on a val window of
     8 rows; the window's bytes are counted once however often it is evaluated."""
     shards = make_shards(tmp_path / "shards")
-    ctx, run = build_tiny_run(shards, tmp_path / "run", val_tokens=256, dtype="float64", eval_interval=1)
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", val_tokens=256, dtype="float64", eval_interval=1)
     counted = []
     count = ValLoader.target_bytes
     monkeypatch.setattr(ValLoader, "target_bytes", lambda self, *a, **k: counted.append(self) or count(self, *a, **k))
     logged = []
     ctx.logger.log = logged.append
-    evaluation = PeriodicEvaluation(ctx, run.strategy, tokenizer=None)
+    evaluation = make_evaluation(cfg, ctx, run.strategy, tokenizer=None)
     for _ in range(3):
         evaluation.run_due(run, last_step=False, agree_to_stop=lambda: False)
     assert len(counted) == 1 and len(logged) == 3
@@ -74,14 +74,14 @@ def test_val_bpb_is_the_windows_summed_loss_over_its_bytes_times_ln2_counted_onc
 
 def test_named_sets_each_get_their_bpb_and_the_ema_its_own(tmp_path):
     edu, code = make_shards(tmp_path / "edu", seed=1), make_shards(tmp_path / "code", seed=2)
-    ctx, run = build_tiny_run(edu, tmp_path / "run", val_sets=f"edu={edu},code={code}", ema_decay=0.9,
-                              ema_start=0.0, eval_interval=1)
+    cfg, ctx, run = build_tiny_run(edu, tmp_path / "run", val_sets=f"edu={edu},code={code}", ema_decay=0.9,
+                                   ema_start=0.0, eval_interval=1)
     run.ema.update(run.model, step=0)  # an average of the weights, which then move away from it
     with torch.no_grad():
         run.model.transformer.h[0].mlp.c_fc.weight.add_(0.05)
     logged = []
     ctx.logger.log = logged.append
-    PeriodicEvaluation(ctx, run.strategy, tokenizer=None).run_due(run, last_step=True, agree_to_stop=lambda: False)
+    make_evaluation(cfg, ctx, run.strategy, tokenizer=None).run_due(run, last_step=True, agree_to_stop=lambda: False)
     (record,) = logged
     assert set_names(record) == ["edu", "code"]
     assert record["bpb"] == record["bpb_edu"] != record["bpb_code"] and record["loss"] == record["edu"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from training.checkpoint import folder as ckpt
-from training.checkpoint import resume
+from training.train import resume
 def state(step: int, n_layer: int = 2) -> dict:
     return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {"state": {}, "param_groups": []},
             "step": step, "tokens_seen": step * 10, "config": {"seed": 1, "tags": ["a"]},
@@ -131,18 +131,18 @@ def test_a_run_resumed_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tmp_path)
     import gc
 
     from conftest import build_tiny_run, make_shards
-    from training.checkpoint.checkpointer import Checkpointer
+    from train_gpt2 import make_checkpointer
 
     data, out = make_shards(tmp_path / "shards"), tmp_path / "out"
-    ctx, run = build_tiny_run(data, out, checkpoint_format="file")
+    cfg, ctx, run = build_tiny_run(data, out, checkpoint_format="file")
     tokens = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(0))
     run.model(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())[1].backward()
     run.optimizer.step()
     run.step = 1
-    Checkpointer(ctx, provenance={}).save(run)
+    make_checkpointer(cfg, ctx, run.strategy, record={}).save(run)
     path = ckpt.checkpoint_path(out / "checkpoints", 1)
 
-    _, resumed = build_tiny_run(data, out, checkpoint_format="file")
+    *_, resumed = build_tiny_run(data, out, checkpoint_format="file")
     assert resumed.start_step == 1 and resumed.optimizer.state  # the moments came from the file
     os.remove(path)  # as retention does
     gc.collect()
@@ -196,7 +196,7 @@ def test_a_run_with_a_relative_checkpoint_dir_is_found_from_another_folder(check
     (launched / "run").mkdir()
     (launched / "run" / "config.yaml").write_text(config_yaml(cfg))  # as the trainer writes them
     # a sharded checkpoint (what a URL holds) of a tiny module, written where the trainer would write it
-    folder = ckpt.checkpoint_path(ckpt.checkpoints_folder(cfg.out_dir, cfg.checkpoint_dir), 2, ckpt.SHARDED)
+    folder = ckpt.checkpoint_path(ckpt.checkpoints_folder(cfg.run.out_dir, cfg.checkpoint.checkpoint_dir), 2, ckpt.SHARDED)
     module = torch.nn.Linear(2, 2)
     ckpt.sharded.start_save(module, torch.optim.SGD(module.parameters()), folder, asynchronous=False)
     ckpt.sharded.commit(folder, {"step": 2, "format_version": ckpt.FORMAT_VERSION})

@@ -16,42 +16,46 @@ import yaml
 from conftest import REPO
 import train_gpt2
 from common.errors import run_cli
-from training.train.config import (MAX_HANG_TIMEOUT_MINUTES, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
+from training.distributed.runtime_settings import MAX_HANG_TIMEOUT_MINUTES
+from training.train.config import (SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
                              parse_args, usage)
-from training.train.optimizers import OptimizerSettings
-from training.observe.logger import LoggingSettings
-from training.train.schedule import ScheduleSettings, learning_rate
-from training.train.spikes import LongRunSettings
+from training.optim.optimizers import OptimizerSettings
+from training.core.logger import LoggingSettings
+from training.optim.schedule import ScheduleSettings, learning_rate
+from training.optim.spikes import LongRunSettings
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads_and_validates(path):
     cfg = parse_args(["--config", str(path)])
-    assert cfg.total_batch_size % (cfg.micro_batch_size * cfg.seq_len) == 0
-    assert cfg.grad_accum_steps(1) >= 1
+    assert cfg.data.total_batch_size % (cfg.data.micro_batch_size * cfg.data.seq_len) == 0
+    assert cfg.data.grad_accum_steps(1) >= 1
     with open(path) as f:
         for key in yaml.safe_load(f):
-            assert key in {f.name for f in dataclasses.fields(TrainConfig)}
+            assert key in TrainConfig.keys()
 
 
 def test_gpt2_124m_yaml_is_the_default_recipe():
     from_yaml = parse_args(["--config", str(REPO / "configs" / "gpt2_124m.yaml")])
     assert from_yaml == TrainConfig()
     d = TrainConfig()
-    assert (d.vocab_size, d.block_size, d.total_batch_size, d.max_lr, d.min_lr, d.warmup_steps, d.max_steps) == (
-        50304, 1024, 524288, 6e-4, 6e-5, 715, 19073)
-    assert (d.weight_decay, d.beta1, d.beta2, d.adam_eps, d.grad_clip, d.eval_interval, d.checkpoint_interval) == (
-        0.1, 0.9, 0.95, 1e-8, 1.0, 250, 5000)
-    assert d.model_config().n_layer == 12 and d.model_config().n_embd == 768
+    model, data, schedule, adamw = d.model, d.data, d.schedule, d.optimizer
+    assert (model.vocab_size, model.block_size, data.total_batch_size, schedule.max_lr, schedule.min_lr,
+            schedule.warmup_steps, schedule.max_steps) == (50304, 1024, 524288, 6e-4, 6e-5, 715, 19073)
+    assert (adamw.weight_decay, adamw.beta1, adamw.beta2, adamw.adam_eps, adamw.grad_clip, d.evaluation.eval_interval,
+            d.checkpoint.checkpoint_interval) == (0.1, 0.9, 0.95, 1e-8, 1.0, 250, 5000)
+    assert model.model_config().n_layer == 12 and model.model_config().n_embd == 768
 
 
 def test_command_line_overrides_yaml_and_both_syntaxes_work(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("max_lr: 1.0e-3\nmicro_batch_size: 8\ncompile: true\nwandb_tags: [a, b]\n")
     cfg = parse_args(["--config", str(path), "--max_lr=2e-3", "--seed", "7", "--wandb_tags", "x,y"])
-    assert (cfg.max_lr, cfg.micro_batch_size, cfg.compile, cfg.seed, cfg.wandb_tags) == (2e-3, 8, True, 7, ["x", "y"])
-    assert parse_args(["--compile", "auto"]).compile is None
-    assert parse_args(["--max_lr", "1"]).max_lr == 1.0 and isinstance(parse_args(["--max_lr", "1"]).max_lr, float)
+    assert (cfg.schedule.max_lr, cfg.data.micro_batch_size, cfg.runtime.compile, cfg.runtime.seed,
+            cfg.logging.wandb_tags) == (2e-3, 8, True, 7, ["x", "y"])
+    assert parse_args(["--compile", "auto"]).runtime.compile is None
+    assert parse_args(["--max_lr", "1"]).schedule.max_lr == 1.0
+    assert isinstance(parse_args(["--max_lr", "1"]).schedule.max_lr, float)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -96,9 +100,9 @@ def test_yaml_types_are_checked(tmp_path):
 
 def test_grad_accum_must_divide_exactly():
     cfg = TrainConfig(total_batch_size=524288, micro_batch_size=64, seq_len=1024)
-    assert cfg.grad_accum_steps(8) == 1 and cfg.grad_accum_steps(1) == 8
+    assert cfg.data.grad_accum_steps(8) == 1 and cfg.data.grad_accum_steps(1) == 8
     with pytest.raises(ConfigError, match="total_batch_size: 524288 is not divisible by micro_batch_size"):
-        cfg.grad_accum_steps(3)
+        cfg.data.grad_accum_steps(3)
 
 
 @pytest.mark.slow
@@ -123,15 +127,15 @@ def test_every_float_spelling_is_accepted_from_yaml(tmp_path):
 
 
 def test_string_values_are_kept_exactly_as_written():
-    assert parse_args(["--sample_prompt", ""]).sample_prompt == ""
-    assert parse_args(["--sample_prompt", " to be"]).sample_prompt == " to be"  # a leading space is a token
-    assert parse_args(["--sample_prompt= or not "]).sample_prompt == " or not "
+    assert parse_args(["--sample_prompt", ""]).evaluation.sample_prompt == ""
+    assert parse_args(["--sample_prompt", " to be"]).evaluation.sample_prompt == " to be"  # a leading space is a token
+    assert parse_args(["--sample_prompt= or not "]).evaluation.sample_prompt == " or not "
 
 
 @pytest.mark.parametrize("seed,ok", [(-1, False), (0, True), (2**64 - 1, True), (2**64, False)])
 def test_seed_must_fit_every_generator_it_feeds(seed, ok):
     if ok:
-        assert parse_args(["--seed", str(seed)]).seed == seed
+        assert parse_args(["--seed", str(seed)]).runtime.seed == seed
     else:
         with pytest.raises(ConfigError, match=r"seed: must be in \[0, 2\*\*64\)"):
             parse_args(["--seed", str(seed)])
@@ -149,7 +153,7 @@ def test_help_lists_every_key_once_under_its_section():
     assert under == {"config": ["config file"], **{key: [section.SECTION] for section in SECTIONS
                                                    for key in section.keys()}}
     flat = "".join(usage().split())  # argparse wraps the help text
-    for f in dataclasses.fields(TrainConfig):
+    for f in (f for section in SECTIONS for f in dataclasses.fields(section)):
         assert "".join(f.metadata["help"].split()) in flat, f.name
 
 
@@ -170,9 +174,10 @@ def test_the_sections_partition_the_keys():
     names = [section.SECTION for section in SECTIONS]
     assert len(set(names)) == len(names) == 12 and "config" not in names
     cfg = TrainConfig()
+    assert [f.name for f in dataclasses.fields(TrainConfig)] == names  # cfg.schedule: the schedule section
     for section in SECTIONS:
-        assert cfg.section(section) == section(), section.SECTION  # a section stands alone, with its defaults
-        assert issubclass(TrainConfig, section)
+        assert getattr(cfg, section.SECTION) == section(), section.SECTION  # a section stands alone, with its defaults
+        assert type(getattr(cfg, section.SECTION)) is section
 
 
 @pytest.mark.parametrize("section,values,message", [
@@ -192,7 +197,7 @@ def test_a_section_checks_its_own_keys(section, values, message):
 
 
 def test_the_rules_that_span_sections_are_trainconfigs():
-    from training.train.config import DataSettings
+    from data.mixture import DataSettings
 
     assert DataSettings(seq_len=2048).seq_len == 2048  # the data section alone cannot know block_size
     with pytest.raises(ConfigError, match="^seq_len: 2048 exceeds block_size 1024$"):
@@ -203,7 +208,7 @@ def test_the_rules_that_span_sections_are_trainconfigs():
 
 
 def test_the_schedule_is_handed_its_section():
-    schedule = TrainConfig(max_steps=100, warmup_steps=10, lr_schedule="wsd").section(ScheduleSettings)
+    schedule = TrainConfig(max_steps=100, warmup_steps=10, lr_schedule="wsd").schedule
     assert [schedule.lr(s) for s in range(105)] == [learning_rate(s, 10, 100, 6e-4, 6e-5, "wsd", 0.2, "linear")
                                                    for s in range(105)]
 
@@ -236,7 +241,7 @@ def test_yaml_keys_may_be_nested_under_their_section(tmp_path):
 ])
 def test_command_line_spellings(argv, value):
     key, expected = value
-    assert getattr(parse_args(argv), key) == expected
+    assert parse_args(argv).to_dict()[key] == expected
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -255,7 +260,7 @@ def test_command_line_mistakes_are_one_line_naming_the_key(argv, message):
 
 
 # every float key, found from the field types (not from the list config.py keeps), so a new one is covered
-FLOAT_KEYS = [key for key, hint in typing.get_type_hints(TrainConfig).items()
+FLOAT_KEYS = [key for section in SECTIONS for key, hint in typing.get_type_hints(section).items()
               if hint is float or float in typing.get_args(hint)]
 
 
@@ -284,7 +289,7 @@ def test_a_hang_timeout_that_would_overflow_is_one_line_at_start_up(capfd):
     assert capfd.readouterr().err == "error: hang_timeout_minutes: must be a finite number, got inf\n"
     with pytest.raises(ConfigError, match="hang_timeout_minutes: must be positive and at most"):
         parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES + 1)])
-    longest = parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES)]).hang_timeout_minutes
+    longest = parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES)]).runtime.hang_timeout_minutes
     assert datetime.timedelta(minutes=longest) == datetime.timedelta(days=365)  # what the trainer builds from it
 
 
@@ -297,10 +302,10 @@ def test_a_relative_checkpoint_dir_is_stored_absolute(given, stored, tmp_path, m
     """Resolved against the folder the trainer starts in, so config.yaml names the place for tools run elsewhere."""
     monkeypatch.chdir(tmp_path)
     cfg = parse_args(["--checkpoint_dir", given])
-    assert cfg.checkpoint_dir == stored.format(cwd=tmp_path)
+    assert cfg.checkpoint.checkpoint_dir == stored.format(cwd=tmp_path)
     written = tmp_path / "config.yaml"
     written.write_text(config_yaml(cfg))  # what the trainer writes into the run folder
-    assert yaml.safe_load(written.read_text())["checkpoint_dir"] == cfg.checkpoint_dir
+    assert yaml.safe_load(written.read_text())["checkpoint_dir"] == cfg.checkpoint.checkpoint_dir
     monkeypatch.chdir(tmp_path.parent)
     assert parse_args(["--config", str(written)]) == cfg  # read back from elsewhere: the same place
 
@@ -310,7 +315,7 @@ def test_every_key_is_classified_by_what_it_does_to_a_resumed_run():
     from training.train.config import OTHER_KEYS, TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS
 
     sets = [TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS, OTHER_KEYS]
-    keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    keys = set(TrainConfig.keys())
     assert set().union(*sets) == keys, "unclassified: {}, unknown: {}".format(
         sorted(keys - set().union(*sets)), sorted(set().union(*sets) - keys))
     assert sum(map(len, sets)) == len(keys)  # each key in exactly one set
@@ -327,7 +332,7 @@ class Warnings:
 
 
 def resume_warnings(saved: dict, **now) -> list[str]:
-    from training.train.run import warn_on_changed_settings
+    from training.train.resume import warn_on_changed_settings
 
     logger = Warnings()
     warn_on_changed_settings(TrainConfig(**now), TrainConfig(**saved).to_dict(), logger.warn)
@@ -396,7 +401,7 @@ def test_a_key_whose_value_is_minus_h_is_not_a_help_request():
 def test_help_shows_what_each_key_accepts_and_auto_is_auto():
     """micro_batch_size takes an integer or auto (its None): --help said INT|null, an error said `or null`."""
     assert "--micro_batch_size INT|auto" in usage() and "--n_layer INT|null" in usage()
-    assert parse_args(["--micro_batch_size", "auto"]).micro_batch_size is None
+    assert parse_args(["--micro_batch_size", "auto"]).data.micro_batch_size is None
     with pytest.raises(ConfigError, match="micro_batch_size: expected an integer or auto, got 'x'"):
         parse_args(["--micro_batch_size", "x"])
 
@@ -405,7 +410,7 @@ def test_help_and_the_configuration_table_say_alike_what_dtype_auto_picks(monkey
     """Before: --help said bf16 on CPUs where it is faster, CONFIGURATION.md bf16 wherever the hardware has it."""
     import torch
 
-    from training.train import runtime
+    from training.core import runtime
 
     cpu_rule = "on CPUs with AMX, and on AMD CPUs with AVX512-BF16, where it is faster, else float32"
     table = " ".join((REPO / "docs" / "CONFIGURATION.md").read_text().split())

@@ -16,11 +16,11 @@ import torch
 
 from launch import launch
 from training.train.config import TrainConfig
-from training.train.context import Context
+from training.core.context import Context
 from training.observe.diagnostics import Diagnostics, MemorySnapshot, ProfileWindow, RankStats
-from training.distributed.process_group import DistEnv
-from training.observe.logger import RunLogger, read_log
-from training.train.runtime import Runtime
+from training.core.process_group import DistEnv
+from training.core.logger import RunLogger, read_log
+from training.core.runtime import Runtime
 
 CPU_ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
 
@@ -37,13 +37,18 @@ def config(**keys) -> TrainConfig:
     return TrainConfig(device="cpu", **keys)
 
 
-def context(logger: RunLogger, out_dir: Path | None = None, env: DistEnv = CPU_ENV, runtime: Runtime = CPU,
-            **keys) -> Context:
-    """What a diagnostic is made from: the config keys, this process (a CPU rank unless env says
-    otherwise), its runtime and the logger; its files go into out_dir."""
+def made(component, logger: RunLogger, out_dir: Path | None = None, env: DistEnv = CPU_ENV, runtime: Runtime = CPU,
+         **keys):
+    """A diagnostic as the trainer makes it: from the diagnostics section of the config keys, this process (a
+    CPU rank unless env says otherwise), its runtime and the logger, and what it reads of other sections (the
+    run folder its files go into, max_steps)."""
     if out_dir is not None:
         keys["out_dir"] = str(out_dir)
-    return Context(config(**keys), env, runtime, logger)
+    cfg = config(**keys)
+    ctx = Context(env, runtime, logger)
+    of_other_sections = {ProfileWindow: (cfg.run.out_dir, cfg.schedule.max_steps), MemorySnapshot: (cfg.run.out_dir,),
+                         RankStats: (), Diagnostics: (cfg.run.out_dir, cfg.schedule.max_steps)}[component]
+    return component(cfg.diagnostics, ctx, *of_other_sections)
 
 
 @pytest.fixture
@@ -71,7 +76,7 @@ def some_work() -> None:
 
 
 def test_profile_window_writes_one_chrome_trace_of_its_steps(tmp_path, logger, capsys):
-    window = ProfileWindow(context(logger, tmp_path / "run", profile_from=2, profile_steps=2))
+    window = made(ProfileWindow, logger, tmp_path / "run", profile_from=2, profile_steps=2)
     for step in range(6):
         window.step_started(step)
         assert window.active == (step in (2, 3))
@@ -88,9 +93,9 @@ def test_profile_window_writes_one_chrome_trace_of_its_steps(tmp_path, logger, c
 
 
 def test_profile_window_off_or_resumed_past_profiles_nothing(tmp_path, logger):
-    off = ProfileWindow(context(logger, tmp_path / "run"))
-    past = ProfileWindow(context(logger, tmp_path / "run", profile_from=2, profile_steps=2))
-    inside = ProfileWindow(context(logger, tmp_path / "run", profile_from=2, profile_steps=3))
+    off = made(ProfileWindow, logger, tmp_path / "run")
+    past = made(ProfileWindow, logger, tmp_path / "run", profile_from=2, profile_steps=2)
+    inside = made(ProfileWindow, logger, tmp_path / "run", profile_from=2, profile_steps=3)
     for window, start in ((off, 0), (past, 4), (inside, 3)):
         for step in range(start, start + 4):
             window.step_started(step)
@@ -108,27 +113,27 @@ def test_a_window_that_can_never_start_is_one_warning_at_start_up(tmp_path, logg
         window.close()
         return warnings(capsys.readouterr().err)
 
-    late = ProfileWindow(context(logger, tmp_path / "run", profile_from=50, max_steps=4))
+    late = made(ProfileWindow, logger, tmp_path / "run", profile_from=50, max_steps=4)
     assert warnings(capsys.readouterr().err) == [  # at construction, before the first step
         "warning: profile: profile_from 50 is not before max_steps 4: the window never starts, no trace is written"]
     assert run_steps(late, range(4)) == [] and late.path is None
-    passed = ProfileWindow(context(logger, tmp_path / "run", profile_from=2, profile_steps=3, max_steps=10))
+    passed = made(ProfileWindow, logger, tmp_path / "run", profile_from=2, profile_steps=3, max_steps=10)
     assert run_steps(passed, range(3, 10)) == [  # resumed inside the window: it only starts at profile_from
         "warning: profile: profile_from 2 is before step 3, where this run starts (resumed): the window never "
         "starts, no trace is written"]
     assert passed.path is None and not (tmp_path / "run" / "profile").exists()
 
     quiet = RunLogger(enabled=False)  # the other ranks: the same checks, no line
-    ProfileWindow(context(quiet, tmp_path / "run", profile_from=50, max_steps=4))
-    assert run_steps(ProfileWindow(context(quiet, tmp_path / "run", profile_from=2, max_steps=10)),
+    made(ProfileWindow, quiet, tmp_path / "run", profile_from=50, max_steps=4)
+    assert run_steps(made(ProfileWindow, quiet, tmp_path / "run", profile_from=2, max_steps=10),
                      range(5, 6)) == []
     for keys, first in ((dict(profile_from=0, max_steps=4), 5), (dict(profile_from=2, max_steps=10), 2),
                         (dict(profile_from=3, profile_steps=5, max_steps=4), 0)):  # off, resumed at it, cut short
-        assert run_steps(ProfileWindow(context(logger, tmp_path / "run", **keys)), range(first, 4)) == []
+        assert run_steps(made(ProfileWindow, logger, tmp_path / "run", **keys), range(first, 4)) == []
 
 
 def test_a_window_left_open_is_written_by_close_and_a_failed_write_is_a_warning(tmp_path, logger, capsys):
-    window = ProfileWindow(context(logger, tmp_path / "run", profile_from=1, profile_steps=5))
+    window = made(ProfileWindow, logger, tmp_path / "run", profile_from=1, profile_steps=5)
     for step in range(3):
         window.step_started(step)
         some_work()
@@ -143,7 +148,7 @@ def test_a_window_left_open_is_written_by_close_and_a_failed_write_is_a_warning(
     blocked = tmp_path / "blocked"
     blocked.mkdir()
     (blocked / "profile").write_text("a file where the folder should be")
-    window = ProfileWindow(context(logger, blocked, profile_from=1, profile_steps=1))
+    window = made(ProfileWindow, logger, blocked, profile_from=1, profile_steps=1)
     for step in range(3):
         window.step_started(step)
         window.step_finished(step)
@@ -159,7 +164,7 @@ def test_memory_snapshot_on_the_cpu_is_one_warning_and_nothing_else(tmp_path, lo
     calls = []
     monkeypatch.setattr(torch.cuda.memory, "_record_memory_history", lambda *a, **k: calls.append(("record", a, k)))
     monkeypatch.setattr(torch.cuda.memory, "_dump_snapshot", lambda *a, **k: calls.append(("dump", a, k)))
-    snapshot = MemorySnapshot(context(logger, tmp_path / "run", memory_snapshot=2))
+    snapshot = made(MemorySnapshot, logger, tmp_path / "run", memory_snapshot=2)
     for step in range(4):
         snapshot.step_finished(step)
     snapshot.out_of_memory(4)
@@ -167,7 +172,7 @@ def test_memory_snapshot_on_the_cpu_is_one_warning_and_nothing_else(tmp_path, lo
     out = capsys.readouterr()
     assert warnings(out.err) == ["warning: memory_snapshot: CUDA only; ignored on cpu"] and out.out == ""
     assert calls == [] and not (tmp_path / "run" / "memory").exists()
-    MemorySnapshot(context(logger, tmp_path / "run"))  # off: not even the warning
+    made(MemorySnapshot, logger, tmp_path / "run")  # off: not even the warning
     assert capsys.readouterr().err == ""
 
 
@@ -192,7 +197,7 @@ def test_memory_snapshot_on_cuda_records_then_dumps_once_after_its_steps(tmp_pat
     """The CUDA path without a GPU: the recorder is faked, so this checks the calls made to it and the
     files' names and places, not what a real snapshot holds (that needs a GPU; none is used here)."""
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0), distributed=False)
-    snapshot = MemorySnapshot(context(logger, tmp_path / "run", env, runtime_on("cuda:0"), memory_snapshot=3))
+    snapshot = made(MemorySnapshot, logger, tmp_path / "run", env, runtime_on("cuda:0"), memory_snapshot=3)
     assert fake_cuda_memory == [("record", {"max_entries": 100_000})] and snapshot.recording
     for step in range(6):
         snapshot.step_finished(step)
@@ -208,7 +213,7 @@ def test_memory_snapshot_on_cuda_records_then_dumps_once_after_its_steps(tmp_pat
 def test_memory_snapshot_on_cuda_dumps_on_out_of_memory_while_recording(tmp_path, logger, fake_cuda_memory):
     """Faked recorder, as above: the calls and file names of the out-of-memory path."""
     env = DistEnv(rank=3, local_rank=3, world_size=4, device=torch.device("cuda", 3), distributed=False)
-    snapshot = MemorySnapshot(context(logger, tmp_path / "run", env, runtime_on("cuda:3"), memory_snapshot=10))
+    snapshot = made(MemorySnapshot, logger, tmp_path / "run", env, runtime_on("cuda:3"), memory_snapshot=10)
     snapshot.step_finished(0)
     snapshot.out_of_memory(1)
     snapshot.out_of_memory(1)  # once
@@ -234,7 +239,7 @@ def fake_step(stats, step: int, forward_s: float, wait_s: float = 0.0, micro_ste
 
 
 def test_rank_stats_on_one_rank_log_a_record_every_interval_and_never_warn(tmp_path, logger, capsys):
-    stats = RankStats(context(logger, rank_stats_interval=2))
+    stats = made(RankStats, logger, rank_stats_interval=2)
     assert stats.hosts == [socket.gethostname()]
     for step in range(5):
         fake_step(stats, step, forward_s=0.01, wait_s=0.005)
@@ -249,14 +254,14 @@ def test_rank_stats_on_one_rank_log_a_record_every_interval_and_never_warn(tmp_p
 
 
 def test_rank_stats_off_does_nothing(tmp_path, logger):
-    stats = RankStats(context(logger, rank_stats_interval=0))
+    stats = made(RankStats, logger, rank_stats_interval=0)
     for step in range(4):
         fake_step(stats, step, forward_s=0.0)
     assert stats.maybe_share(99) is None and records(tmp_path, "ranks") == [] and stats.hosts == []
 
 
 def test_forwards_outside_a_step_are_not_counted_and_watch_hooks_the_model(tmp_path, logger):
-    stats = RankStats(context(logger, rank_stats_interval=1))
+    stats = made(RankStats, logger, rank_stats_interval=1)
     model = torch.nn.Linear(4, 4)
     handle = stats.watch(model)
     model(torch.zeros(1, 4))  # an evaluation forward: no step open
@@ -273,7 +278,7 @@ def test_forwards_outside_a_step_are_not_counted_and_watch_hooks_the_model(tmp_p
 def test_a_straggler_is_named_once_per_streak_of_three_intervals(tmp_path, logger, capsys):
     """The decision from gathered rows (as every rank holds them): rank 2 is slow 5 intervals in a
     row (one warning), rank 1 for 2 (none), then rank 2 again for 3 (a second warning)."""
-    stats = RankStats(context(logger, rank_stats_interval=10, straggler_factor=1.5))
+    stats = made(RankStats, logger, rank_stats_interval=10, straggler_factor=1.5)
     stats.hosts = ["node0", "node0", "node1", "node1"]
     fine = [[100.0, 1.0, 120.0]] * 4
     rank2 = [[100.0, 1.0, 160.0], [100.0, 1.0, 160.0], [120.0, 40.0, 160.0], [101.0, 1.0, 160.0]]
@@ -288,7 +293,7 @@ def test_a_straggler_is_named_once_per_streak_of_three_intervals(tmp_path, logge
     assert record["slowest_rank"] == 2 and record["slowest_host"] == "node1" and record["data_wait_rank"] == 2
     assert record["slowest_compute_ms"] == 120.0 and record["data_wait_ms_max"] == 40.0
 
-    never = RankStats(context(logger, rank_stats_interval=10, straggler_factor=0))
+    never = made(RankStats, logger, rank_stats_interval=10, straggler_factor=0)
     never.hosts = stats.hosts
     for interval in range(4):
         never._judge(interval, rank1, 10)
@@ -296,8 +301,8 @@ def test_a_straggler_is_named_once_per_streak_of_three_intervals(tmp_path, logge
 
 
 def test_the_bundle_drives_all_three(tmp_path, logger, capsys):
-    diagnostics = Diagnostics(context(logger, tmp_path / "run", rank_stats_interval=2, profile_from=1, profile_steps=1,
-                                      memory_snapshot=1))
+    diagnostics = made(Diagnostics, logger, tmp_path / "run", rank_stats_interval=2, profile_from=1, profile_steps=1,
+                       memory_snapshot=1)
     model = torch.nn.Linear(8, 8)
     diagnostics.watch(model)
     for step in range(4):
@@ -326,12 +331,11 @@ def two_ranks(argv: list[str]) -> int:
     logger = RunLogger(enabled=rank == 0)
     logger.open_run_folder(out_dir, 0, {})
     try:
-        ctx = context(logger, out_dir, env, rank_stats_interval=2, straggler_factor=1.5, profile_from=1,
-                      profile_steps=2)
-        stats = RankStats(ctx)
+        keys = dict(rank_stats_interval=2, straggler_factor=1.5, profile_from=1, profile_steps=2)
+        stats = made(RankStats, logger, out_dir, env, **keys)
         for step in range(6):
             fake_step(stats, step, forward_s=0.005 + 0.05 * rank, wait_s=0.001)
-        window = ProfileWindow(ctx)
+        window = made(ProfileWindow, logger, out_dir, env, **keys)
         for step in range(4):
             window.step_started(step)
             some_work()
@@ -370,7 +374,7 @@ def gather_rows(argv: list[str]) -> int:
     env = DistEnv(rank=rank, local_rank=rank, world_size=dist.get_world_size(), device=torch.device("cpu"),
                   distributed=True)
     try:
-        stats = RankStats(context(RunLogger(enabled=False), None, env, rank_stats_interval=1))
+        stats = made(RankStats, RunLogger(enabled=False), None, env, rank_stats_interval=1)
         print(json.dumps(stats._gather([10.0 * rank + 1, 10.0 * rank + 2, 10.0 * rank + 3])), flush=True)
     finally:
         dist.destroy_process_group()

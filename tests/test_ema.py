@@ -1,4 +1,4 @@
-"""The EMA of the weights (training/train/ema.py): its math, its checkpoints, its evaluation, its readers.
+"""The EMA of the weights (training/optim/ema.py): its math, its checkpoints, its evaluation, its readers.
 
 The fast tests drive the step in this process; the slow ones launch the trainer (2 ranks, gloo).
 """
@@ -17,18 +17,18 @@ from common.errors import CheckpointError, ConfigError
 from data.loader import Prefetcher
 from slowness import guard
 from training.checkpoint.folder import list_checkpoints, read_full_state, read_model
-from training.observe.logger import read_log
+from training.core.logger import read_log
 from training.train.config import parse_args
-from training.train.lockstep import Lockstep
+from train_gpt2 import make_evaluation, make_lockstep
 
 DECAY = 0.9
 
 
-def steps(ctx, run, count: int, after_each=None) -> None:
-    batches = Prefetcher(run.train_loader, run.step, ctx.cfg.max_steps, ctx.runtime.device)
+def steps(cfg, ctx, run, count: int, after_each=None) -> None:
+    batches = Prefetcher(run.train_loader, run.step, cfg.schedule.max_steps, ctx.runtime.device)
     try:
         for _ in range(count):
-            Lockstep(ctx).step(run, run.model, batches, stop_requested=False)
+            make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False)
             if after_each:
                 after_each()
     finally:
@@ -55,14 +55,16 @@ def test_bad_values_are_one_line_naming_the_key(key, value, message):
 
 def test_the_keys_never_change_the_training_math():
     cfg = parse_args([])
-    assert cfg.ema_decay == 0 and not cfg.changes_training_math("ema_decay") and not cfg.changes_training_math("ema_start")
+    from training.train.resume import changes_training_math
+
+    assert cfg.ema.ema_decay == 0 and not changes_training_math(cfg, "ema_decay") and not changes_training_math(cfg, "ema_start")
 
 
 # --- the math -----------------------------------------------------------------------------------------
 
 def test_the_average_is_a_hand_computed_ema_of_the_weights_after_each_update_from_ema_start(shards, tmp_path):
     """max_steps 6, ema_start 0.34: the average starts as the weights after update 2, then lerps on."""
-    ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, ema_start=0.34, dtype="float64")
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, ema_start=0.34, dtype="float64")
     assert run.ema.start_step == 2
     expected, seen = {}, []
 
@@ -73,7 +75,7 @@ def test_the_average_is_a_hand_computed_ema_of_the_weights_after_each_update_fro
             now = weights(run.model)
             expected.update(now if step == 2 else {k: DECAY * expected[k] + (1 - DECAY) * now[k] for k in now})
 
-    steps(ctx, run, 5, fold)
+    steps(cfg, ctx, run, 5, fold)
     assert seen == [False, False, True, True, True] and run.ema.updates == 3
     assert run.ema.average.keys() == expected.keys()
     for name, value in run.ema.average.items():
@@ -84,12 +86,12 @@ def test_the_average_is_a_hand_computed_ema_of_the_weights_after_each_update_fro
 
 def test_a_skipped_update_is_not_folded_in(shards, tmp_path):
     """float16's overflow skips the first update: the average starts from the second one's weights."""
-    ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, dtype="float16")
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, dtype="float16")
     run.scaler.load_state_dict({**run.scaler.state_dict(), "scale": 2.0**100})  # every gradient overflows
-    steps(ctx, run, 1)
+    steps(cfg, ctx, run, 1)
     assert run.step == 1 and not run.ema.ready
     run.scaler.update(2.0**16)
-    steps(ctx, run, 1)
+    steps(cfg, ctx, run, 1)
     assert run.ema.updates == 1
     for name, value in run.ema.average.items():
         assert torch.equal(value, run.model.get_parameter(name).float()), name
@@ -97,7 +99,7 @@ def test_a_skipped_update_is_not_folded_in(shards, tmp_path):
 
 
 def test_ema_off_keeps_no_average_and_writes_no_entry(shards, tmp_path):
-    ctx, run = build_tiny_run(shards, tmp_path / "run")
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run")
     assert run.ema is None and run.extra_tensors() == {} and run.progress_state()["ema_state"] is None
     assert "ema" not in run.state_dict()
 
@@ -105,15 +107,14 @@ def test_ema_off_keeps_no_average_and_writes_no_entry(shards, tmp_path):
 # --- evaluation -----------------------------------------------------------------------------------------
 
 def test_evaluating_the_average_leaves_the_live_weights_and_the_average_bitwise_unchanged(shards, tmp_path):
-    from evals.periodic import PeriodicEvaluation
     from evals.val_loss import evaluate_val_loss
 
-    ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, eval_interval=1)
-    steps(ctx, run, 3)
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, eval_interval=1)
+    steps(cfg, ctx, run, 3)
     live, average = weights(run.model), {k: v.clone() for k, v in run.ema.average.items()}
     logged = []
     ctx.logger.log = logged.append  # the silent logger, listened to
-    PeriodicEvaluation(ctx, run.strategy, tokenizer=None).run_due(run, last_step=False, agree_to_stop=lambda: False)
+    make_evaluation(cfg, ctx, run.strategy, tokenizer=None).run_due(run, last_step=False, agree_to_stop=lambda: False)
     for name, value in weights(run.model).items():
         assert torch.equal(value, live[name]), name
     for name, value in run.ema.average.items():
@@ -132,16 +133,15 @@ def test_hellaswag_of_the_average_is_its_own_field(shards, tmp_path):
     from conftest import GPT2_VOCAB
     from data.tokenizer import get_tokenizer
     from evals.hellaswag import HellaSwag
-    from evals.periodic import PeriodicEvaluation
     from test_hellaswag import write_fixture
 
     fixture = write_fixture(tmp_path / "hellaswag.jsonl", n=8)
-    ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=0.5, vocab_size=GPT2_VOCAB, max_steps=2,
-                              hellaswag_interval=1, hellaswag_path=fixture)
-    steps(ctx, run, 2)
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=0.5, vocab_size=GPT2_VOCAB, max_steps=2,
+                                   hellaswag_interval=1, hellaswag_path=fixture)
+    steps(cfg, ctx, run, 2)
     logged = []
     ctx.logger.log = logged.append
-    evaluation = PeriodicEvaluation(ctx, run.strategy, get_tokenizer())
+    evaluation = make_evaluation(cfg, ctx, run.strategy, get_tokenizer())
     evaluation.evaluators = [e for e in evaluation.evaluators if isinstance(e, HellaSwag)]
     live = weights(run.model)
     evaluation.run_due(run, last_step=True, agree_to_stop=lambda: False)
@@ -152,13 +152,11 @@ def test_hellaswag_of_the_average_is_its_own_field(shards, tmp_path):
 
 
 def test_no_average_is_evaluated_before_ema_start(shards, tmp_path):
-    from evals.periodic import PeriodicEvaluation
-
-    ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, ema_start=0.5)
-    steps(ctx, run, 2)
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, ema_start=0.5)
+    steps(cfg, ctx, run, 2)
     logged = []
     ctx.logger.log = logged.append
-    PeriodicEvaluation(ctx, run.strategy, tokenizer=None).run_due(run, last_step=True, agree_to_stop=lambda: False)
+    make_evaluation(cfg, ctx, run.strategy, tokenizer=None).run_due(run, last_step=True, agree_to_stop=lambda: False)
     assert [sorted(r) for r in logged] == [["bpb", "kind", "loss", "step", "tokens"]]
 
 

@@ -22,7 +22,7 @@ from conftest import base_args, make_shards, run_trainer, train_losses
 from common.errors import run_cli
 from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
-from training.observe.logger import read_log
+from training.core.logger import read_log
 
 RUN = dict(max_steps=12, checkpoint_interval=3, eval_interval=0, val_tokens=64)
 
@@ -327,14 +327,13 @@ def test_the_step_vote_carries_the_failed_save_without_another_sync(data, tmp_pa
     """The vote for a retry rides on the step's one all-reduce: no extra collective, no extra sync."""
     from conftest import build_tiny_run
     from data.loader import Prefetcher
-    from training.train.lockstep import Lockstep
 
-    ctx, run = build_tiny_run(data, tmp_path / "out")
-    batches = Prefetcher(run.train_loader, 0, ctx.cfg.max_steps, ctx.runtime.device)
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "out")
+    batches = Prefetcher(run.train_loader, 0, cfg.schedule.max_steps, ctx.runtime.device)
     try:
-        result = Lockstep(ctx, save_failed=lambda: True).step(run, run.model, batches, False)
+        result = train_gpt2.make_lockstep(cfg, ctx, save_failed=lambda: True).step(run, run.model, batches, False)
         assert result.save_failed and run.step == 1
-        result = Lockstep(ctx).step(run, run.model, batches, False)
+        result = train_gpt2.make_lockstep(cfg, ctx).step(run, run.model, batches, False)
         assert not result.save_failed and run.step == 2
     finally:
         batches.close()

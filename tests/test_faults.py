@@ -25,7 +25,7 @@ from conftest import (GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, m
 from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint.folder import list_checkpoints
-from training.observe.logger import read_log
+from training.core.logger import read_log
 
 STEPS = 12
 ARGS = dict(max_steps=STEPS, checkpoint_interval=3, eval_interval=0, val_tokens=64)  # checkpoints 3, 6, 9, 12

@@ -137,12 +137,12 @@ def compiled_run(corpus, tmp_path_factory) -> tuple[Path, Path]:
 def train_in_process(data: Path, out: Path, steps: int, compile: bool) -> list[float]:
     """Per-step losses of `steps` trainer steps through the eager model or torch.compile of it (one GPU)."""
     from data.loader import Prefetcher
-    from training.train.lockstep import Lockstep
+    from train_gpt2 import make_lockstep
 
-    ctx, run = build_tiny_run(data, out, **{**SETTINGS, "max_steps": steps, "loss_chunk_size": 0})
+    cfg, ctx, run = build_tiny_run(data, out, **{**SETTINGS, "max_steps": steps, "loss_chunk_size": 0})
     model = torch.compile(run.model, backend=COMPILE_BACKEND) if compile else run.model
     batches = Prefetcher(run.train_loader, 0, steps, ctx.runtime.device)
-    lockstep = Lockstep(ctx)  # the trainer's step: the math, the votes, the one host sync
+    lockstep = make_lockstep(cfg, ctx)  # the trainer's step: the math, the votes, the one host sync
     try:
         return [lockstep.step(run, model, batches, stop_requested=False).loss for _ in range(steps)]
     finally:
@@ -166,7 +166,7 @@ def test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients(corpus, tmp
     bf16 operands put both paths between 1e-3 and 1e-2 apart in relative norm; a wrong scale,
     chunk boundary or weight gradient is off by O(1).
     """
-    ctx, run = build_tiny_run(corpus, tmp_path / "run", **SETTINGS)
+    _, ctx, run = build_tiny_run(corpus, tmp_path / "run", **SETTINGS)
     runtime = ctx.runtime
     x, y = (t.to(runtime.device) for t in run.train_loader.micro_batch(0, 0))
     compiled = torch.compile(run.model, backend=COMPILE_BACKEND)
@@ -237,9 +237,9 @@ def test_hellaswag_in_a_compiled_run_matches_an_eager_eval_of_its_checkpoint(com
     from evals.hellaswag import HellaSwag
     from hellaswag_scores import per_example_scores
     from model import GPT, GPTConfig
-    from training.distributed.process_group import DistEnv
-    from training.observe.logger import read_log
-    from training.train.runtime import resolve_runtime
+    from training.core.process_group import DistEnv
+    from training.core.logger import read_log
+    from training.core.runtime import resolve_runtime
 
     out, fixture = compiled_run
     records = read_log(out / "log.jsonl")
@@ -354,11 +354,11 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
             launches[f"memory-{model}-{setting}"] = memory_check.trainer_args(model, setting, "data", tmp_path, False)
     for label, arguments in launches.items():
         cfg = parse_args(arguments)  # a ConfigError names the key
-        assert cfg.device == "cuda" or "--device" not in arguments, label
-        if cfg.micro_batch_size is None:  # auto: some micro-batch keeps grad_accum_steps whole
-            assert candidate_sizes(cfg.total_batch_size, cfg.seq_len, 1), label
+        assert cfg.runtime.device == "cuda" or "--device" not in arguments, label
+        if cfg.data.micro_batch_size is None:  # auto: some micro-batch keeps grad_accum_steps whole
+            assert candidate_sizes(cfg.data.total_batch_size, cfg.data.seq_len, 1), label
         else:
-            cfg.grad_accum_steps(1)
+            cfg.data.grad_accum_steps(1)
 
 
 # A stand-in for build-nanogpt's train_gpt2.py, whose code may not live in this repository: the

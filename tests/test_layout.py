@@ -1,4 +1,5 @@
-"""The code's layout: imports run one way down the layers the README lists, with no cycle."""
+"""The code's layout: imports run one way down the layers the README lists, and down training/'s floors, with no
+cycle."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ LAYERS = [
      "scripts"},
 ]
 LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}
+# Inside training/, its sub-packages, bottom to top: a floor imports only the floors below it (README).
+FLOORS = ["core", "distributed", "optim", "checkpoint", "observe", "train"]
+FLOOR_OF = {name: depth for depth, name in enumerate(FLOORS)}
 
 
 def project_modules() -> dict[str, Path]:
@@ -50,6 +54,26 @@ def test_imports_run_one_way_down_the_layers():
     for name, path in modules.items():
         for imported in imports_of(path, modules):
             if LAYER_OF[imported.split(".")[0]] > LAYER_OF[name.split(".")[0]]:
+                upward.append(f"{name} imports {imported}")
+    assert upward == []
+
+
+def floor_of(module: str) -> int | None:
+    """The floor of a module of training/ (None: any other module, or the training package itself)."""
+    parts = module.split(".")
+    return FLOOR_OF[parts[1]] if parts[0] == "training" and len(parts) > 1 else None
+
+
+def test_inside_training_imports_run_down_the_floors():
+    """checkpoint never imports the run, observe never the configuration, core nothing of training but core."""
+    modules = project_modules()
+    placed = {name.split(".")[1] for name in modules if name.startswith("training.")}
+    assert placed == set(FLOORS), "a module of training/ outside the floors, or a floor that is gone"
+    upward = []
+    for name, path in modules.items():
+        floor = floor_of(name)
+        for imported in imports_of(path, modules):
+            if floor is not None and (floor_of(imported) or 0) > floor:
                 upward.append(f"{name} imports {imported}")
     assert upward == []
 

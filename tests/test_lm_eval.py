@@ -24,8 +24,8 @@ from common.errors import ConfigError, run_cli
 from evals.hellaswag import HellaSwag, read_examples
 from hellaswag_scores import per_example_scores
 from model import GPT, GPTConfig
-from training.distributed.process_group import DistEnv
-from training.observe.logger import read_log
+from training.core.process_group import DistEnv
+from training.core.logger import read_log
 
 pytest.importorskip("lm_eval")
 

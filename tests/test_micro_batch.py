@@ -100,7 +100,7 @@ def two_rank_votes(argv: list[str]) -> int:
     """A rank body for launch(): each rank votes argv[rank]; prints the agreed value."""
     import torch.distributed as dist
 
-    from training.distributed.process_group import DistEnv
+    from training.core.process_group import DistEnv
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=1))
     rank = dist.get_rank()
@@ -123,12 +123,12 @@ def test_every_rank_gets_the_smallest_vote(votes, agreed):
 # --- the configuration -----------------------------------------------------------------------------------------
 
 def test_auto_is_read_from_the_command_line_and_yaml(tmp_path):
-    assert parse_args(["--micro_batch_size", "auto"]).micro_batch_size is None
+    assert parse_args(["--micro_batch_size", "auto"]).data.micro_batch_size is None
     path = tmp_path / "c.yaml"
     path.write_text("micro_batch_size: auto\nmicro_batch_size_fallback: 8\n")
     cfg = parse_args(["--config", str(path)])
-    assert (cfg.micro_batch_size, cfg.micro_batch_size_fallback) == (None, 8)
-    assert parse_args([]).micro_batch_size == 64  # the default stays a fixed B
+    assert (cfg.data.micro_batch_size, cfg.data.micro_batch_size_fallback) == (None, 8)
+    assert parse_args([]).data.micro_batch_size == 64  # the default stays a fixed B
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -168,14 +168,14 @@ def forced_probes(monkeypatch, oom_above: int, probe_models: list):
     monkeypatch.setattr(micro_batch, "probe_copy", probe_copy)
 
 
-def first_step(ctx, run):
-    from training.train.lockstep import Lockstep
+def first_step(cfg, ctx, run):
+    from train_gpt2 import make_lockstep
     from training.train.recovery import Recovery
 
     model = run.strategy.training_model(run.model)
-    recovery = Recovery(ctx, run, checkpointer=None)
+    recovery = Recovery(ctx, run, None, cfg.schedule.max_steps, cfg.long_run.max_rollbacks)
     try:
-        result = Lockstep(ctx).step(run, model, recovery.batches, False)
+        result = make_lockstep(cfg, ctx).step(run, model, recovery.batches, False)
     finally:
         recovery.close()
     return result, {k: v.clone() for k, v in run.model.state_dict().items()}
@@ -187,19 +187,20 @@ def test_a_probed_b_trains_bitwise_as_the_same_b_set_by_hand(shards, tmp_path, m
 
     probe_models: list = []
     forced_probes(monkeypatch, oom_above=4, probe_models=probe_models)
-    ctx, run = build_tiny_run(shards, tmp_path / "auto", micro_batch_size="auto", dropout=dropout)
-    assert ctx.cfg.micro_batch_size == 4 and run.grad_accum_steps == 4  # 16 rows: 16 and 8 ran out of memory
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "auto", micro_batch_size="auto", dropout=dropout)
+    assert cfg.data.micro_batch_size == 4 and run.grad_accum_steps == 4  # 16 rows: 16 and 8 ran out of memory
     assert run.micro_batch["chosen"] == 4 and run.micro_batch["candidates"] == [1, 2, 4, 8, 16]
     assert [(p["B"], p["fits"]) for p in run.micro_batch["probes"]] == [(16, False), (4, True), (8, False)]
     (probed,) = probe_models
     assert all(p.grad is None for p in probed.parameters())  # the out-of-memory probes left no gradients
     assert all(p.grad is None for p in run.model.parameters()) and not run.optimizer.state
-    auto_result, auto_weights = first_step(ctx, run)
+    auto_result, auto_weights = first_step(cfg, ctx, run)
 
     monkeypatch.undo()
-    by_hand_ctx, by_hand = build_tiny_run(shards, tmp_path / "by_hand", micro_batch_size=4, dropout=dropout)
+    by_hand_cfg, by_hand_ctx, by_hand = build_tiny_run(shards, tmp_path / "by_hand", micro_batch_size=4,
+                                                       dropout=dropout)
     assert by_hand.micro_batch is None
-    hand_result, hand_weights = first_step(by_hand_ctx, by_hand)
+    hand_result, hand_weights = first_step(by_hand_cfg, by_hand_ctx, by_hand)
     assert auto_result.loss == hand_result.loss and auto_result.grad_norm == hand_result.grad_norm
     for key in hand_weights:
         assert torch.equal(auto_weights[key], hand_weights[key]), key
@@ -236,27 +237,29 @@ def test_on_the_cpu_a_fallback_that_does_not_divide_the_batch_is_made_to_fit(mon
     """configs/demo.yaml's batch is 1,024 tokens, 8 rows of seq_len 128: the fallback 16 would not keep
     grad_accum_steps whole, so auto takes 8, the largest micro-batch up to it that does, and says so."""
     from conftest import REPO
-    from training.distributed.process_group import DistEnv
+    from training.core.process_group import DistEnv
     from training.distributed.strategies import make_strategy
-    from training.observe.logger import RunLogger
-    from training.train.context import Context
-    from training.train.runtime import resolve_runtime
+    from training.core.logger import RunLogger
+    from training.core.context import Context
+    from training.core.runtime import resolve_runtime
 
     cfg = parse_args(["--config", str(REPO / "configs" / "demo.yaml"), "--micro_batch_size", "auto",
                       "--device", "cpu"])
-    assert cfg.micro_batch_size_fallback == 16
-    runtime = resolve_runtime(cfg.device, cfg.dtype, cfg.compile, cfg.loss_chunk_size, cfg.peak_flops)
+    assert cfg.data.micro_batch_size_fallback == 16
+    rt = cfg.runtime
+    runtime = resolve_runtime(rt.device, rt.dtype, rt.compile, rt.loss_chunk_size, rt.peak_flops)
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
     logger, warnings = RunLogger(enabled=False), []
     monkeypatch.setattr(logger, "warn", warnings.append)
-    chosen, record = micro_batch.choose_micro_batch_size(Context(cfg, env, runtime, logger),
-                                                         make_strategy("ddp", env, runtime))
+    chosen, record = micro_batch.choose_micro_batch_size(Context(env, runtime, logger),
+                                                         make_strategy("ddp", env, runtime), cfg.data,
+                                                         cfg.model.model_config())
     assert (chosen, record) == (8, {"requested": "auto", "chosen": 8, "how": "fallback (cpu)"})
     assert warnings == ["micro_batch_size auto probes CUDA memory; on cpu it uses 8, the largest micro-batch up to "
                         "micro_batch_size_fallback 16 that keeps grad_accum_steps whole (8 rows a rank per step: "
                         "total_batch_size 1024 / seq_len 128 / 1 rank(s))"]
-    cfg.micro_batch_size = chosen
-    assert cfg.grad_accum_steps(1) == 1
+    cfg.data.micro_batch_size = chosen
+    assert cfg.data.grad_accum_steps(1) == 1
 
 
 def test_a_resume_with_auto_chooses_again_and_names_the_change(shards, tmp_path):

@@ -19,7 +19,7 @@ from common.log_fields import TRAIN_RECORD_FIELDS
 from conftest import base_args, make_shards, run_trainer
 from data.mixture import MixtureLoader, Source, parse_sources, parse_val_sets, step_composition
 from data.shards import shard_name, write_shard
-from training.observe.logger import read_log
+from training.core.logger import read_log
 from training.train.config import TrainConfig, parse_args
 
 T = 8
@@ -162,16 +162,16 @@ def test_a_name_that_would_make_another_field_of_its_record_is_refused_naming_it
 
 def test_val_sets_name_the_sets_of_a_mixture_whose_folders_are_named_like_fields():
     cfg = TrainConfig(data_dir="web/tokens:0.5,web/edu:0.5", val_sets="web=web/tokens,edu=web/edu")
-    assert parse_val_sets(cfg.val_sets, cfg.data_dir) == {"web": "web/tokens", "edu": "web/edu"}
+    assert parse_val_sets(cfg.evaluation.val_sets, cfg.data.data_dir) == {"web": "web/tokens", "edu": "web/edu"}
 
 
 def test_yaml_mappings_are_the_command_lines_text(tmp_path):
     config = tmp_path / "mix.yaml"
     config.write_text("data_dir: {data/edu: 0.7, data/code: 0.3}\nevaluation: {val_sets: {edu: data/edu, wiki: w.npy}}\n")
     cfg = parse_args(["--config", str(config)])
-    assert cfg.data_dir == "data/edu:0.7,data/code:0.3" and cfg.val_sets == "edu=data/edu,wiki=w.npy"
-    assert parse_args(["--data_dir", "data/edu:0.7,data/code:0.3"]).data_dir == cfg.data_dir
-    assert parse_val_sets("", cfg.data_dir) == {"edu": "data/edu", "code": "data/code"}  # a mixture's default
+    assert cfg.data.data_dir == "data/edu:0.7,data/code:0.3" and cfg.evaluation.val_sets == "edu=data/edu,wiki=w.npy"
+    assert parse_args(["--data_dir", "data/edu:0.7,data/code:0.3"]).data.data_dir == cfg.data.data_dir
+    assert parse_val_sets("", cfg.data.data_dir) == {"edu": "data/edu", "code": "data/code"}  # a mixture's default
     assert parse_val_sets("", "data/edu") == {"val": "data/edu"}  # one folder: today's single set
     config.write_text("data_dir: {data/edu: [1]}\n")
     with pytest.raises(ConfigError, match="^data_dir: expected a mapping of names to values"):
@@ -286,7 +286,7 @@ def test_a_resume_with_other_weights_goes_on_from_the_rows_each_source_had_read(
     torch.save(state, old / "checkpoints" / "step_00000003.pt")
     new = f"{edu}:0.75,{code}:0.25"  # 12 + 4
     for folder in (out, old):
-        _, run = build_tiny_run(new, folder)  # resumes step 3, as the launch below does
+        *_, run = build_tiny_run(new, folder)  # resumes step 3, as the launch below does
         source, within = run.train_loader.slots(3)
         assert sorted(within[source == 0]) == list(range(24, 36)), folder  # edu's rows 24-35
         assert sorted(within[source == 1]) == list(range(24, 28)), folder  # code's rows 24-27

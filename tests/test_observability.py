@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
-from training.observe.metrics import model_flops_utilization, peak_flops_for
-from training.observe.logger import LOG_ONLY_KINDS, RunLogger, read_log
+from training.core.metrics import model_flops_utilization, peak_flops_for
+from training.core.logger import LOG_ONLY_KINDS, RunLogger, read_log
 
 
 def hellaswag_fixture(path: Path, n: int = 11) -> Path:
@@ -193,7 +193,7 @@ def test_a_rank_ending_without_atexit_leaves_nothing_of_wandb_in_the_temp_dir(tm
     temp.mkdir()
     out = tmp_path / "run"
     script = ("import os\n"
-              "from training.observe.logger import RunLogger\n"
+              "from training.core.logger import RunLogger\n"
               f"logger = RunLogger(enabled=True)\n"
               f"logger.open_run_folder({str(out)!r}, 0, {{}})\n"
               f"logger.start_wandb('test', '', 'offline', {{}}, [], None, {str(out)!r})\n"
@@ -357,7 +357,7 @@ def test_every_run_records_what_produced_it(runs):
 # --- the console (issue 44) -----------------------------------------------------------------------------------
 
 def test_the_step_line_says_where_the_run_is_its_peak_memory_and_its_time():
-    from training.observe.logger import format_duration, format_train_line
+    from training.core.logger import format_duration, format_train_line
 
     record = {"step": 1199, "loss": 4.18734, "lr": 6e-4, "grad_norm": 0.412, "step_ms": 1105.3,
               "tokens_per_sec": 474350.0, "mfu": 0.413, "peak_mem_gb": 31.24}
@@ -378,7 +378,8 @@ def test_the_eta_is_the_launchs_pace_since_its_first_step_times_the_steps_left(m
 
     monkeypatch.setattr(train_gpt2.time, "perf_counter", lambda: 130.0)  # 3 steps after the first ended, at 100
     run = SimpleNamespace(model=SimpleNamespace(estimate_flops_per_token=lambda T: 1.0), step=1)
-    records = train_gpt2.StepRecords(SimpleNamespace(cfg=SimpleNamespace(seq_len=32, max_steps=100)), run)
+    cfg = SimpleNamespace(data=SimpleNamespace(seq_len=32), schedule=SimpleNamespace(max_steps=100))
+    records = train_gpt2.StepRecords(cfg, SimpleNamespace(), run)
     assert records.eta() is None
     records.steps_taken, records.rate_from = 1, 100.0
     assert records.eta() is None  # one step: no pace yet
@@ -409,21 +410,20 @@ def test_the_val_loss_and_hellaswag_in_the_loop_report_their_progress_on_rank_0(
     from evals.base import Progress
     from evals.hellaswag import HellaSwag
     from evals.val_loss import ValLoss
-    from training.train.config import EvalSettings
 
     monkeypatch.setattr(Progress, "AFTER_S", 0.0)
     monkeypatch.setattr(Progress, "EVERY_S", 0.0)  # a line a batch
     data = make_shards(tmp_path / "shards", vocab=GPT2_VOCAB)
-    ctx, run = build_tiny_run(data, tmp_path / "out", vocab_size=GPT2_VOCAB, val_tokens=512,
-                              hellaswag_path=hellaswag_fixture(tmp_path / "hs.jsonl"), hellaswag_interval=5)
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "out", vocab_size=GPT2_VOCAB, val_tokens=512,
+                                   hellaswag_path=hellaswag_fixture(tmp_path / "hs.jsonl"), hellaswag_interval=5)
     ctx.logger.enabled = True
-    settings = ctx.cfg.section(EvalSettings)
-    assert ValLoss.from_settings(settings, ctx, run.strategy, None).evaluate(run)
+    settings, seed = cfg.evaluation, cfg.runtime.seed
+    assert ValLoss.from_settings(settings, ctx, run.strategy, None, seed).evaluate(run)
     lines = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"step      0 \| val loss: 1/4 batches \(25%\) \| elapsed \d+s \| eta \d+s", lines[0]), lines
     assert lines[-1].startswith("step      0 | val loss: 4/4 batches (100%)") and len(lines) == 4
     from data.tokenizer import get_tokenizer
 
-    HellaSwag.from_settings(settings, ctx, run.strategy, get_tokenizer()).evaluate(run)
+    HellaSwag.from_settings(settings, ctx, run.strategy, get_tokenizer(), seed).evaluate(run)
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith("step      0 | hellaswag: 1/1 batches (100%)"), lines

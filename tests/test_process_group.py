@@ -7,7 +7,7 @@ import threading
 
 import torch.distributed as dist
 
-from training.distributed.process_group import AGREEMENT, agree_on_attempt
+from training.core.process_group import AGREEMENT, agree_on_attempt
 
 TIMEOUT = datetime.timedelta(seconds=30)
 

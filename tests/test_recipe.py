@@ -21,10 +21,10 @@ from conftest import GPT2_VOCAB, REPO, base_args, build_tiny_run, make_shards, r
 from data.loader import Prefetcher
 from common.errors import ConfigError, NonFiniteLossError
 from training.train.config import TrainConfig, parse_args
-from training.train.lockstep import Lockstep
-from training.train.optimizers import MuonWithAdamW, OptimizerSettings, build_optimizer, split_parameters
-from training.train.run import with_current_settings
-from training.train.schedule import cooldown_start, learning_rate
+from training.optim.optimizers import MuonWithAdamW, build_optimizer, split_parameters
+from training.train.resume import with_current_settings
+from training.optim.schedule import cooldown_start, learning_rate
+from train_gpt2 import make_lockstep
 
 MODERN = dict(optimizer="muon", lr_schedule="wsd", cooldown_frac=0.5, cooldown_shape="1-sqrt")
 
@@ -32,7 +32,7 @@ MODERN = dict(optimizer="muon", lr_schedule="wsd", cooldown_frac=0.5, cooldown_s
 # --- the schedule ---------------------------------------------------------------------------------
 
 def cosine_as_it_was(step, warmup_steps, max_steps, max_lr, min_lr):
-    """training/train/schedule.py's learning_rate before lr_schedule existed, verbatim."""
+    """training/optim/schedule.py's learning_rate before lr_schedule existed, verbatim."""
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if step >= max_steps:
@@ -109,12 +109,12 @@ def test_muon_on_a_torch_without_it_is_one_line_naming_the_version_it_needs(monk
     assert run_cli(train_gpt2.main, ["--optimizer", "muon", "--out_dir", "never-made"]) == 2
     err = capfd.readouterr().err
     assert err.startswith("error: optimizer: muon needs torch.optim.Muon") and err.count("\n") == 1
-    assert TrainConfig(optimizer="adamw").optimizer == "adamw"  # the rest runs on such a torch
+    assert TrainConfig(optimizer="adamw").optimizer.optimizer == "adamw"  # the rest runs on such a torch
 
 
 def test_the_defaults_are_the_faithful_recipe():
     cfg = TrainConfig()
-    assert (cfg.optimizer, cfg.lr_schedule) == ("adamw", "cosine")
+    assert (cfg.optimizer.optimizer, cfg.schedule.lr_schedule) == ("adamw", "cosine")
 
 
 @pytest.mark.parametrize("size", ["124m", "350m"])
@@ -134,7 +134,7 @@ def data(tmp_path_factory) -> Path:
 
 
 def test_muon_gets_exactly_the_blocks_matrices_and_adamw_everything_else_once(data, tmp_path):
-    _, run = build_tiny_run(data, tmp_path / "run", **MODERN)
+    *_, run = build_tiny_run(data, tmp_path / "run", **MODERN)
     model, optimizer = run.model, run.optimizer
     assert isinstance(optimizer, MuonWithAdamW)
     grouped = [p for group in optimizer.param_groups for p in group["params"]]
@@ -151,26 +151,26 @@ def test_muon_gets_exactly_the_blocks_matrices_and_adamw_everything_else_once(da
 
 
 def test_adamw_is_still_model_configure_optimizers(data, tmp_path):
-    ctx, run = build_tiny_run(data, tmp_path / "run")
-    cfg = ctx.cfg
-    ours = build_optimizer(run.model, cfg.section(OptimizerSettings), cfg.max_lr, "cpu")
-    theirs = run.model.configure_optimizers(cfg.weight_decay, cfg.max_lr, (cfg.beta1, cfg.beta2), cfg.adam_eps, "cpu")
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "run")
+    adamw, max_lr = cfg.optimizer, cfg.schedule.max_lr
+    ours = build_optimizer(run.model, cfg.optimizer, max_lr, "cpu")
+    theirs = run.model.configure_optimizers(adamw.weight_decay, max_lr, (adamw.beta1, adamw.beta2), adamw.adam_eps, "cpu")
     assert type(run.optimizer) is type(ours) is torch.optim.AdamW
     assert ours.state_dict() == theirs.state_dict()
     assert [g["params"] for g in ours.param_groups] == [g["params"] for g in theirs.param_groups]
 
 
-def steps(ctx, run, count):
-    batches = Prefetcher(run.train_loader, run.step, ctx.cfg.max_steps, ctx.runtime.device)
+def steps(cfg, ctx, run, count):
+    batches = Prefetcher(run.train_loader, run.step, cfg.schedule.max_steps, ctx.runtime.device)
     try:
-        return [Lockstep(ctx).step(run, run.model, batches, stop_requested=False) for _ in range(count)]
+        return [make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False) for _ in range(count)]
     finally:
         batches.close()
 
 
 def test_the_schedule_scales_each_group_by_its_base_lr(data, tmp_path):
-    ctx, run = build_tiny_run(data, tmp_path / "run", **MODERN)
-    (result,) = steps(ctx, run, 1)
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "run", **MODERN)
+    (result,) = steps(cfg, ctx, run, 1)
     adamw, muon = run.optimizer.inner
     assert result.lr == 1.5e-3  # warmup step 0 of 2
     assert [g["lr"] for g in run.optimizer.param_groups] == [1.5e-3] * 3  # what the loop sets
@@ -180,13 +180,13 @@ def test_the_schedule_scales_each_group_by_its_base_lr(data, tmp_path):
 
 
 def test_state_dict_round_trips_exactly_and_training_continues_the_same(data, tmp_path):
-    ctx, run = build_tiny_run(data, tmp_path / "a", **MODERN)
-    steps(ctx, run, 2)
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "a", **MODERN)
+    steps(cfg, ctx, run, 2)
     saved = copy.deepcopy(run.optimizer.state_dict())
     weights = copy.deepcopy(run.model.state_dict())
     assert {k for s in saved["state"].values() for k in s} == {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"}
 
-    _, other = build_tiny_run(data, tmp_path / "b", **MODERN)
+    *_, other = build_tiny_run(data, tmp_path / "b", **MODERN)
     other.model.load_state_dict(weights)
     other.optimizer.load_state_dict(with_current_settings(copy.deepcopy(saved), other.optimizer))
     other.step = run.step
@@ -199,23 +199,23 @@ def test_state_dict_round_trips_exactly_and_training_continues_the_same(data, tm
             assert torch.equal(value, again["state"][index][key]), (index, key)
     adamw, muon = other.optimizer.inner
     assert adamw.state is muon.state is other.optimizer.state  # re-linked after the load
-    a = [r.loss for r in steps(ctx, run, 2)]
-    b = [r.loss for r in steps(ctx, other, 2)]
+    a = [r.loss for r in steps(cfg, ctx, run, 2)]
+    b = [r.loss for r in steps(cfg, ctx, other, 2)]
     assert a == b
     for key, value in run.model.state_dict().items():
         assert torch.equal(value, other.model.state_dict()[key]), key
 
 
 def test_a_nan_loss_stops_before_the_muon_update(data, tmp_path):
-    ctx, run = build_tiny_run(data, tmp_path / "run", **MODERN)
-    steps(ctx, run, 2)
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "run", **MODERN)
+    steps(cfg, ctx, run, 2)
     with torch.no_grad():
         run.model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
     weights = {k: v.clone() for k, v in run.model.state_dict().items()}
     state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in run.optimizer.state.items()}
     with pytest.raises(NonFiniteLossError, match="step 2: loss nan / grad norm nan is not finite; the update "
                                                  "was not applied"):
-        steps(ctx, run, 1)
+        steps(cfg, ctx, run, 1)
     assert run.step == 2
     for key, value in run.model.state_dict().items():
         torch.testing.assert_close(value, weights[key], rtol=0, atol=0, equal_nan=True)
@@ -281,7 +281,7 @@ def test_a_sharded_muon_checkpoint_consolidates_to_a_file_that_resumes_bitwise(d
     state = consolidate(dict(list_checkpoints(straight / "checkpoints"))[3], file)
     # in the order torch's own Optimizer.state_dict() numbers them: through its groups, in order
     names = [name for group in state["optimizer"]["param_groups"] for name in group["params"]]
-    _, fresh = build_tiny_run(data, tmp_path / "fresh", **MODERN)
+    *_, fresh = build_tiny_run(data, tmp_path / "fresh", **MODERN)
     assert names == parameter_names(fresh.model, fresh.optimizer) and len(state["optimizer"]["param_groups"]) == 3
     run_trainer(args(data, resumed, checkpoint_format="sharded", resume=str(file)), nproc=2)
     assert train_losses(resumed) == {s: loss for s, loss in train_losses(straight).items() if s >= 3}

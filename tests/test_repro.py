@@ -25,7 +25,7 @@ import repro_check  # noqa: E402
 import train_gpt2  # noqa: E402
 from common.errors import run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from training.train.runtime import deterministic_kernels  # noqa: E402
+from training.core.runtime import deterministic_kernels  # noqa: E402
 
 
 def test_the_deterministic_key_runs_every_step_in_deterministic_mode_and_changes_no_cpu_bits(shards, tmp_path,

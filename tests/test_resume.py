@@ -1,4 +1,4 @@
-"""Choosing the checkpoint a launch resumes, and the one-history rules (training/checkpoint/resume.py).
+"""Choosing the checkpoint a launch resumes, and the one-history rules (training/train/resume.py).
 
 The trainer's own runs through these rules are in tests/test_run_folder.py and tests/test_fault_paths.py.
 """
@@ -13,7 +13,7 @@ import torch
 from common.errors import ConfigError
 from test_checkpoint import state
 from training.checkpoint import folder as ckpt
-from training.checkpoint.resume import check_one_history, find_resume_checkpoint
+from training.train.resume import check_one_history, find_resume_checkpoint
 
 
 def lineage(run_id: str, checkpoint_id: str, *ancestry: str) -> dict:
@@ -70,7 +70,7 @@ def test_a_resume_path_that_is_no_file_names_the_key(tmp_path):
 CHOOSE_AND_MEASURE = """
 import os, sys
 from pathlib import Path
-from training.checkpoint.resume import find_resume_checkpoint
+from training.train.resume import find_resume_checkpoint
 def resident_mib():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
 before = resident_mib()

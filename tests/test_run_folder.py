@@ -24,7 +24,7 @@ from slowness import guard
 from common.errors import ConfigError, run_cli
 from training.checkpoint import folder as ckpt
 from training.checkpoint.run_folder import LOCK_NAME, FolderLock
-from training.observe.logger import read_log
+from training.core.logger import read_log
 
 RUN = dict(max_steps=3, checkpoint_interval=3, eval_interval=0, val_tokens=64)
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.train.schedule import learning_rate
+from training.optim.schedule import learning_rate
 
 
 def test_warmup_then_cosine_to_min_lr():
@@ -16,7 +16,7 @@ def test_warmup_then_cosine_to_min_lr():
 
 def test_a_warmup_that_never_ends_is_one_warning():
     """Issue 44: the 24 GB configs shrunk to 3 steps trained at lr 8e-7 (warmup 715) without a word."""
-    from training.train.schedule import ScheduleSettings
+    from training.optim.schedule import ScheduleSettings
 
     assert ScheduleSettings(max_steps=3, warmup_steps=715).warning() == (
         "warmup_steps 715 >= max_steps 3: the schedule never leaves its warmup; the lr goes from 8.392e-07 at step 0 "

@@ -29,10 +29,10 @@ from common.errors import run_cli
 from launch import launch
 from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
-from training.checkpoint.resume import find_resume_checkpoint
-from training.checkpoint import storage
 from training.checkpoint.checkpointer import Checkpointer
-from training.observe.logger import read_log
+from training.train.resume import find_resume_checkpoint, load_state
+from training.core import storage
+from training.core.logger import read_log
 
 STEPS = 6
 ARGS = dict(max_steps=STEPS, checkpoint_interval=3, checkpoint_format="sharded")  # checkpoints 3 and 6
@@ -155,8 +155,8 @@ def cloned(state: dict) -> dict:
     return state.detach().clone() if torch.is_tensor(state) else state
 
 
-def save_in_process(ctx, run) -> None:
-    checkpointer = Checkpointer(ctx, provenance={})
+def save_in_process(cfg, ctx, run) -> None:
+    checkpointer = train_gpt2.make_checkpointer(cfg, ctx, run.strategy, record={})
     checkpointer.save(run)
     checkpointer.wait()
 
@@ -239,8 +239,8 @@ def test_a_run_stopped_after_a_background_save_resumes_bitwise(data, straight, t
 def test_an_async_save_holds_the_state_of_its_step_while_training_changes_it(data, tmp_path, monkeypatch):
     from torch.distributed.checkpoint import FileSystemWriter
 
-    ctx, run = build_tiny_run(data, tmp_path / "out", checkpoint_format="sharded")
-    assert ctx.cfg.checkpoint_async
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "out", checkpoint_format="sharded")
+    assert cfg.checkpoint.checkpoint_async
     take_steps(run, 2)
     model_before, optimizer_before = cloned(run.model.state_dict()), cloned(by_name(run))
     # the files are written only once the test lets them, after it changed the model and the optimizer
@@ -253,7 +253,7 @@ def test_an_async_save_holds_the_state_of_its_step_while_training_changes_it(dat
         return real_write(self, plan, planner)
 
     monkeypatch.setattr(FileSystemWriter, "write_data", gated_write)
-    checkpointer = Checkpointer(ctx, provenance={})
+    checkpointer = train_gpt2.make_checkpointer(cfg, ctx, run.strategy, record={})
     checkpointer.save(run)
     assert not checkpointer.pending.future.done()  # the write goes on in the background
     with torch.no_grad():  # training goes on: every parameter and every AdamW tensor changes in place
@@ -310,9 +310,9 @@ def test_file_and_sharded_checkpoints_resume_into_each_other_bitwise(data, strai
 def gpt2_vocab_checkpoint(data, tmp_path) -> tuple[Path, dict]:
     """A sharded checkpoint (step 1, written in the background) of the tiny model with GPT-2's
     vocabulary (what export_hf needs), and the model's state when it was saved."""
-    ctx, run = build_tiny_run(data, tmp_path / "source", vocab_size=GPT2_VOCAB, checkpoint_format="sharded")
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "source", vocab_size=GPT2_VOCAB, checkpoint_format="sharded")
     take_steps(run, 1)
-    save_in_process(ctx, run)
+    save_in_process(cfg, ctx, run)
     return tmp_path / "source" / "checkpoints" / "step_00000001", cloned(run.model.state_dict())
 
 
@@ -343,7 +343,7 @@ def test_sample_and_export_read_a_sharded_folder_as_they_read_its_consolidated_f
 
 def test_init_from_a_sharded_folder_starts_a_new_run_from_its_weights(data, gpt2_vocab_checkpoint, tmp_path):
     folder, model_state = gpt2_vocab_checkpoint
-    _, run = build_tiny_run(data, tmp_path / "new", vocab_size=GPT2_VOCAB, init_from=folder)
+    *_, run = build_tiny_run(data, tmp_path / "new", vocab_size=GPT2_VOCAB, init_from=folder)
     state = run.model.state_dict()
     assert state.keys() == model_state.keys()
     assert all(torch.equal(state[k], model_state[k]) for k in state)
@@ -353,7 +353,7 @@ def test_init_from_a_sharded_folder_starts_a_new_run_from_its_weights(data, gpt2
 def test_init_from_a_url_of_a_sharded_folder_starts_from_its_weights(data, gpt2_vocab_checkpoint, tmp_path):
     """init_from reads checkpoints where load_checkpoint does: a URL too (it holds sharded ones only)."""
     folder, model_state = gpt2_vocab_checkpoint
-    _, run = build_tiny_run(data, tmp_path / "new", vocab_size=GPT2_VOCAB, init_from=f"file://{folder}")
+    *_, run = build_tiny_run(data, tmp_path / "new", vocab_size=GPT2_VOCAB, init_from=f"file://{folder}")
     state = run.model.state_dict()
     assert state.keys() == model_state.keys()
     assert all(torch.equal(state[k], model_state[k]) for k in state)
@@ -563,18 +563,18 @@ def test_a_memory_url_checkpoint_dir_saves_and_loads_in_one_process(data, tmp_pa
     (tmp_path / "cwd").mkdir()
     monkeypatch.chdir(tmp_path / "cwd")  # where a URL mistaken for a path would create `memory:/...`
     url = f"memory://sharded-test-{uuid.uuid4().hex}/checkpoints"
-    ctx, run = build_tiny_run(data, tmp_path / "out", checkpoint_dir=url)
-    assert ctx.cfg.resolved_checkpoint_format() == "sharded" and ctx.cfg.checkpoint_async
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "out", checkpoint_dir=url)
+    assert cfg.resolved_checkpoint_format() == "sharded" and cfg.checkpoint.checkpoint_async
     take_steps(run, 2)
     try:
-        save_in_process(ctx, run)
+        save_in_process(cfg, ctx, run)
         assert ckpt.list_checkpoints(url) == [(2, f"{url}/step_00000002")]
         state = ckpt.load_checkpoint(f"{url}/step_00000002")
         assert state["step"] == 2 and state["run_id"] == run.run_id
         assert_same_state(ckpt.read_full_state(f"{url}/step_00000002", state),
                           {"model": run.model.state_dict(), "optimizer": by_name(run)})
-        _, resumed = build_tiny_run(data, tmp_path / "other", checkpoint_dir=url)
-        resumed.load_state_dict(state, f"{url}/step_00000002")  # what a resume does: every tensor read back through fsspec
+        *_, resumed = build_tiny_run(data, tmp_path / "other", checkpoint_dir=url)
+        load_state(resumed, state, f"{url}/step_00000002")  # what a resume does: every tensor read back through fsspec
         assert resumed.step == 2
         assert_same_state({"model": resumed.model.state_dict(), "optimizer": resumed.optimizer.state_dict()},
                           {"model": run.model.state_dict(), "optimizer": run.optimizer.state_dict()})

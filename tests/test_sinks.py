@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.observe.logger import RunLogger, read_log
+from training.core.logger import RunLogger, read_log
 
 
 def train(step: int, loss: float) -> dict:

@@ -20,7 +20,7 @@ import torch
 from conftest import REPO, TINY_MODEL, TINY_VOCAB, load_weights, make_shards, train_losses
 from slurm_cluster import SlurmCluster, free_port, kill, missing_commands
 from training.checkpoint.folder import list_checkpoints
-from training.observe.logger import read_log
+from training.core.logger import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -17,8 +17,8 @@ import torch
 
 from conftest import base_args, crashed_copy, make_shards, run_trainer, train_losses
 from training.checkpoint import folder as ckpt
-from training.observe.logger import read_log
-from training.train.spikes import SpikeWindow
+from training.core.logger import read_log
+from training.optim.spikes import SpikeWindow
 
 # a full window after 4 applied steps; checkpoints every 3 steps; val loss only at the end
 SPIKY = dict(max_steps=12, checkpoint_interval=3, eval_interval=0, spike_skip="true", spike_window=4)

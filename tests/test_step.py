@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from conftest import REPO, build_tiny_run
+from train_gpt2 import make_lockstep
 from data.loader import Prefetcher
 from common.errors import NonFiniteLossError
 from training.distributed.preemption import PreemptionFlag
-from training.train.lockstep import Lockstep
 
 SYNCING_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
 
@@ -49,12 +49,12 @@ def count_syncs(monkeypatch):
                          ids=["default", "spike-skip", "ema"])
 def test_a_training_step_syncs_with_the_host_once(shards, tmp_path, count_syncs, settings):
     """With spike_skip, steps 2 and 3 are judged against a full window: on the same sync."""
-    ctx, run = build_tiny_run(shards, tmp_path / "run", **settings)
-    batches = Prefetcher(run.train_loader, 0, ctx.cfg.max_steps, ctx.runtime.device)
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", **settings)
+    batches = Prefetcher(run.train_loader, 0, cfg.schedule.max_steps, ctx.runtime.device)
     count_syncs.clear()
     try:
         for _ in range(4):
-            Lockstep(ctx).step(run, run.model, batches, stop_requested=False)
+            make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False)
     finally:
         batches.close()
     assert run.step == 4 and run.grad_accum_steps == 4  # micro-steps do not sync
@@ -70,27 +70,27 @@ def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs
     quiet = dict(eval_interval=0, checkpoint_interval=0, final_checkpoint="false", log_interval=1000)
     totals = {}
     for steps in (3, 7):
-        ctx, run = build_tiny_run(shards, tmp_path / f"run{steps}", max_steps=steps, **quiet)  # a silent logger
+        cfg, ctx, run = build_tiny_run(shards, tmp_path / f"run{steps}", max_steps=steps, **quiet)  # a silent logger
         count_syncs.clear()
-        train_gpt2.train(ctx, run, PreemptionFlag(), record={})
+        train_gpt2.train(cfg, ctx, run, PreemptionFlag(), record={})
         totals[steps] = dict(count_syncs)
     growth = {site: totals[7].get(site, 0) - totals[3].get(site, 0) for site in {*totals[3], *totals[7]}}
     assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/train/lockstep.py")): 4}
 
 
 def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):
-    ctx, run = build_tiny_run(shards, tmp_path / "run")
-    batches = Prefetcher(run.train_loader, 0, ctx.cfg.max_steps, ctx.runtime.device)
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run")
+    batches = Prefetcher(run.train_loader, 0, cfg.schedule.max_steps, ctx.runtime.device)
     try:
         for _ in range(2):
-            Lockstep(ctx).step(run, run.model, batches, stop_requested=False)
+            make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False)
         with torch.no_grad():
             run.model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
         weights = {k: v.clone() for k, v in run.model.state_dict().items()}
         moments = {k: v.clone() for k, v in run.optimizer.state[run.model.lm_head.weight].items()}
         with pytest.raises(NonFiniteLossError, match="step 2: loss nan / grad norm nan is not finite; the update "
                                                      "was not applied"):
-            Lockstep(ctx).step(run, run.model, batches, stop_requested=False)
+            make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False)
     finally:
         batches.close()
     assert run.step == 2
@@ -101,26 +101,26 @@ def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):
 
 
 def test_float16_overflow_skips_the_update_and_lowers_the_loss_scale(shards, tmp_path):
-    ctx, run = build_tiny_run(shards, tmp_path / "run", dtype="float16")
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", dtype="float16")
     assert ctx.runtime.loss_scaling and run.scaler.is_enabled()
     run.scaler.load_state_dict({**run.scaler.state_dict(), "scale": 2.0**100})  # every gradient overflows
-    batches = Prefetcher(run.train_loader, 0, ctx.cfg.max_steps, ctx.runtime.device)
+    batches = Prefetcher(run.train_loader, 0, cfg.schedule.max_steps, ctx.runtime.device)
     try:
         weights = {k: v.clone() for k, v in run.model.state_dict().items()}
-        result = Lockstep(ctx).step(run, run.model, batches, stop_requested=False)
+        result = make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False)
         assert result.skipped and run.step == 1  # the batch is consumed, the update is not applied
         for key, value in run.model.state_dict().items():
             assert torch.equal(value, weights[key]), key
         assert run.scaler.get_scale() == 2.0**99
         run.scaler.update(2.0**16)  # a scale the gradients fit in
-        result = Lockstep(ctx).step(run, run.model, batches, stop_requested=False)
+        result = make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False)
         assert not result.skipped and result.loss < 11 and not torch.equal(run.model.lm_head.weight, weights["lm_head.weight"])
     finally:
         batches.close()
 
 
 def test_dtype_auto_picks_float16_on_a_gpu_without_bf16(monkeypatch):
-    from training.train.runtime import resolve_dtype
+    from training.core.runtime import resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert resolve_dtype("auto", torch.device("cuda", 0)) == "float16"

@@ -9,11 +9,12 @@ import pytest
 from conftest import GPT2_VOCAB, REPO, build_tiny_run
 from data.tokenizer import get_tokenizer
 from common.errors import ConfigError
-from evals.periodic import PeriodicEvaluation
 from test_hellaswag import write_fixture
 from test_layout import project_modules
 from training.train.config import TrainConfig
+from training.distributed.runtime_settings import RuntimeSettings
 from training.distributed.strategies import DDP, STRATEGIES, strategies_help
+from train_gpt2 import make_evaluation
 
 
 class SecondReplica(DDP):
@@ -51,35 +52,35 @@ def test_its_dp_view_is_what_the_loaders_and_evaluations_get(registered, shards,
     HellaSwag's examples follow strategy.dp_rank / dp_size, not env.rank / world_size."""
     hellaswag = dict(hellaswag_interval=1, hellaswag_path=str(write_fixture(tmp_path / "hs.jsonl")), hellaswag_limit=0,
                      eval_interval=1, sample_interval=0, vocab_size=GPT2_VOCAB)  # HellaSwag reads GPT-2 token ids
-    ctx, run = build_tiny_run(shards, tmp_path / "out", strategy="second_replica", **hellaswag)
-    cfg, env = ctx.cfg, ctx.env
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "out", strategy="second_replica", **hellaswag)
+    env = ctx.env
     assert (env.rank, env.world_size) == (0, 1)  # one process, but the data sees replica 1 of 2
     assert isinstance(run.strategy, SecondReplica)
     for loader in (run.train_loader, run.val_loader):
         assert (loader.rank, loader.world_size) == (1, 2)
-    assert run.grad_accum_steps == cfg.grad_accum_steps(2) == 2  # 512 tokens / (4 rows x 32 x 2 replicas)
+    assert run.grad_accum_steps == cfg.data.grad_accum_steps(2) == 2  # 512 tokens / (4 rows x 32 x 2 replicas)
     assert run.strategy.mesh is None
 
-    evaluation = PeriodicEvaluation(ctx, run.strategy, get_tokenizer())
+    evaluation = make_evaluation(cfg, ctx, run.strategy, get_tokenizer())
     (evaluator,) = [e for e in evaluation.evaluators if e.kind == "hellaswag"]
-    scored = sorted(i for batch in evaluator.batches(cfg.block_size) for i in batch.indices)
+    scored = sorted(i for batch in evaluator.batches(cfg.model.block_size) for i in batch.indices)
     assert scored == [1, 3, 5, 7, 9, 11]  # the odd examples of 13: replica 1's share
     assert evaluator.batches_per_rank == 1  # replica 0's 7 examples, in batches of 16
 
 
 def test_the_strategy_key_lists_every_registered_strategy():
     assert all(name == cls.name and cls.help for name, cls in STRATEGIES.items())
-    help_text = TrainConfig.__dataclass_fields__["strategy"].metadata["help"]
+    help_text = RuntimeSettings.__dataclass_fields__["strategy"].metadata["help"]
     assert help_text == f"data parallelism: {strategies_help()}"
     assert {name: cls.default_checkpoint_format for name, cls in STRATEGIES.items()} == \
         {"ddp": "file", "fsdp": "sharded", "fsdp_zero2": "sharded"}
 
 
-def test_no_code_outside_parallel_py_compares_strategy_names():
+def test_no_code_outside_strategies_py_compares_strategy_names():
     """Strategy differences are class attributes: `strategy == "ddp"` elsewhere is what a new strategy would miss."""
     found = []
     for module, path in project_modules().items():
-        if path == REPO / "training" / "parallel.py":
+        if path == REPO / "training" / "distributed" / "strategies.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare):

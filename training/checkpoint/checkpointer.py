@@ -28,15 +28,15 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
-from training.checkpoint.folder import FORMAT_VERSION, checkpoints_folder, format_for, prune_checkpoints
-from training.train.config import CheckpointSettings, TrainConfig
-from training.distributed.process_group import any_rank, run_on_all_ranks
+from common.settings import Settings, option, require
+from training.checkpoint.folder import FORMAT_VERSION, FORMATS, checkpoints_folder, prune_checkpoints
+from training.checkpoint.format import TrainingState
+from training.core.process_group import any_rank, run_on_all_ranks
 from training.distributed.strategies import local_part
-from training.train.context import Context
-from training.train.run import Run
+from training.core.context import Context
 from training.checkpoint.run_folder import adopt_checkpoint_folder
-from training.train.spikes import RollbackRequested
-from training.checkpoint.storage import Location
+from training.optim.spikes import RollbackRequested
+from training.core.storage import Location, absolute, is_url
 
 
 @dataclass
@@ -51,21 +51,22 @@ class PendingSave:
 
 
 class Checkpointer:
-    """Every rank holds one; `save`, `retry` and `wait` are collectives, `poll` is not.
+    """Every rank holds one; `save`, `retry` and `wait` are collectives, `poll` is not."""
 
-    It reads the checkpoint section (`self.settings`: cadence, retention, where, format, async). Of
-    other sections: out_dir (the run folder the checkpoints folder defaults into, and adopts), the
-    strategy (what checkpoint_format auto resolves to), hang_timeout_minutes (the background writes'
-    process group), rollback_on_nonfinite (long_run: what non-finite weights at a save ask for), and
-    the whole configuration, which every checkpoint's metadata stores.
-    """
-
-    def __init__(self, ctx: Context, provenance: dict):
-        self.cfg, self.env, self.logger, self.provenance = ctx.cfg, ctx.env, ctx.logger, provenance
-        self.settings = ctx.cfg.section(CheckpointSettings)
-        self.folder = checkpoints_folder(ctx.cfg.out_dir, self.settings.checkpoint_dir)  # out_dir: run section
-        self.format = format_for(ctx.cfg)  # checkpoint_format, auto resolved by the strategy (runtime section)
-        self.asynchronous = self.format.writes_in_background and self.settings.checkpoint_async
+    def __init__(self, settings: CheckpointSettings, ctx: Context, out_dir: str, config: dict, provenance: dict, *,
+                 strategy_format: str, hang_timeout_minutes: float, rollback_on_nonfinite: bool):
+        """settings: the checkpoint section (cadence, retention, where, format, async). Of other sections, as
+        values: out_dir (run: the folder the checkpoint folder defaults into, and adopts); config (every key,
+        flat) and provenance (the launch's record), which every checkpoint stores as what wrote it;
+        strategy_format (the strategy's default_checkpoint_format: what checkpoint_format auto means);
+        hang_timeout_minutes (runtime: the background writes' process group); rollback_on_nonfinite (long_run:
+        what non-finite weights at a save ask for)."""
+        self.settings, self.env, self.logger = settings, ctx.env, ctx.logger
+        self.out_dir, self.config, self.provenance = out_dir, config, provenance
+        self.rollback_on_nonfinite = rollback_on_nonfinite
+        self.folder = checkpoints_folder(out_dir, settings.checkpoint_dir)
+        self.format = FORMATS[settings.resolved_format(strategy_format)]
+        self.asynchronous = self.format.writes_in_background and settings.checkpoint_async
         self.pending: PendingSave | None = None
         self.saved_step: int | None = None  # the step of the last save started by this launch
         self.adopted = False  # the folder was cleaned (and owned) before this launch's first save
@@ -74,10 +75,10 @@ class Checkpointer:
             # the background write's collectives must not interleave with the training's
             import torch.distributed as dist
 
-            self.process_group = dist.new_group(  # the runtime section's hang timeout, as the training's group
-                backend="gloo", timeout=datetime.timedelta(minutes=ctx.cfg.hang_timeout_minutes))
+            self.process_group = dist.new_group(  # the training's hang timeout, as the training's group
+                backend="gloo", timeout=datetime.timedelta(minutes=hang_timeout_minutes))
 
-    def due(self, run: Run, last_step: bool) -> bool:
+    def due(self, run: TrainingState, last_step: bool) -> bool:
         """Whether step run.step is saved: every checkpoint_interval steps and (final_checkpoint) at the
         end; never the step this launch (or a rollback) loaded, nor one saved already."""
         if run.step in (run.start_step, self.saved_step):
@@ -85,7 +86,7 @@ class Checkpointer:
         interval = self.settings.checkpoint_interval
         return (last_step and self.settings.final_checkpoint) or bool(interval and run.step % interval == 0)
 
-    def save(self, run: Run, blocking: bool = False) -> None:
+    def save(self, run: TrainingState, blocking: bool = False) -> None:
         """Checkpoint `step_{run.step}`. Collective: every rank calls it at the same step.
 
         blocking: written and committed on return, also where saves are asynchronous. For the
@@ -101,7 +102,7 @@ class Checkpointer:
         run_on_all_ranks(self.env, self._prepare_folder)
         self.saved_step = run.step
         # the whole configuration: a checkpoint says with which settings of every section it was trained
-        metadata = {**run.progress_state(), **checkpoint_metadata(run, self.cfg, self.provenance)}
+        metadata = {**run.progress_state(), **checkpoint_metadata(run, self.config, self.provenance)}
         path = self.format.path(self.folder, run.step)
         started = time.perf_counter()
         asynchronous = self.asynchronous and not blocking
@@ -128,10 +129,10 @@ class Checkpointer:
             return
         self.logger.check()
         if not self.adopted:
-            adopt_checkpoint_folder(self.folder, self.cfg.out_dir, self.logger.console)  # the run section's folder
+            adopt_checkpoint_folder(self.folder, self.out_dir, self.logger.console)
             self.adopted = True
 
-    def save_before_exit(self, run: Run) -> None:
+    def save_before_exit(self, run: TrainingState) -> None:
         """This step's state, written and committed on return (a stop signal: the process exits next),
         unless it is saved already (a retry's save at this very step), then that save is waited for."""
         if self.saved_step == run.step:
@@ -139,7 +140,7 @@ class Checkpointer:
         else:
             self.save(run, blocking=True)
 
-    def check_finite(self, run: Run) -> None:
+    def check_finite(self, run: TrainingState) -> None:
         """Refuse to save weights with a NaN/inf (an update of step run.step - 1 that blew up: the loss
         guard checks a step's loss before its update, never the weights after it). Collective."""
         local = [local_part(p) for p in run.model.parameters()]  # FSDP: the shard
@@ -148,7 +149,7 @@ class Checkpointer:
             return
         step = run.step - 1
         reason = f"the weights after the update of step {step} are not finite"
-        if self.cfg.rollback_on_nonfinite:  # long_run's key: the step's own non-finite check reads it too
+        if self.rollback_on_nonfinite:  # long_run's key: the step's own non-finite check reads it too
             raise RollbackRequested(step, reason)
         raise NonFiniteLossError(f"step {step}: {reason}; they were not saved, and the newest checkpoint in "
                                  f"{self.folder} is the last good state")
@@ -172,7 +173,7 @@ class Checkpointer:
         """This rank saw the save in flight fail: its vote, at the next step, for `retry`."""
         return self.pending is not None and self.pending.error is not None
 
-    def retry(self, run: Run) -> None:
+    def retry(self, run: TrainingState) -> None:
         """Every rank, once the step's vote said a background save failed: save this step's state now,
         synchronously. If that fails too, the run stops with its error (the earlier checkpoints are
         intact). Collective."""
@@ -255,12 +256,63 @@ class Checkpointer:
         return CheckpointWriteError(f"{path}: could not write checkpoint ({reason}); earlier checkpoints are intact")
 
 
-def checkpoint_metadata(run: Run, cfg: TrainConfig, provenance: dict) -> dict:
-    """What a checkpoint holds beside the run's state: what wrote it, with which settings."""
+def checkpoint_metadata(run: TrainingState, config: dict, provenance: dict) -> dict:
+    """What a checkpoint holds beside the run's state: what wrote it, with which settings (config: every key,
+    flat, as config.yaml has them)."""
     return {
-        "config": cfg.to_dict(),
+        "config": config,
         "model_args": run.model.config.to_dict(),
         "provenance": provenance,
         "checkpoint_id": uuid.uuid4().hex,
         "format_version": FORMAT_VERSION,
     }
+
+
+CHECKPOINT_FORMATS = ("auto", "file", "sharded")
+
+
+@dataclass
+class CheckpointSettings(Settings):
+    """The checkpoint section: when the Checkpointer (above) writes, where, in which format, how many it keeps,
+    and which checkpoint a launch resumes (training/train/resume.py)."""
+
+    SECTION = "checkpoint"
+    SUMMARY = "when checkpoints are written and kept, where they go, which one a run resumes"
+
+    checkpoint_interval: int = option(5000, "checkpoint every N steps (0: only at the end and on preemption)",
+                                      on_resume="with_rollbacks")
+    final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)", on_resume="none")
+    keep_last: int = option(3, "keep the newest N checkpoints", on_resume="none")
+    resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path",
+                         on_resume="none")
+    checkpoint_dir: str = option("", "where checkpoints go ('': out_dir/checkpoints): a local or shared path (a "
+                                     "relative one is stored absolute), or an fsspec URL (s3://bucket/run, gs://..., "
+                                     "needing s3fs, gcsfs, ...)", on_resume="none")
+    checkpoint_format: str = option("auto", "file (one step_X.pt written by rank 0), sharded (a step_X/ folder "
+                                            "every rank writes its part of, torch.distributed.checkpoint), or auto "
+                                            "(sharded under fsdp and for URLs, else file); both resume anywhere",
+                                    on_resume="none")
+    checkpoint_async: bool = option(True, "sharded checkpoints are written in the background: training waits only "
+                                          "for the copy to host memory", on_resume="none")
+
+    def resolved_format(self, strategy_format: str) -> str:
+        """file or sharded: checkpoint_format, its auto resolved to sharded where only those can go (URLs), else
+        to the strategy's default_checkpoint_format (sharded for fsdp, where one writer gathering everything
+        does not scale)."""
+        if self.checkpoint_format != "auto":
+            return self.checkpoint_format
+        return "sharded" if is_url(self.checkpoint_dir) else strategy_format
+
+    def resolve(self) -> None:
+        # stored absolute, so config.yaml, the checkpoints' config and run.json name the place itself: a tool run
+        # from another folder (sample.py --ckpt RUN_FOLDER reads config.yaml's checkpoint_dir) finds it too
+        self.checkpoint_dir = absolute(self.checkpoint_dir)
+
+    def validate(self) -> None:
+        require(self.checkpoint_interval >= 0, "checkpoint_interval", f"must be >= 0, got {self.checkpoint_interval}")
+        require(self.keep_last > 0, "keep_last", f"must be positive, got {self.keep_last}")
+        require(self.checkpoint_format in CHECKPOINT_FORMATS, "checkpoint_format",
+                f"unknown format {self.checkpoint_format!r}; choose auto, file or sharded")
+        require(not (is_url(self.checkpoint_dir) and self.checkpoint_format == "file"), "checkpoint_format",
+                f"file checkpoints are written locally; checkpoint_dir {self.checkpoint_dir!r} is a URL: use sharded")
+        # resume's path is checked where the checkpoint is opened

@@ -26,9 +26,9 @@ import torch
 
 from common.atomic_file import atomic_write
 from common.errors import CheckpointError, CheckpointWriteError, first_line
-from training.checkpoint import storage
+from training.core import storage
 from training.checkpoint.format import FORMAT_VERSION, CheckpointFormat, TrainingState
-from training.checkpoint.storage import Location
+from training.core.storage import Location
 from training.distributed.strategies import load_full_tensors
 
 _TEMP = re.compile(r"^\.step_\d{8}\.pt\.tmp$")  # atomic_write's temp file of a checkpoint
@@ -155,7 +155,7 @@ def legacy_optimizer_by_name(state: dict) -> dict:
     the indices. The only place a model is rebuilt to read a checkpoint.
     """
     from model import GPT, GPTConfig
-    from training.train.optimizers import OptimizerSettings, build_optimizer
+    from training.optim.optimizers import OptimizerSettings, build_optimizer
     from training.distributed.strategies import by_name, parameter_names
 
     with torch.device("meta"):

@@ -1,7 +1,7 @@
 """Checkpoints: `step_XXXXXXXX.pt` files or `step_XXXXXXXX/` sharded folders in the checkpoint folder.
 
 The checkpoint folder is `out_dir/checkpoints` unless `checkpoint_dir` names another place (a
-local path or an fsspec URL, see training/checkpoint/storage.py). A checkpoint `step_s` holds the state
+local path or an fsspec URL, see training/core/storage.py). A checkpoint `step_s` holds the state
 after s optimizer updates (training/checkpoint/format.py says what it holds), in one of two
 formats, each a class behind the interface of training/checkpoint/format.py:
 
@@ -10,11 +10,12 @@ formats, each a class behind the interface of training/checkpoint/format.py:
 - sharded (training/checkpoint/sharded_format.py): a folder that every rank writes its part of,
   possibly in the background; complete once its commit file is there.
 
-`format_of` (a path) and `format_for` (a run's settings) are the only places that tell them
+`format_of` (a path) and FORMATS (by name: the checkpoint_format a run writes, auto resolved by
+training/checkpoint/checkpointer.py's CheckpointSettings) are the only places that tell them
 apart. Everything here takes both: listing, "newest readable", retention, and the readers
 (sample.py, export_hf.py, eval_lm.py, init_from, consolidation) do not care which format a
-checkpoint has. Which checkpoint a launch resumes, and the lineage rules, are in
-training/checkpoint/resume.py.
+checkpoint has. Which checkpoint a launch resumes, the lineage rules and what a resume loads
+are in training/train/resume.py.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from common.errors import CheckpointError, CheckpointWriteError, first_line, pri
 from common.log_fields import EMA_PREFIX
 from model import GPT, GPTConfig
 from training.checkpoint import sharded_format as sharded  # noqa: F401 - re-exported (tests write folders with it)
-from training.checkpoint import storage
+from training.core import storage
 from training.checkpoint.format import FORMAT_VERSION, CheckpointFormat
 from training.checkpoint.file_format import FileFormat, save_checkpoint
 from training.checkpoint.sharded_format import ShardedFormat
-from training.checkpoint.storage import Location
+from training.core.storage import Location
 
 CHECKPOINT_DIR = "checkpoints"
 FILE, SHARDED = FileFormat(), ShardedFormat()
@@ -40,11 +41,6 @@ def format_of(path: Location) -> CheckpointFormat:
     """The format of the checkpoint at path: a folder, or anything at a URL (only folders are written
     there), is a sharded checkpoint; anything else a file."""
     return SHARDED if storage.is_url(path) or storage.is_dir(path) else FILE
-
-
-def format_for(cfg) -> CheckpointFormat:
-    """The format a run writes (its checkpoint_format, auto resolved: see TrainConfig)."""
-    return FORMATS[cfg.resolved_checkpoint_format()]
 
 
 def checkpoints_folder(out_dir: str | Path, checkpoint_dir: str = "") -> Location:
@@ -180,7 +176,7 @@ def run_checkpoints_folder(folder: Path) -> Location:
     return folder / CHECKPOINT_DIR if (folder / CHECKPOINT_DIR).is_dir() else folder
 
 
-WEIGHTS = ("live", "ema")  # the readers' --weights: the trained weights, or their EMA (training/train/ema.py)
+WEIGHTS = ("live", "ema")  # the readers' --weights: the trained weights, or their EMA (training/optim/ema.py)
 
 
 def require_average(state: dict, path: Location) -> None:

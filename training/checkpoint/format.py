@@ -6,15 +6,15 @@ Two formats lay a checkpoint `step_s` (the state after s optimizer updates) out 
 - ShardedFormat (training/checkpoint/sharded_format.py): a `step_XXXXXXXX/` folder that every rank
   writes its part of, possibly in the background.
 
-training/checkpoint/folder.py picks the format of a path (`format_of`) or of a run's settings
-(`format_for`); nothing else asks which format a checkpoint has. Both hold the same state, so
+training/checkpoint/folder.py picks the format of a path (`format_of`) or by name (`FORMATS`, a
+run's checkpoint_format); nothing else asks which format a checkpoint has. Both hold the same state, so
 a checkpoint of either resumes in the other, under any strategy and world size:
 
 - `model`: the unwrapped, uncompiled GPT's state dict (every key of GPT.state_dict());
 - `optimizer`: keyed by parameter name, as torch.distributed.checkpoint's
   get_optimizer_state_dict gives it: {"state": {name: {...}}, "param_groups": [{..., "params":
   [names]}]} (a tied weight under its first name);
-- `ema` (only where the run keeps an EMA of the weights, training/train/ema.py, and it has started):
+- `ema` (only where the run keeps an EMA of the weights, training/optim/ema.py, and it has started):
   the average, keyed by parameter name like the model's parameters (a tied weight under its first
   name), float32 (float64 in float64 runs); saved and read like the model;
 - beside them, plain Python values: the run's progress (training/train/run.py's Run.progress_state)
@@ -30,8 +30,10 @@ from typing import Callable, ClassVar, Protocol
 import torch
 
 from common.errors import CheckpointError
-from training.checkpoint import storage
-from training.checkpoint.storage import Location
+from model import GPT
+from training.core import storage
+from training.core.storage import Location
+from training.distributed.strategies import Strategy
 
 # 1: the first format. 2: lineage (run_id, checkpoint_id, ancestry) and provenance; no RNG state.
 # 3: a file's optimizer state keyed by parameter name, as a sharded folder's always was (a file of
@@ -43,13 +45,18 @@ OPTIONAL_TENSOR_ENTRIES = ("ema",)  # tensor entries a checkpoint may lack: the 
 
 
 class TrainingState(Protocol):
-    """What a format saves from and loads into: training/train/run.py's Run."""
+    """What a checkpoint is written from and read into: the only view of a run this floor has (training/train/
+    run.py's Run is one; training/checkpoint/checkpointer.py writes one, the formats save and load it)."""
 
-    model: torch.nn.Module  # unwrapped and uncompiled (sharded in place under FSDP)
+    model: GPT  # unwrapped and uncompiled (sharded in place under FSDP)
     optimizer: torch.optim.Optimizer
-    strategy: object  # training/distributed/strategies.py's Strategy: full_state / load_full_state
+    strategy: Strategy  # full_state / load_full_state, and env (who writes)
+    step: int  # the updates applied: the checkpoint's step
+    start_step: int  # the step this launch (or a rollback) loaded: it is on storage already
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> dict: ...  # everything a checkpoint holds of the run (a collective under FSDP)
+
+    def progress_state(self) -> dict: ...  # its plain values, the same on every rank
 
     def extra_tensors(self) -> dict[str, dict[str, torch.Tensor]]: ...  # entry -> {name: tensor}, like the weights
 

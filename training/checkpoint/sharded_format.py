@@ -30,10 +30,10 @@ from concurrent.futures import Future
 import torch
 
 from common.errors import CheckpointError, first_line
-from training.checkpoint import storage
+from training.core import storage
 from training.checkpoint.format import (FORMAT_VERSION, OPTIONAL_TENSOR_ENTRIES, TENSOR_ENTRIES, CheckpointFormat,
                                         TrainingState)
-from training.checkpoint.storage import Location
+from training.core.storage import Location
 
 COMMIT_NAME = "checkpoint.json"
 DCP_METADATA = ".metadata"

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 
-from training.distributed.process_group import any_rank
+from training.core.process_group import any_rank
 
 
 def under_torchrun() -> bool:

@@ -38,8 +38,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common.errors import ConfigError
 from model import GPT
-from training.distributed.process_group import DistEnv
-from training.train.runtime import Runtime
+from training.core.process_group import DistEnv
+from training.core.runtime import Runtime
 
 SyncContext = contextlib.AbstractContextManager  # what gradient_sync returns
 
@@ -216,7 +216,7 @@ class FSDP(Strategy):
 
         On exit every module is back to its shards, the blocks too: fsdp_zero2's keep what a forward
         gathered until a backward, and an evaluation has none. So after an evaluation the model's
-        parameters are its shards, as after a step: what the EMA's swap (training/train/ema.py)
+        parameters are its shards, as after a step: what the EMA's swap (training/optim/ema.py)
         exchanges, and the next forward gathers again from them (not from buffers of another swap)."""
         model.unshard()
         try:

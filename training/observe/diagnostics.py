@@ -2,8 +2,9 @@
 
 Three independent pieces, each off unless its key of the diagnostics section (DiagnosticsSettings)
 turns it on, and a small bundle (`Diagnostics`) that drives all three from the training loop in a
-few lines. Each is made from the launch's Context (training/train/context.py) and keeps its section
-as `settings`; the files go into the run folder (out_dir, the run section's key).
+few lines. Each is made from its section (DiagnosticsSettings, at the end: kept as `settings`) and
+the launch's Context (training/core/context.py); the files go into the run folder (out_dir, the
+run section's key, passed as a value).
 
 - `ProfileWindow` (profile_from, profile_steps): torch.profiler over a few steps, one Chrome
   trace per rank in out_dir/profile/ (open it in https://ui.perfetto.dev or chrome://tracing).
@@ -26,14 +27,15 @@ import contextlib
 import socket
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from common.errors import first_line
-from training.train.config import DiagnosticsSettings
-from training.train.context import Context
+from common.settings import Settings, option, require
+from training.core.context import Context
 
 STRAGGLER_INTERVALS = 3  # intervals in a row, for the same rank, before it is named
 # Every rank's tensor gathered into one output tensor: torch 2.13 names it all_gather_single and deprecates
@@ -60,20 +62,20 @@ class ProfileWindow:
     warning, never a crash.
     """
 
-    def __init__(self, ctx: Context):
+    def __init__(self, settings: DiagnosticsSettings, ctx: Context, out_dir: str, max_steps: int):
+        """out_dir: the run folder (run section); max_steps (schedule section): whether the window is reached."""
         self.env, self.runtime, self.logger = ctx.env, ctx.runtime, ctx.logger
-        self.settings = ctx.cfg.section(DiagnosticsSettings)
+        self.settings = settings
         self.first = self.settings.profile_from
         self.last = self.settings.profile_from + self.settings.profile_steps - 1
         self.enabled = self.settings.profile_from > 0
-        self.folder = Path(ctx.cfg.out_dir) / "profile"
+        self.folder = Path(out_dir) / "profile"
         self.path: Path | None = None  # the trace written, once it is
         self._profiler = None
         self._region = None  # the open `step N` record_function
         self._last_started: int | None = None
         self._done = False  # one window per process, also after a rollback to before it
         self._first_step_seen = not self.enabled  # the resume check is made once, at the run's first step
-        max_steps = ctx.cfg.max_steps  # the schedule section's: whether the window is ever reached
         if self.enabled and self.first >= max_steps:
             self._first_step_seen = True
             self.logger.warn(f"profile: profile_from {self.first} is not before max_steps {max_steps}: "
@@ -187,12 +189,13 @@ class MemorySnapshot:
     Recording slows the host a little (a stack per allocation), never syncs with the GPU.
     """
 
-    def __init__(self, ctx: Context):
+    def __init__(self, settings: DiagnosticsSettings, ctx: Context, out_dir: str):
+        """out_dir: the run folder (run section), whose memory/ the snapshots go into."""
         runtime, logger = ctx.runtime, ctx.logger
         self.env, self.logger = ctx.env, logger
-        self.settings = ctx.cfg.section(DiagnosticsSettings)
+        self.settings = settings
         self.steps = self.settings.memory_snapshot
-        self.folder = Path(ctx.cfg.out_dir) / "memory"
+        self.folder = Path(out_dir) / "memory"
         self.recording = False
         self.paths: list[Path] = []  # the snapshots written
         self._last_finished: int | None = None
@@ -281,12 +284,12 @@ class RankStats:
     so that with 2 ranks a rank is compared with the other one, not with the mean of both.
     """
 
-    def __init__(self, ctx: Context):
+    def __init__(self, settings: DiagnosticsSettings, ctx: Context):
         """Collective when rank_stats_interval > 0 and distributed: every rank makes one, at start-up
         (the host names are gathered here, once)."""
         env = ctx.env
         self.env, self.logger = env, ctx.logger
-        self.settings = ctx.cfg.section(DiagnosticsSettings)
+        self.settings = settings
         self.interval = self.settings.rank_stats_interval
         self.factor = self.settings.straggler_factor
         self.cuda = ctx.runtime.device_type == "cuda"
@@ -440,7 +443,7 @@ class Diagnostics:
     """The three diagnostics, driven from the training loop; each is off unless configured.
 
     In train_gpt2.py's train(), after the training model is made (every rank; a collective):
-        diagnostics = Diagnostics(ctx)
+        diagnostics = Diagnostics(cfg.diagnostics, ctx, cfg.run.out_dir, cfg.schedule.max_steps)
         diagnostics.watch(model)                      # model: the training model the step calls
     around take_step (step = run.step before it):
         diagnostics.step_started(run.step)
@@ -452,11 +455,13 @@ class Diagnostics:
         diagnostics.close()
     """
 
-    def __init__(self, ctx: Context):
-        self.settings = ctx.cfg.section(DiagnosticsSettings)  # each piece reads its keys of it
-        self.profile = ProfileWindow(ctx)
-        self.memory = MemorySnapshot(ctx)
-        self.ranks = RankStats(ctx)  # collective (host names) when on
+    def __init__(self, settings: DiagnosticsSettings, ctx: Context, out_dir: str, max_steps: int):
+        """settings: the diagnostics section; out_dir: the run folder the files go into (run section);
+        max_steps: the schedule section's (whether the profile window is ever reached)."""
+        self.settings = settings  # each piece reads its keys of it
+        self.profile = ProfileWindow(settings, ctx, out_dir, max_steps)
+        self.memory = MemorySnapshot(settings, ctx, out_dir)
+        self.ranks = RankStats(settings, ctx)  # collective (host names) when on
         self._hook = None
 
     def watch(self, model: torch.nn.Module) -> None:
@@ -499,3 +504,31 @@ class Diagnostics:
             self._hook = None
         self.profile.close()
         self.memory.close()
+
+
+@dataclass
+class DiagnosticsSettings(Settings):
+    """The diagnostics section: what ProfileWindow, MemorySnapshot and RankStats (above) do."""
+
+    SECTION = "diagnostics"
+    SUMMARY = "rank stats, stragglers, the profiler and memory snapshots"
+
+    rank_stats_interval: int = option(100, "every N steps the ranks share their step and data-wait times, and a "
+                                           "ranks record gives the median and the slowest rank (0: off)",
+                                      on_resume="none")
+    straggler_factor: float = option(1.5, "warn, naming rank and host, when a rank's step time stays above this "
+                                          "multiple of the median for 3 rank_stats intervals in a row (0: never)",
+                                     on_resume="none")
+    profile_from: int = option(0, "profile profile_steps steps from this step with torch.profiler: one trace per "
+                                  "rank in out_dir/profile/ (0: off)", on_resume="none")
+    profile_steps: int = option(3, "steps in the profile window", on_resume="none")
+    memory_snapshot: int = option(0, "CUDA only: record every allocation for the first N steps, then write one "
+                                     "snapshot per rank to out_dir/memory/ (also on out-of-memory; 0: off)",
+                                  on_resume="none")
+
+    def validate(self) -> None:
+        for key in ("rank_stats_interval", "profile_from", "memory_snapshot"):
+            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
+        require(self.profile_steps > 0, "profile_steps", f"must be positive, got {self.profile_steps}")
+        require(self.straggler_factor == 0 or self.straggler_factor > 1, "straggler_factor",
+                f"must be 0 (never) or above 1, got {self.straggler_factor}")

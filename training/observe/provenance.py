@@ -18,8 +18,7 @@ from pathlib import Path
 
 import torch
 
-from training.train.config import config_yaml
-from training.train.context import Context
+from training.core.context import Context
 
 REPO = Path(__file__).resolve().parents[2]
 # environment variables that choose kernels or change how they sum (cuBLAS' workspace, TF32, inductor's
@@ -27,11 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 KERNEL_ENV_PREFIXES = ("CUBLAS_", "CUDNN_", "NVIDIA_TF32_OVERRIDE", "TORCHINDUCTOR_", "TORCH_", "PYTORCH_", "NCCL_")
 
 
-def provenance(ctx: Context, argv: list[str], data_fingerprint: str, run_id: str) -> dict:
+def provenance(ctx: Context, argv: list[str], data_fingerprint: str, run_id: str, config_yaml: str) -> dict:
+    """The record of this launch (config_yaml: the whole configuration as config.yaml holds it)."""
     runtime = ctx.runtime
     commit, dirty = git_state(REPO)
     return {
-        "run_id": run_id,  # the run this launch continues or starts: the run folder's owner (checkpoint/run_folder.py)
+        # the run this launch continues or starts: the run folder's owner (training/checkpoint/run_folder.py)
+        "run_id": run_id,
         "git_commit": commit,  # None outside a git checkout
         "git_dirty": dirty,  # uncommitted changes to tracked files
         "python": platform.python_version(),
@@ -42,7 +43,7 @@ def provenance(ctx: Context, argv: list[str], data_fingerprint: str, run_id: str
         "device_count": torch.cuda.device_count() if runtime.device_type == "cuda" else 1,
         "world_size": ctx.env.world_size,
         "command": shlex.join([Path(sys.argv[0]).name, *argv]),
-        "config_sha256": hashlib.sha256(config_yaml(ctx.cfg).encode()).hexdigest(),  # the whole configuration
+        "config_sha256": hashlib.sha256(config_yaml.encode()).hexdigest(),  # the whole configuration
         "data_fingerprint": data_fingerprint,
         "kernel_env": kernel_environment(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -1,29 +1,34 @@
-"""The training configuration: settings sections, one per component, composed into TrainConfig.
+"""The training configuration: one settings section per component, held by TrainConfig as its fields.
 
-Every key is a typed dataclass field with its help text beside it, declared by the one settings
-section (training/train/settings.py) of the component it configures, and checked by that section's
-validate(); TrainConfig is all the sections at once (cfg.max_lr), and its own validate() holds the
-rules that span sections. The sections, and where each is declared:
+Every key is a typed dataclass field with its help text and what another value does to a resumed
+run beside it (common/settings.py's option), declared by the one section of the component it
+configures, and checked by that section's validate(). TrainConfig holds each section as a field
+named for it (cfg.schedule.max_lr, cfg.checkpoint.keep_last), and its own validate() holds the
+rules that span sections. A component is handed its own section (and any key of another section
+it needs, as a value), never the whole configuration. The sections, and where each is declared:
 
-    run          out_dir                                     here: run_folder.py imports it (via checkpoint.py)
-    data         the shards and the batch geometry           here: data/ is a layer below training/
-    model        the architecture, the initial weights       here: model.py imports nothing of the project
-    optimizer    AdamW or Muon + AdamW, gradient clipping    training/train/optimizers.py
-    schedule     max_steps and the learning-rate schedule    training/train/schedule.py
-    ema          an average of the weights, evaluated beside  training/train/ema.py
+    run          out_dir                                     training/checkpoint/run_folder.py
+    data         the shards and the batch geometry           data/mixture.py
+    model        the architecture, the initial weights       training/train/weights.py (model.py stays pure)
+    optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/optimizers.py
+    schedule     max_steps and the learning-rate schedule    training/optim/schedule.py
+    ema          an average of the weights, evaluated beside  training/optim/ema.py
     evaluation   val loss, HellaSwag, samples                here: evals/ is a layer above training/
-    checkpoint   cadence, retention, resume, where and how   here: checkpointer.py, checkpoint.py import it
-    runtime      device, precision, kernels, seed, ranks     here: read by runtime.py, parallel.py, distributed.py
-    long_run     loss spikes and rollbacks                   training/train/spikes.py
-    diagnostics  rank stats, profiler, memory snapshots      here: diagnostics.py imports it
-    logging      the console, TensorBoard, W&B               training/observe/logger.py
+    checkpoint   cadence, retention, resume, where and how   training/checkpoint/checkpointer.py
+    runtime      device, precision, kernels, seed, ranks     training/distributed/runtime_settings.py
+    long_run     loss spikes and rollbacks                   training/optim/spikes.py
+    diagnostics  rank stats, profiler, memory snapshots      training/observe/diagnostics.py
+    logging      the console, TensorBoard, W&B               training/core/logger.py
 
-The keys users type stay flat. Precedence: the defaults (the faithful GPT-2 124M recipe) <
-`--config FILE.yaml` (flat keys, or a section's keys nested under its name) < `--key value` /
-`--key=value`. The command line is parsed by argparse, generated from the sections (one argument
-group each: `--help` lists the keys by section), and every value is converted by its field's type;
-the whole configuration is validated in `__post_init__` before any work starts. A problem is a
-`ConfigError` whose message names the key: the trainer prints it on one line and exits 2.
+The keys users type stay flat: TrainConfig(max_lr=1e-3), `--max_lr 1e-3`, `max_lr: 1e-3` in YAML,
+and config.yaml and every checkpoint's `config` hold them flat (to_dict), so older run folders and
+checkpoints, and the tools that read them, read the same keys. Precedence: the defaults (the
+faithful GPT-2 124M recipe) < `--config FILE.yaml` (flat keys, or a section's keys nested under
+its name) < `--key value` / `--key=value`. The command line is parsed by argparse, generated from
+the sections (one argument group each: `--help` lists the keys by section), and every value is
+converted by its field's type; the whole configuration is validated as it is made, before any
+work starts. A problem is a `ConfigError` whose message names the key: the trainer prints it on
+one line and exits 2.
 """
 
 from __future__ import annotations
@@ -36,148 +41,51 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import yaml
 
-from data.loader import grad_accum_steps
-from data.mixture import mapping_text, parse_sources, parse_val_sets
-from data.tokenizer import GPT2_VOCAB_SIZE
 from common.errors import ArgumentParser, ConfigError, first_line
-from model import PRESETS, GPTConfig
-from training.train.ema import EMASettings
-from training.train.optimizers import OptimizerSettings
-from training.distributed.strategies import STRATEGIES, strategies_help
-from training.observe.logger import LoggingSettings
-from training.train.schedule import ScheduleSettings
-from training.train.settings import Settings, check, option, require
-from training.train.spikes import LongRunSettings
-from training.checkpoint.storage import absolute, is_url
-
-# The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
-# where the timeout is set after the first step, on every rank: datetime.timedelta past ~2.7 million years, gloo's
-# timeout (a 64-bit count) before that.
-MAX_HANG_TIMEOUT_MINUTES = 365 * 24 * 60
-
-
-# --- the sections kept here ------------------------------------------------------------------------
-
-@dataclass
-class RunSettings(Settings):
-    """The run section: the run folder (training/checkpoint/run_folder.py, which every part of a run writes into)."""
-
-    SECTION = "run"
-    SUMMARY = "the run folder"
-
-    out_dir: str = option("out/gpt2_124m", "run folder: config.yaml, run.json, log.jsonl, checkpoints/")
-
-    def validate(self) -> None:
-        require(not is_url(self.out_dir), "out_dir",
-                f"{self.out_dir!r} is a URL, but the run folder (logs, config) is a local or shared path; put "
-                f"checkpoints on remote storage with --checkpoint_dir URL")
+from common.settings import Settings, option, require
+from data.mixture import DataSettings, mapping_text, parse_val_sets
+from data.tokenizer import GPT2_VOCAB_SIZE
+from training.checkpoint.checkpointer import CheckpointSettings
+from training.checkpoint.run_folder import RunSettings
+from training.core.logger import LoggingSettings
+from training.distributed.runtime_settings import RuntimeSettings
+from training.distributed.strategies import STRATEGIES
+from training.observe.diagnostics import DiagnosticsSettings
+from training.optim.ema import EMASettings
+from training.optim.optimizers import OptimizerSettings
+from training.optim.schedule import ScheduleSettings
+from training.optim.spikes import LongRunSettings
+from training.train.weights import ModelSettings
 
 
-@dataclass
-class DataSettings(Settings):
-    """The data section, read by data/loader.py (here: data/ is a layer below training/ and its settings kit)."""
-
-    SECTION = "data"
-    SUMMARY = "the token shards and the batch geometry"
-
-    data_dir: str = option("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy), or a "
-                                                   "mixture: folder:weight,folder:weight ({folder: weight, ...} in "
-                                                   "YAML), every step the same share of rows from each "
-                                                   "(data/mixture.py)")
-    total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)")
-    micro_batch_size: int | None = option(64, "sequences in one forward pass on one rank (B), or auto: on CUDA the "
-                                              "largest B that fits the GPU's free memory with headroom, found by "
-                                              "probing the training step before training (the smallest over the "
-                                              "ranks, keeping grad_accum_steps whole; run.json and the startup "
-                                              "line say which); on CPU and MPS micro_batch_size_fallback",
-                                              none="auto")
-    micro_batch_size_fallback: int = option(16, "micro_batch_size auto on CPU and MPS, where no memory is probed: "
-                                                "this B, or the largest below it that keeps grad_accum_steps "
-                                                "whole, with a warning")
-    seq_len: int = option(1024, "tokens per sequence (T)")
-    shuffle: bool = option(False, "read the train rows in a new order every epoch, seeded by seed and epoch (false: "
-                                  "build-nanogpt's order, the shards in order, then in a seeded shard order)")
-    doc_aligned: bool = option(False, "start every train row at a document (its <|endoftext|>): a document longer "
-                                      "than a row is cut at the row's end and its rest passed over (the startup "
-                                      "line says the share of tokens the rows use)")
-
-    def validate(self) -> None:
-        parse_sources(self.data_dir)  # its form and weights; the folders are opened at launch
-        for key in ("total_batch_size", "micro_batch_size", "micro_batch_size_fallback", "seq_len"):
-            value = getattr(self, key)
-            require(value is None or value > 0, key, f"must be positive, got {value}")  # None: micro_batch_size auto
-        require(self.total_batch_size % self.seq_len == 0, "total_batch_size",
-                f"{self.total_batch_size} is not a multiple of seq_len {self.seq_len}")
-
-    def grad_accum_steps(self, world_size: int) -> int:
-        """total_batch_size / (micro_batch_size * seq_len * world_size), which must be whole (ConfigError)."""
-        return grad_accum_steps(self.total_batch_size, self.seq_len, self.micro_batch_size, world_size)
-
-
-@dataclass
-class ModelSettings(Settings):
-    """The model section, made into model.py's GPTConfig (here: model.py imports nothing of the project)."""
-
-    SECTION = "model"
-    SUMMARY = "the architecture and the initial weights"
-
-    model: str = option("gpt2", "gpt2, gpt2-medium, gpt2-large, gpt2-xl, or custom (with n_layer, n_head, n_embd)")
-    n_layer: int | None = option(None, "transformer blocks (model=custom only)")
-    n_head: int | None = option(None, "attention heads (model=custom only)")
-    n_embd: int | None = option(None, "width of the residual stream (model=custom only)")
-    vocab_size: int = option(50304, "embedding rows: GPT-2's 50257 padded to a multiple of 128 for faster matmuls "
-                                    "(smaller only for data of other token ids: HellaSwag and samples need 50257)")
-    block_size: int = option(1024, "longest sequence the position table covers")
-    dropout: float = option(0.0, "dropout probability (0 for pretraining)")
-    init_from: str = option("scratch", "initial weights: scratch, a GPT-2 preset or HF folder, or a checkpoint .pt "
-                                    "(weights only)")
-
-    def validate(self) -> None:
-        shape = ("n_layer", "n_head", "n_embd")
-        if self.model == "custom":
-            for key in shape:
-                require(getattr(self, key) is not None, key, "must be set when model is custom")
-        else:
-            require(self.model in PRESETS, "model",
-                    f"unknown model {self.model!r}; choose one of {', '.join(PRESETS)} or custom")
-            for key in shape:
-                require(getattr(self, key) is None, key, f"only used with model=custom (model is {self.model})")
-        for key in (*shape, "vocab_size", "block_size"):
-            value = getattr(self, key)
-            require(value is None or value > 0, key, f"must be positive, got {value}")
-        require(0 <= self.dropout < 1, "dropout", f"must be in [0, 1), got {self.dropout}")
-        if self.model == "custom":
-            require(self.n_embd % self.n_head == 0, "n_embd", f"{self.n_embd} is not divisible by n_head {self.n_head}")
-        # init_from is checked where its weights are read
-
-    def model_config(self) -> GPTConfig:
-        shape = PRESETS.get(self.model) or dict(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd)
-        return GPTConfig(block_size=self.block_size, vocab_size=self.vocab_size, dropout=self.dropout, **shape)
-
+# --- the section kept here --------------------------------------------------------------------------
 
 @dataclass
 class EvalSettings(Settings):
-    """The evaluation section, read by evals/ (here: evals/ is a layer above training/)."""
+    """The evaluation section, read by evals/ (each evaluator's from_settings). It is declared here, beside
+    TrainConfig, because evals/ is a layer above training/: TrainConfig could not import it from there."""
 
     SECTION = "evaluation"
     SUMMARY = "val loss (always after the last step), HellaSwag and text samples"
 
-    eval_interval: int = option(250, "val loss every N steps (0: only after the last)")
-    val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288), of each val set")
+    eval_interval: int = option(250, "val loss every N steps (0: only after the last)", on_resume="none")
+    val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288), of each val set",
+                             on_resume="none")
     val_sets: str = option("", "named val windows, each its own val/<name> series: name=folder or name=val shard, "
                                "comma-separated ({name: folder, ...} in YAML); '': data_dir's val split as `val`, or "
-                               "each mixture source's under its name")
-    hellaswag_interval: int = option(250, "HellaSwag every N steps and after the last (0: off)")
-    hellaswag_path: str = option("", "a local HellaSwag val jsonl ('': download it once into the cache)")
-    hellaswag_limit: int = option(0, "score only the first N examples (0: all 10,042)")
-    sample_interval: int = option(250, "text samples every N steps and after the last (0: off)")
-    sample_prompt: str = option("Hello, I'm a language model,", "prompt of the samples ('': unconditional)")
-    sample_count: int = option(4, "samples each time")
-    sample_tokens: int = option(32, "new tokens per sample")
+                               "each mixture source's under its name", on_resume="none")
+    hellaswag_interval: int = option(250, "HellaSwag every N steps and after the last (0: off)", on_resume="none")
+    hellaswag_path: str = option("", "a local HellaSwag val jsonl ('': download it once into the cache)",
+                                 on_resume="none")
+    hellaswag_limit: int = option(0, "score only the first N examples (0: all 10,042)", on_resume="none")
+    sample_interval: int = option(250, "text samples every N steps and after the last (0: off)", on_resume="none")
+    sample_prompt: str = option("Hello, I'm a language model,", "prompt of the samples ('': unconditional)",
+                                on_resume="none")
+    sample_count: int = option(4, "samples each time", on_resume="none")
+    sample_tokens: int = option(32, "new tokens per sample", on_resume="none")
 
     def validate(self) -> None:
         for key in ("val_tokens", "sample_count", "sample_tokens"):
@@ -187,237 +95,88 @@ class EvalSettings(Settings):
         # hellaswag_path is checked where the file is opened
 
 
-CHECKPOINT_FORMATS = ("auto", "file", "sharded")
-
-
-@dataclass
-class CheckpointSettings(Settings):
-    """The checkpoint section, read by training/checkpoint/checkpointer.py and checkpoint.py (here: they import this
-    module)."""
-
-    SECTION = "checkpoint"
-    SUMMARY = "when checkpoints are written and kept, where they go, which one a run resumes"
-
-    checkpoint_interval: int = option(5000, "checkpoint every N steps (0: only at the end and on preemption)")
-    final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)")
-    keep_last: int = option(3, "keep the newest N checkpoints")
-    resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path")
-    checkpoint_dir: str = option("", "where checkpoints go ('': out_dir/checkpoints): a local or shared path (a "
-                                     "relative one is stored absolute), or an fsspec URL (s3://bucket/run, gs://..., "
-                                     "needing s3fs, gcsfs, ...)")
-    checkpoint_format: str = option("auto", "file (one step_X.pt written by rank 0), sharded (a step_X/ folder "
-                                            "every rank writes its part of, torch.distributed.checkpoint), or auto "
-                                            "(sharded under fsdp and for URLs, else file); both resume anywhere")
-    checkpoint_async: bool = option(True, "sharded checkpoints are written in the background: training waits only "
-                                          "for the copy to host memory")
-
-    def resolve(self) -> None:
-        # stored absolute, so config.yaml, the checkpoints' config and run.json name the place itself: a tool run
-        # from another folder (sample.py --ckpt RUN_FOLDER reads config.yaml's checkpoint_dir) finds it too
-        self.checkpoint_dir = absolute(self.checkpoint_dir)
-
-    def validate(self) -> None:
-        require(self.checkpoint_interval >= 0, "checkpoint_interval", f"must be >= 0, got {self.checkpoint_interval}")
-        require(self.keep_last > 0, "keep_last", f"must be positive, got {self.keep_last}")
-        require(self.checkpoint_format in CHECKPOINT_FORMATS, "checkpoint_format",
-                f"unknown format {self.checkpoint_format!r}; choose auto, file or sharded")
-        require(not (is_url(self.checkpoint_dir) and self.checkpoint_format == "file"), "checkpoint_format",
-                f"file checkpoints are written locally; checkpoint_dir {self.checkpoint_dir!r} is a URL: use sharded")
-        # resume's path is checked where the checkpoint is opened
-
-
-DEVICES = ("auto", "cuda", "mps", "cpu")
-DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
-ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
-
-
-@dataclass
-class RuntimeSettings(Settings):
-    """The runtime section, read by training/train/runtime.py, parallel.py and distributed.py."""
-
-    SECTION = "runtime"
-    SUMMARY = "device, precision, kernels, the seed, and how the ranks share the model"
-
-    device: str = option("auto", "auto, cuda, cuda:N, mps or cpu")
-    dtype: str = option("auto", "auto (CUDA: bfloat16 autocast, or float16 with a gradient scaler on GPUs without "
-                             "bf16 such as V100/T4; CPU: bfloat16 autocast on CPUs with AMX, and on AMD CPUs with "
-                             "AVX512-BF16, where it is faster, else float32; MPS: float32), bfloat16, float16, "
-                             "float32, or float64 (weights and math, for numerical checks)")
-    compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)")
-    seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples")
-    deterministic: bool = option(False, "only kernels that give the same bits for the same inputs, so two runs "
-                                        "with the same seed and data log the same losses (slower on GPUs: see "
-                                        "docs/PERFORMANCE.md; on CPUs the kernels mostly are already)")
-    loss_chunk_size: int | None = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
-                                            "holding the whole logits (0: plain; null: 8192 on CUDA without compile)")
-    peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)")
-    strategy: str = option("ddp", f"data parallelism: {strategies_help()}")
-    activation_checkpointing: str = option("none", "recompute transformer blocks' activations in the backward "
-                                                   "instead of keeping them from the forward: none, full (every "
-                                                   "block: the least memory, about one more forward of compute) "
-                                                   "or selective (one block in every activation_checkpointing_every); "
-                                                   "the same losses and gradients (README, memory table)")
-    activation_checkpointing_every: int = option(2, "selective: recompute blocks 0, N, 2N, ... (2: every other "
-                                                    "block)")
-    hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
-                                            "(a rank hung or died); start-up gets 30 minutes")
-
-    def recompute_every(self) -> int:
-        """activation_checkpointing as GPT.recompute_blocks takes it: one block in every N recomputed (0: none)."""
-        return {"none": 0, "full": 1}.get(self.activation_checkpointing, self.activation_checkpointing_every)
-
-    def activation_checkpointing_label(self) -> str:
-        """What the startup line says: none, full, or selective with its N."""
-        if self.activation_checkpointing == "selective":
-            return f"selective (1 block in {self.activation_checkpointing_every})"
-        return self.activation_checkpointing
-
-    def validate(self) -> None:
-        require(self.device in DEVICES or self.device.startswith("cuda:"), "device",
-                f"unknown device {self.device!r}; choose auto, cuda, mps or cpu")
-        require(self.dtype in DTYPES, "dtype",
-                f"unknown dtype {self.dtype!r}; choose auto, bfloat16, float16, float32 or float64")
-        # numpy's seed sequences (the epoch shuffles) take non-negative integers, torch.manual_seed 64 bits
-        require(0 <= self.seed < 2**64, "seed", f"must be in [0, 2**64), got {self.seed}")
-        require(self.loss_chunk_size is None or self.loss_chunk_size >= 0, "loss_chunk_size",
-                f"must be >= 0, got {self.loss_chunk_size}")
-        require(self.peak_flops >= 0, "peak_flops", f"must be >= 0, got {self.peak_flops}")
-        require(self.strategy in STRATEGIES, "strategy",
-                f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
-        require(self.activation_checkpointing in ACTIVATION_CHECKPOINTING, "activation_checkpointing",
-                f"unknown value {self.activation_checkpointing!r}; choose {', '.join(ACTIVATION_CHECKPOINTING)}")
-        require(self.activation_checkpointing_every >= 1, "activation_checkpointing_every",
-                f"must be positive, got {self.activation_checkpointing_every}")
-        require(0 < self.hang_timeout_minutes <= MAX_HANG_TIMEOUT_MINUTES, "hang_timeout_minutes",
-                f"must be positive and at most {MAX_HANG_TIMEOUT_MINUTES} (a year), got {self.hang_timeout_minutes}")
-
-
-@dataclass
-class DiagnosticsSettings(Settings):
-    """The diagnostics section, read by training/observe/diagnostics.py (here: it imports this module)."""
-
-    SECTION = "diagnostics"
-    SUMMARY = "rank stats, stragglers, the profiler and memory snapshots"
-
-    rank_stats_interval: int = option(100, "every N steps the ranks share their step and data-wait times, and a "
-                                           "ranks record gives the median and the slowest rank (0: off)")
-    straggler_factor: float = option(1.5, "warn, naming rank and host, when a rank's step time stays above this "
-                                          "multiple of the median for 3 rank_stats intervals in a row (0: never)")
-    profile_from: int = option(0, "profile profile_steps steps from this step with torch.profiler: one trace per "
-                                  "rank in out_dir/profile/ (0: off)")
-    profile_steps: int = option(3, "steps in the profile window")
-    memory_snapshot: int = option(0, "CUDA only: record every allocation for the first N steps, then write one "
-                                     "snapshot per rank to out_dir/memory/ (also on out-of-memory; 0: off)")
-
-    def validate(self) -> None:
-        for key in ("rank_stats_interval", "profile_from", "memory_snapshot"):
-            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
-        require(self.profile_steps > 0, "profile_steps", f"must be positive, got {self.profile_steps}")
-        require(self.straggler_factor == 0 or self.straggler_factor > 1, "straggler_factor",
-                f"must be 0 (never) or above 1, got {self.straggler_factor}")
-
-
 # --- the whole configuration ------------------------------------------------------------------------
 
-S = TypeVar("S", bound=Settings)
+@dataclass(init=False)
+class TrainConfig:
+    """Every section of the configuration, each a field named for it (its SECTION), in this order (the order
+    of --help, config.yaml and to_dict). Made from the flat keys users type: TrainConfig(max_lr=1e-3)."""
 
+    run: RunSettings
+    data: DataSettings
+    model: ModelSettings
+    optimizer: OptimizerSettings
+    schedule: ScheduleSettings
+    ema: EMASettings
+    evaluation: EvalSettings
+    checkpoint: CheckpointSettings
+    runtime: RuntimeSettings
+    long_run: LongRunSettings
+    diagnostics: DiagnosticsSettings
+    logging: LoggingSettings
 
-# The bases in reverse: a dataclass's fields start with its last base's, so the keys (config.yaml, to_dict,
-# --help) come in the order of SECTIONS below.
-@dataclass
-class TrainConfig(LoggingSettings, DiagnosticsSettings, LongRunSettings, RuntimeSettings, CheckpointSettings,
-                  EvalSettings, EMASettings, ScheduleSettings, OptimizerSettings, ModelSettings, DataSettings,
-                  RunSettings):
-    """Every key of every section, flat (cfg.max_lr); cfg.section(ScheduleSettings) is one section's values."""
-
-    def __post_init__(self):
+    def __init__(self, **keys):
+        """keys: flat (max_lr=1e-3), every other key its default. Each section is made from its own keys, and
+        checks them, in the order of the fields; then the rules that span sections."""
+        for key in keys:
+            known_key(key)
+        for section in SECTIONS:
+            setattr(self, section.SECTION, section(**{key: keys[key] for key in section.keys() if key in keys}))
         self.validate()
 
     def validate(self) -> None:
-        """Each section's rules (in SECTIONS' order), then the rules that span sections."""
-        for section in SECTIONS:
-            check(section, self)
-        parse_val_sets(self.val_sets, self.data_dir)
-        require(self.seq_len <= self.block_size, "seq_len", f"{self.seq_len} exceeds block_size {self.block_size}")
+        """The rules that span sections (each section checked its own keys when it was made)."""
+        data, model, evaluation = self.data, self.model, self.evaluation
+        parse_val_sets(evaluation.val_sets, data.data_dir)
+        require(data.seq_len <= model.block_size, "seq_len", f"{data.seq_len} exceeds block_size {model.block_size}")
         for key in ("hellaswag_interval", "sample_interval"):  # they read GPT-2-tokenized text
-            require(not getattr(self, key) or self.vocab_size >= GPT2_VOCAB_SIZE, key,
-                    f"needs vocab_size >= {GPT2_VOCAB_SIZE} (GPT-2's tokenizer), got {self.vocab_size}; set it to 0")
-        if self.optimizer == "muon":
-            require(self.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
-                                               "muon_lr by lr / max_lr)")
-
-    def section(self, cls: type[S]) -> S:
-        """This configuration's values of one section: what a component that needs no other key is handed."""
-        return cls(**{key: getattr(self, key) for key in cls.keys()})
+            require(not getattr(evaluation, key) or model.vocab_size >= GPT2_VOCAB_SIZE, key,
+                    f"needs vocab_size >= {GPT2_VOCAB_SIZE} (GPT-2's tokenizer), got {model.vocab_size}; set it to 0")
+        if self.optimizer.optimizer == "muon":
+            require(self.schedule.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
+                                                        "muon_lr by lr / max_lr)")
 
     def resolved_checkpoint_format(self) -> str:
-        """file or sharded: auto is the strategy's default_checkpoint_format (sharded for fsdp, where one
-        writer gathering everything does not scale), and sharded where only those can go (URLs)."""
-        if self.checkpoint_format != "auto":
-            return self.checkpoint_format
-        return "sharded" if is_url(self.checkpoint_dir) else STRATEGIES[self.strategy].default_checkpoint_format
+        """file or sharded: the checkpoint section's checkpoint_format, its auto resolved with the runtime
+        section's strategy (CheckpointSettings.resolved_format)."""
+        return self.checkpoint.resolved_format(STRATEGIES[self.runtime.strategy].default_checkpoint_format)
 
-    def changes_training_math(self, key: str) -> bool:
-        """Whether another value of key makes this run's steps differ (what a resume with it changed warns of)."""
-        if key in WITH_DROPOUT_KEYS:
-            return self.dropout > 0
-        if key in WITH_ROLLBACKS_KEYS:
-            return bool(self.rollback_after or self.rollback_on_nonfinite)
-        return key in TRAJECTORY_KEYS
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """Every key, flat, in order: the sections' keys, section by section."""
+        return tuple(key for section in SECTIONS for key in section.keys())
+
+    def sections(self) -> tuple[Settings, ...]:
+        return tuple(getattr(self, section.SECTION) for section in SECTIONS)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every key and its value, flat (config.yaml, a checkpoint's `config`, W&B's config)."""
+        return {key: value for section in self.sections() for key, value in dataclasses.asdict(section).items()}
 
 
-SECTIONS: tuple[type[Settings], ...] = tuple(reversed(TrainConfig.__bases__))
+SECTIONS: tuple[type[Settings], ...] = tuple(typing.get_type_hints(TrainConfig).values())
 SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
 SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
-# --- what a changed key does to a run's steps (the resume warning, training/train/run.py) -------------------
-# Every key is in exactly one of these sets (tests/test_config.py checks it, so a new key must be placed).
+# --- what a changed key does to a run's steps (the resume warning, training/train/resume.py) ----------------
+# Each key's field declares it (option's on_resume: common/settings.py's ON_RESUME); these are the keys of each kind.
 
-# Keys whose value is in the training math: resumed with another value, a run's steps differ from those of
-# an uninterrupted one.
-TRAJECTORY_KEYS = frozenset({
-    "data_dir",  # other shards are other batches (the data-fingerprint warning says whether they differ)
-    "model", "n_layer", "n_head", "n_embd", "vocab_size", "block_size",  # the model (another shape is refused)
-    "dropout", "seed",  # dropout masks (and the epoch shuffles: seed)
-    "total_batch_size", "seq_len", "shuffle", "doc_aligned",  # which tokens a step trains on
-    "max_steps", "warmup_steps", "max_lr", "min_lr", "lr_schedule", "cooldown_frac", "cooldown_shape",  # the lr
-    "optimizer", "weight_decay", "beta1", "beta2", "adam_eps", "grad_clip", "muon_lr", "muon_momentum",
-    "muon_weight_decay",
-    "device", "dtype",  # the precision of the math (dtype auto picks it by device)
-    "spike_skip", "spike_window", "spike_threshold", "rollback_after", "rollback_on_nonfinite",
-    "max_rollbacks",  # which updates apply, and whether a run goes on past a rollback
-})
-# Keys that change only the rounding (other kernels, other orders of sums) unless dropout is on: then which
-# dropout mask falls on which row (micro-batches hold other rows; compiled kernels draw their masks apart
-# from eager ones; deterministic mode may pick another attention kernel, which draws its own).
-WITH_DROPOUT_KEYS = frozenset({"micro_batch_size", "micro_batch_size_fallback", "compile", "deterministic"})
-# Keys that change nothing unless rollbacks are on: a rollback goes back to the newest checkpoint, so the
-# checkpoint cadence decides which batches it passes over.
-WITH_ROLLBACKS_KEYS = frozenset({"checkpoint_interval"})
-# Keys that cannot change the training math: where the files go, logging, evaluation (which draws from its
-# own generator; the training reseeds dropout every step), diagnostics, checkpoint storage, how the model is
-# spread over the ranks (ddp and fsdp: the same math, rounded differently), the chunked loss (the same math,
-# rounded differently), activation checkpointing (the same forward run again in the backward, with the same
-# dropout masks), and init_from (a resumed run's weights are its checkpoint's).
-OTHER_KEYS = frozenset({
-    "out_dir", "init_from", "resume", "log_interval", "peak_flops", "strategy", "loss_chunk_size",
-    "activation_checkpointing", "activation_checkpointing_every",
-    "eval_interval", "val_tokens", "val_sets", "hellaswag_interval", "hellaswag_path", "hellaswag_limit",
-    "sample_interval", "sample_prompt", "sample_count", "sample_tokens",
-    "ema_decay", "ema_start",  # an average kept beside the weights: never read by the training
-    "final_checkpoint", "keep_last", "checkpoint_dir", "checkpoint_format", "checkpoint_async",
-    "hang_timeout_minutes", "rank_stats_interval", "straggler_factor", "profile_from", "profile_steps",
-    "memory_snapshot", "tensorboard", "wandb", "wandb_project", "wandb_run_name", "wandb_mode", "wandb_tags",
-})
+
+def _keys_on_resume(kind: str) -> frozenset[str]:
+    return frozenset(f.name for section in SECTIONS for f in dataclasses.fields(section)
+                     if f.metadata["on_resume"] == kind)
+
+
+TRAJECTORY_KEYS = _keys_on_resume("trajectory")  # in the training math
+WITH_DROPOUT_KEYS = _keys_on_resume("with_dropout")  # only the rounding, unless dropout is on
+WITH_ROLLBACKS_KEYS = _keys_on_resume("with_rollbacks")  # nothing, unless rollbacks are on
+OTHER_KEYS = _keys_on_resume("none")  # never in the training math
 
 # --- parsing --------------------------------------------------------------------------------------
 
-_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-_HINTS = typing.get_type_hints(TrainConfig)
+_FIELDS = {f.name: f for section in SECTIONS for f in dataclasses.fields(section)}  # every key's field
+_HINTS = {key: hint for section in SECTIONS for key, hint in typing.get_type_hints(section).items()}
 MAPPING_SEPARATORS = {"data_dir": ":", "val_sets": "="}  # keys that YAML may give as a mapping: {a: b} is "a<sep>b"
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}

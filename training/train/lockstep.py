@@ -12,7 +12,7 @@ alike, before the update is applied:
 - a NaN/inf loss or gradient norm: NonFiniteLossError, the update is not applied (with
   rollback_on_nonfinite: RollbackRequested, and the loop reloads the newest checkpoint);
 - float16 gradients that overflowed: the scaler skips this update (and lowers its scale);
-- with spike_skip, a loss spike (training/train/spikes.py): the update is not applied, and after
+- with spike_skip, a loss spike (training/optim/spikes.py): the update is not applied, and after
   rollback_after of them in a row, RollbackRequested;
 - a stop signal on any rank: every rank stops after this step;
 - a background checkpoint save that failed on any rank: every rank saves this step's state.
@@ -29,11 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import NonFiniteLossError, ReproError
-from training.distributed.process_group import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
-from training.train.context import Context
+from training.core.process_group import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
+from training.core.context import Context
 from training.train.run import Run
-from training.train.schedule import ScheduleSettings
-from training.train.spikes import RollbackRequested, spike_reason
+from data.mixture import DataSettings
+from training.optim.schedule import ScheduleSettings
+from training.optim.spikes import LongRunSettings, RollbackRequested, spike_reason
 from training.train.step import apply_update, train_step
 
 
@@ -78,15 +79,21 @@ class GuardedBatches:
 class Lockstep:
     """Takes one step on every rank: the math, wrapped in the ranks' agreement (see above)."""
 
-    def __init__(self, ctx: Context, save_failed: Callable[[], bool] = lambda: False):
-        """save_failed: this rank saw a background checkpoint save fail (its vote for a save now). A failure
-        this rank saw since the last step (rank 0's log writes: ctx.logger.failure) rides on the step's vote.
+    def __init__(self, ctx: Context, schedule: ScheduleSettings, long_run: LongRunSettings, batch: DataSettings, *,
+                 grad_clip: float, dropout_base_seed: int | None, out_dir: str,
+                 save_failed: Callable[[], bool] = lambda: False):
+        """The sections of what a step applies: the schedule (its lr), long_run (spikes and rollbacks) and the
+        data section's batch geometry (micro_batch_size, seq_len: a batch that fails is zeros of that shape;
+        total_batch_size: the tokens a step adds). Of other sections, as values: grad_clip (optimizer),
+        dropout_base_seed (the runtime section's seed where the model has dropout, whose masks are reseeded
+        every step; None without dropout), out_dir (run: where a NaN's message points).
 
-        The schedule is its own section; the other keys a step reads belong to the sections of what the
-        step applies (data: the batch; model: dropout; runtime: seed; optimizer: grad_clip; long_run: spikes
-        and rollbacks) and are read from ctx.cfg where they are used."""
-        self.cfg, self.env, self.runtime, self.logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
-        self.schedule = ctx.cfg.section(ScheduleSettings)
+        save_failed: this rank saw a background checkpoint save fail (its vote for a save now). A failure
+        this rank saw since the last step (rank 0's log writes: ctx.logger.failure) rides on the step's vote."""
+        self.env, self.runtime, self.logger = ctx.env, ctx.runtime, ctx.logger
+        self.schedule, self.long_run, self.batch = schedule, long_run, batch
+        self.max_norm = grad_clip or math.inf  # 0: no clipping (the norm is still measured)
+        self.dropout_base_seed, self.out_dir = dropout_base_seed, out_dir
         self.save_failed = save_failed
 
     def step(self, run: Run, model: torch.nn.Module, batches, stop_requested: bool) -> StepResult:
@@ -97,21 +104,21 @@ class Lockstep:
         """
         t0 = time.perf_counter()
         step, lr = run.step, self.schedule.lr(run.step)
-        if self.cfg.dropout > 0:
-            torch.manual_seed(dropout_seed(self.cfg.seed, step, self.env.rank))
+        if self.dropout_base_seed is not None:
+            torch.manual_seed(dropout_seed(self.dropout_base_seed, step, self.env.rank))
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
-                                       (self.cfg.micro_batch_size, self.cfg.seq_len), self.env)
-        loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.cfg.grad_clip or math.inf)
+                                       (self.batch.micro_batch_size, self.batch.seq_len), self.env)
+        loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.max_norm)
         failure = self.logger.failure or micro_batches.failure
         verdict = self.agree(run, loss, grad_norm, stop_requested, failure)
         if verdict.failures:
             raise_first_error(failure, self.env)  # every rank raises the same error
         self.check_finite(step, verdict)
-        spike = verdict.spike(self.cfg.spike_threshold)
+        spike = verdict.spike(self.long_run.spike_threshold)
         apply_update(run, skip=verdict.overflow or spike is not None)
         self.track_spikes(run, step, verdict, spike)
         run.step += 1
-        run.tokens_seen += self.cfg.total_batch_size
+        run.tokens_seen += self.batch.total_batch_size
         return StepResult(loss=verdict.loss, grad_norm=verdict.grad_norm, lr=lr, stop=verdict.stop,
                           seconds=time.perf_counter() - t0, skipped=verdict.overflow, spike=spike,
                           save_failed=verdict.save_failed, data_wait=micro_batches.wait)
@@ -141,16 +148,16 @@ class Lockstep:
         if math.isfinite(verdict.loss) and (math.isfinite(verdict.grad_norm) or verdict.overflow):
             return
         reason = f"loss {verdict.loss} / grad norm {verdict.grad_norm} is not finite"
-        if self.cfg.rollback_on_nonfinite:
+        if self.long_run.rollback_on_nonfinite:
             raise RollbackRequested(step, reason)
         raise NonFiniteLossError(f"step {step}: {reason}; the update was not applied and the newest checkpoint in "
-                                 f"{self.cfg.out_dir} is the last good state")
+                                 f"{self.out_dir} is the last good state")
 
     def track_spikes(self, run: Run, step: int, verdict: Verdict, spike: str | None) -> None:
         """Count a skipped spike (rolling back after rollback_after in a row), or add an applied step to the window."""
         if spike is not None:
             run.skips_in_a_row += 1
-            if self.cfg.rollback_after and run.skips_in_a_row >= self.cfg.rollback_after:
+            if self.long_run.rollback_after and run.skips_in_a_row >= self.long_run.rollback_after:
                 raise RollbackRequested(step, f"{run.skips_in_a_row} spikes in a row, the last: {spike}")
         elif run.spikes is not None and not verdict.overflow:
             run.skips_in_a_row = 0

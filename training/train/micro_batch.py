@@ -14,7 +14,7 @@ one error.
 
 total_batch_size and the data order do not change (data/loader.py: the rows a step reads do
 not depend on B), so B changes only the rounding, and with dropout which mask falls on which
-row (config.py's WITH_DROPOUT_KEYS). The probes leave nothing behind: they run on a model of the
+row (its field's on_resume: with_dropout). The probes leave nothing behind: they run on a model of the
 run's shape built for them (before the run's own, which they never touch), with the random
 generators restored after, the compiler's caches reset, and the memory freed. So the first step
 is bitwise the step of a run launched with the chosen B set by hand (tests/test_micro_batch.py).
@@ -41,8 +41,11 @@ from dataclasses import dataclass, field
 import torch
 
 from common.errors import ConfigError, ReproError
-from training.distributed.process_group import DistEnv, as_repro_error, raise_first_error
-from training.distributed.strategies import local_nbytes
+from data.mixture import DataSettings
+from model import GPTConfig
+from training.core.process_group import DistEnv, as_repro_error, raise_first_error
+from training.core.context import Context
+from training.distributed.strategies import Strategy, local_nbytes
 
 HEADROOM = 0.10  # of the GPU's total memory, left free beyond the probe's peak (allocator fragmentation, evals)
 FAILED = -1  # a rank's vote when its search raised: every rank stops
@@ -146,30 +149,32 @@ def later_state_bytes(model: torch.nn.Module, ddp_buckets: bool) -> int:
     return params * (2 + int(ddp_buckets))
 
 
-def choose_micro_batch_size(ctx, strategy) -> tuple[int, dict]:
+def choose_micro_batch_size(ctx: Context, strategy: Strategy, data: DataSettings,
+                            model_config: GPTConfig) -> tuple[int, dict]:
     """micro_batch_size auto: the B this run uses, and what run.json records of how it was chosen.
 
     Every rank calls this, before the run is built. On CUDA: one all-reduce, and under FSDP the probes'
-    own collectives and one all-reduce per probe. ctx.cfg.micro_batch_size must be None (auto).
+    own collectives and one all-reduce per probe. data: the data section, whose micro_batch_size must be
+    None (auto); model_config: the model section's shape, which the probes build.
     """
-    cfg, env, runtime, logger = ctx.cfg, ctx.env, ctx.runtime, ctx.logger
-    candidates = candidate_sizes(cfg.total_batch_size, cfg.seq_len, strategy.dp_size)
+    env, runtime, logger = ctx.env, ctx.runtime, ctx.logger
+    candidates = candidate_sizes(data.total_batch_size, data.seq_len, strategy.dp_size)
     if not candidates:
-        raise ConfigError(f"micro_batch_size: auto finds no micro-batch: total_batch_size {cfg.total_batch_size} "
-                          f"does not split into rows of seq_len {cfg.seq_len} over {strategy.dp_size} ranks")
+        raise ConfigError(f"micro_batch_size: auto finds no micro-batch: total_batch_size {data.total_batch_size} "
+                          f"does not split into rows of seq_len {data.seq_len} over {strategy.dp_size} ranks")
     if not probing_supported(runtime.device_type):
-        fallback = cfg.micro_batch_size_fallback
+        fallback = data.micro_batch_size_fallback
         chosen = max(b for b in candidates if b <= fallback)  # 1 always is one
         fitted = "" if chosen == fallback else (
             f", the largest micro-batch up to micro_batch_size_fallback {fallback} that keeps grad_accum_steps "
-            f"whole ({candidates[-1]} rows a rank per step: total_batch_size {cfg.total_batch_size} / seq_len "
-            f"{cfg.seq_len} / {strategy.dp_size} rank(s))")
+            f"whole ({candidates[-1]} rows a rank per step: total_batch_size {data.total_batch_size} / seq_len "
+            f"{data.seq_len} / {strategy.dp_size} rank(s))")
         logger.warn(f"micro_batch_size auto probes CUDA memory; on {runtime.device_type} it uses "
                     + (f"micro_batch_size_fallback {fallback}" if not fitted else f"{chosen}{fitted}"))
         return chosen, {"requested": "auto", "chosen": chosen, "how": f"fallback ({runtime.device_type})"}
     error, result = None, None
     try:
-        result = probe_search(ctx, strategy, candidates)
+        result = probe_search(ctx, strategy, candidates, model_config, data.seq_len)
         vote = result.chosen or 0
     except Exception as e:  # noqa: BLE001 - the failure rides on the agreement below, every rank reaches it
         error, vote = as_repro_error(e, env), FAILED
@@ -185,12 +190,13 @@ def choose_micro_batch_size(ctx, strategy) -> tuple[int, dict]:
                     "candidates": candidates, "headroom": HEADROOM, **result.record()}
 
 
-def probe_search(ctx, strategy, candidates: list[int]) -> SearchResult:
+def probe_search(ctx: Context, strategy: Strategy, candidates: list[int], model_config: GPTConfig,
+                 seq_len: int) -> SearchResult:
     """This rank's search, by probes of the training step on a model of the run's shape, built for them and
     dropped after: the run's model, optimizer and random generators are never touched."""
     device = ctx.runtime.device
     try:
-        return search_with_probe_model(ctx, strategy, candidates)
+        return search_with_probe_model(ctx, strategy, candidates, model_config, seq_len)
     finally:  # the probe model is gone with the call's frame
         reset_compiler(ctx.runtime.compile)  # training compiles as a launch with B set by hand does
         gc.collect()
@@ -199,16 +205,17 @@ def probe_search(ctx, strategy, candidates: list[int]) -> SearchResult:
             torch.cuda.reset_peak_memory_stats(device)  # the train records' peak_mem_gb is the run's, not a probe's
 
 
-def search_with_probe_model(ctx, strategy, candidates: list[int]) -> SearchResult:
-    cfg, env, runtime = ctx.cfg, ctx.env, ctx.runtime
+def search_with_probe_model(ctx: Context, strategy: Strategy, candidates: list[int], model_config: GPTConfig,
+                            seq_len: int) -> SearchResult:
+    env, runtime = ctx.env, ctx.runtime
     device = runtime.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        model = probe_copy(cfg.model_config(), strategy, device, runtime.weights_dtype)
+        model = probe_copy(model_config, strategy, device, runtime.weights_dtype)
         train_model = strategy.probe_model(model)
 
     def probe(size: int) -> int:
         reset_compiler(runtime.compile)  # each size compiled afresh: no dynamic shapes, no recompile limit
-        x = torch.zeros((size, cfg.seq_len), dtype=torch.long, device=device)
+        x = torch.zeros((size, seq_len), dtype=torch.long, device=device)
         before = reserved_bytes(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)

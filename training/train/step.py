@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 
 from training.train.run import Run
-from training.train.runtime import Runtime
+from training.core.runtime import Runtime
 
 
 def train_step(run: Run, model: torch.nn.Module, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from common.atomic_file import atomic_write
 from common.errors import ConfigError, WriteError, print_warning
-from training.train.settings import Settings, option, require
+from common.settings import Settings, option, require
 
 LOG_NAME = "log.jsonl"
 # Records of something that happened (not of a step's state): a rollback's rewind keeps them, so a second
@@ -358,14 +358,14 @@ class LoggingSettings(Settings):
     SECTION = "logging"
     SUMMARY = "the console, TensorBoard and Weights & Biases"
 
-    log_interval: int = option(1, "console line every N steps (log.jsonl gets every step)")
+    log_interval: int = option(1, "console line every N steps (log.jsonl gets every step)", on_resume="none")
     tensorboard: bool = option(False, "also write the log's numbers as TensorBoard scalars to out_dir/tensorboard/ "
-                                      "(needs the tensorboard package)")
-    wandb: bool = option(False, "log to Weights & Biases")
-    wandb_project: str = option("gpt2-repro", "W&B project")
-    wandb_run_name: str = option("", "W&B run name ('': W&B picks one)")
-    wandb_mode: str = option("online", "online, offline (sync later) or disabled")
-    wandb_tags: list[str] = option([], "W&B tags, comma-separated on the command line")
+                                      "(needs the tensorboard package)", on_resume="none")
+    wandb: bool = option(False, "log to Weights & Biases", on_resume="none")
+    wandb_project: str = option("gpt2-repro", "W&B project", on_resume="none")
+    wandb_run_name: str = option("", "W&B run name ('': W&B picks one)", on_resume="none")
+    wandb_mode: str = option("online", "online, offline (sync later) or disabled", on_resume="none")
+    wandb_tags: list[str] = option([], "W&B tags, comma-separated on the command line", on_resume="none")
 
     def validate(self) -> None:
         require(self.log_interval > 0, "log_interval", f"must be positive, got {self.log_interval}")

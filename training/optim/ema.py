@@ -13,7 +13,8 @@ host synchronisation and no collective. It never feeds back into the training: w
 live weights, losses and checkpointed optimizer state are those of a run without it.
 
 It is part of the run's state: saved in both checkpoint formats beside the model (`ema`, keyed by
-parameter name), resumed exactly, and evaluated beside the live weights (evals/periodic.py swaps it
+parameter name), resumed exactly (training/train/resume.py loads it, and the start its run kept),
+and evaluated beside the live weights (evals/periodic.py swaps it
 in for the evaluation, and back out). The readers (sample.py, export_hf.py, eval_lm.py) take it
 with `--weights ema`.
 """
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from training.distributed.strategies import is_sharded, local_part
-from training.train.settings import Settings, option, require
+from common.settings import Settings, option, require
 
 
 @dataclass
@@ -39,11 +40,12 @@ class EMASettings(Settings):
 
     ema_decay: float = option(0.0, "EMA of the weights: average = decay * average + (1 - decay) * weights after "
                                    "each applied update, in (0, 1) (0: off); evaluated beside the live weights "
-                                   "(val/ema_loss, hellaswag/ema_acc_norm) and saved with the checkpoints")
+                                   "(val/ema_loss, hellaswag/ema_acc_norm) and saved with the checkpoints",
+                              on_resume="none")  # an average kept beside the weights: the training never reads it
     ema_start: float = option(0.0, "the share of max_steps after which the EMA starts, in [0, 1): it is the "
                                    "weights after update floor(ema_start * max_steps), then averages on (0: from "
                                    "the first update; 0.5: a tail average of the second half); set at a fresh "
-                                   "start, kept by resumes")
+                                   "start, kept by resumes", on_resume="none")
 
     def validate(self) -> None:
         require(self.ema_decay == 0 or 0 < self.ema_decay < 1, "ema_decay",
@@ -53,20 +55,6 @@ class EMASettings(Settings):
     def start_step(self, max_steps: int) -> int:
         """The first update the average holds (max_steps: the schedule section's), as a fresh run sets it."""
         return math.floor(self.ema_start * max_steps)
-
-
-def checkpointed_start(state: dict) -> int | None:
-    """The start step of the EMA kept by the run that wrote a checkpoint (its state), started or not; None where
-    that run kept none (ema_decay 0). Checkpoints of older code saved it only once the average had started:
-    before that, their config's ema_start and max_steps give it, as that run computed it."""
-    saved = state.get("ema_state")
-    if saved is not None:
-        return saved["start_step"]
-    config = state.get("config") or {}
-    if not config.get("ema_decay"):
-        return None
-    return EMASettings(ema_decay=config["ema_decay"], ema_start=config.get("ema_start", 0.0)).start_step(
-        config["max_steps"])
 
 
 def average_dtype(p: torch.Tensor) -> torch.dtype:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training.train.settings import Settings, option, require
+from common.settings import Settings, option, require
 
 
 class RollbackRequested(Exception):
@@ -94,14 +94,17 @@ class LongRunSettings(Settings):
 
     spike_skip: bool = option(False, "skip an update whose loss or grad norm is more than spike_threshold standard "
                                      "deviations above the mean of the last spike_window applied steps (every rank "
-                                     "skips the same one; a skip record says why)")
-    spike_window: int = option(128, "applied steps in the spike window; nothing is skipped until it is full")
-    spike_threshold: float = option(6.0, "standard deviations above the window's mean that make a spike")
+                                     "skips the same one; a skip record says why)", on_resume="trajectory")
+    spike_window: int = option(128, "applied steps in the spike window; nothing is skipped until it is full",
+                               on_resume="trajectory")
+    spike_threshold: float = option(6.0, "standard deviations above the window's mean that make a spike",
+                                    on_resume="trajectory")
     rollback_after: int = option(0, "after N skipped steps in a row, reload the newest checkpoint and continue past "
-                                    "the batches since it (0: never; needs spike_skip)")
+                                    "the batches since it (0: never; needs spike_skip)", on_resume="trajectory")
     rollback_on_nonfinite: bool = option(False, "a NaN/inf loss or grad norm rolls back like rollback_after instead "
-                                                "of stopping the run (exit 3)")
-    max_rollbacks: int = option(3, "rollbacks in one run; the next one stops it with an error (exit 3)")
+                                                "of stopping the run (exit 3)", on_resume="trajectory")
+    max_rollbacks: int = option(3, "rollbacks in one run; the next one stops it with an error (exit 3)",
+                                on_resume="trajectory")
 
     def validate(self) -> None:
         for key in ("rollback_after", "max_rollbacks"):

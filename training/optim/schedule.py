@@ -7,7 +7,7 @@ wsd     warmup-stable-decay: the same linear warmup, max_lr held constant, then 
         can be extended, or cooled down from any checkpoint of the stable phase.
 
 The value is in max_lr's units: the optimizer groups whose base lr is not max_lr (Muon's,
-training/train/optimizers.py) scale it by their base lr / max_lr.
+training/optim/optimizers.py) scale it by their base lr / max_lr.
 
 ScheduleSettings (below) is the config's schedule section: its keys, their rules, and lr(step).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from training.train.settings import Settings, option, require
+from common.settings import Settings, option, require
 
 SCHEDULES = ("cosine", "wsd")
 COOLDOWN_SHAPES = ("linear", "1-sqrt")
@@ -62,22 +62,24 @@ def _wsd(step: int, max_steps: int, max_lr: float, min_lr: float, cooldown_frac:
 @dataclass
 class ScheduleSettings(Settings):
     """The schedule section: the run's length and every step's learning rate (max_lr is the peak of
-    every optimizer group: training/train/optimizers.py scales Muon's muon_lr by lr / max_lr)."""
+    every optimizer group: training/optim/optimizers.py scales Muon's muon_lr by lr / max_lr)."""
 
     SECTION = "schedule"
     SUMMARY = "the run's length and the learning rate of every step"
 
-    max_steps: int = option(19073, "optimizer steps (10B tokens / 524,288)")
-    warmup_steps: int = option(715, "linear warmup steps (375M tokens)")
-    max_lr: float = option(6e-4, "peak learning rate")
-    min_lr: float = option(6e-5, "learning rate at the end of the cosine (10% of max_lr)")
+    max_steps: int = option(19073, "optimizer steps (10B tokens / 524,288)", on_resume="trajectory")
+    warmup_steps: int = option(715, "linear warmup steps (375M tokens)", on_resume="trajectory")
+    max_lr: float = option(6e-4, "peak learning rate", on_resume="trajectory")
+    min_lr: float = option(6e-5, "learning rate at the end of the cosine (10% of max_lr)", on_resume="trajectory")
     lr_schedule: str = option("cosine", "cosine (warmup, then cosine decay to min_lr: GPT-3's) or wsd "
                                         "(warmup-stable-decay: warmup, max_lr held, then a cooldown to min_lr over "
-                                        "the last cooldown_frac of max_steps)")
+                                        "the last cooldown_frac of max_steps)", on_resume="trajectory")
     cooldown_frac: float = option(0.2, "wsd: the share of max_steps that cools down, in (0, 1] (0.2: the 20% "
-                                       "cooldown that matches a tuned cosine in Hagele et al. 2024)")
+                                       "cooldown that matches a tuned cosine in Hagele et al. 2024)",
+                                  on_resume="trajectory")
     cooldown_shape: str = option("linear", "wsd: linear, or 1-sqrt (lr = min_lr + (max_lr - min_lr) * "
-                                           "(1 - sqrt(progress)): a little better in Hagele et al. 2024)")
+                                           "(1 - sqrt(progress)): a little better in Hagele et al. 2024)",
+                                 on_resume="trajectory")
 
     def validate(self) -> None:
         require(self.max_steps > 0, "max_steps", f"must be positive, got {self.max_steps}")

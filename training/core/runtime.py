@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import ConfigError
-from training.observe.metrics import detect_peak_flops
+from training.core.metrics import detect_peak_flops
 
 # The fused chunked lm_head + cross-entropy never holds the (B*T, V) logits: at B=64, T=1024
 # that saves about 30 GB where no compiler fuses the cross-entropy (eager mode on a GPU).

@@ -17,7 +17,7 @@ groups, muon_lr for Muon's), and the update uses lr * base_lr / max_lr: the sche
 optimizers alike, and the AdamW groups get the schedule's value exactly (base_lr / max_lr is 1).
 
 OptimizerSettings (below) is the config's optimizer section: its keys and their rules (max_lr, the
-peak of every group, is the schedule's: training/train/schedule.py).
+peak of every group, is the schedule's: training/optim/schedule.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from common.errors import CheckpointError
 from model import GPT
 from training.distributed.muon import DistributedMuon, muon_math_missing
-from training.train.settings import Settings, option, require
+from common.settings import Settings, option, require
 
 OPTIMIZERS = ("adamw", "muon")
 MUON_TORCH = "2.9"  # the first PyTorch release with torch.optim.Muon (requirements.txt allows older ones)
@@ -137,16 +137,6 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._share_state()
 
 
-def check_same_optimizer(cfg, saved_config: dict, path) -> None:
-    """A checkpoint resumes only with the optimizer it was written with: its state (AdamW moments,
-    or Muon momentum buffers) does not fit another. Checkpoints from before the key were adamw's."""
-    saved = saved_config.get("optimizer", "adamw")
-    if saved != cfg.optimizer:
-        raise CheckpointError(f"optimizer: {path} was written with optimizer {saved}, this run uses "
-                              f"{cfg.optimizer}: its optimizer state does not fit; resume with --optimizer {saved}, "
-                              f"or start from its weights with --init_from {path} in another out_dir")
-
-
 @dataclass
 class OptimizerSettings(Settings):
     """The optimizer section: which optimizer, and its hyperparameters (its peak lr is the schedule's max_lr)."""
@@ -158,20 +148,22 @@ class OptimizerSettings(Settings):
                                      "on the blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay "
                                      "on embeddings, lm_head, LayerNorms and biases; each matrix orthogonalised "
                                      "whole, on one rank, under any strategy). A checkpoint resumes "
-                                     "only with the optimizer it was written with")
-    weight_decay: float = option(0.1, "AdamW weight decay, on 2-D weights only")
-    beta1: float = option(0.9, "AdamW beta1")
-    beta2: float = option(0.95, "AdamW beta2")
-    adam_eps: float = option(1e-8, "AdamW epsilon")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this (0: no clipping; the norm is still logged)")
+                                     "only with the optimizer it was written with", on_resume="trajectory")
+    weight_decay: float = option(0.1, "AdamW weight decay, on 2-D weights only", on_resume="trajectory")
+    beta1: float = option(0.9, "AdamW beta1", on_resume="trajectory")
+    beta2: float = option(0.95, "AdamW beta2", on_resume="trajectory")
+    adam_eps: float = option(1e-8, "AdamW epsilon", on_resume="trajectory")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this (0: no clipping; the norm is still logged)",
+                              on_resume="trajectory")
     muon_lr: float = option(0.02, "muon: peak learning rate of the Muon matrices, scaled by the schedule like "
                                   "max_lr (0.02: Keller Jordan's Muon default; the orthogonalised update has "
-                                  "singular values near 1, so this lr is not on AdamW's scale)")
-    muon_momentum: float = option(0.95, "muon: Nesterov momentum (0.95: the Muon paper and modded-nanogpt)")
+                                  "singular values near 1, so this lr is not on AdamW's scale)", on_resume="trajectory")
+    muon_momentum: float = option(0.95, "muon: Nesterov momentum (0.95: the Muon paper and modded-nanogpt)",
+                                  on_resume="trajectory")
     muon_weight_decay: float = option(0.0, "muon: decoupled weight decay, applied as w *= 1 - lr * wd with the "
                                            "Muon lr (0: as Keller Jordan's Muon and the modded-nanogpt speedruns; "
                                            "torch's default 0.1 is meant for AdamW-sized lrs and would shrink the "
-                                           "weights 0.2% a step at lr 0.02)")
+                                           "weights 0.2% a step at lr 0.02)", on_resume="trajectory")
 
     def validate(self) -> None:
         for key in ("weight_decay", "grad_clip"):

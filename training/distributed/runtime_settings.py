@@ -1,0 +1,95 @@
+"""The runtime section: the device, the precision, the kernels, the seed, and how the ranks share the model.
+
+Its keys are read by the floor below (training/core/runtime.py's resolve_runtime: device, dtype,
+compile, loss chunking, the FLOP/s peak, recomputation; deterministic_kernels) and by this one
+(strategies.py: the strategy). It sits here, not beside training/core/runtime.py, because its
+`strategy` key is checked against, and its help lists, the strategies' registry (STRATEGIES),
+which this floor holds and which itself imports the core's Runtime.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.settings import Settings, option, require
+from training.core.runtime import Runtime, resolve_runtime
+from training.distributed.strategies import STRATEGIES, strategies_help
+
+# The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
+# where the timeout is set after the first step, on every rank: datetime.timedelta past ~2.7 million years, gloo's
+# timeout (a 64-bit count) before that.
+MAX_HANG_TIMEOUT_MINUTES = 365 * 24 * 60
+
+DEVICES = ("auto", "cuda", "mps", "cpu")
+DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
+ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+
+
+@dataclass
+class RuntimeSettings(Settings):
+    """The runtime section: resolved into the launch's Runtime (`make_runtime`), its strategy made by
+    strategies.py's make_strategy, its hang timeout set on the process group after the first step."""
+
+    SECTION = "runtime"
+    SUMMARY = "device, precision, kernels, the seed, and how the ranks share the model"
+
+    device: str = option("auto", "auto, cuda, cuda:N, mps or cpu", on_resume="trajectory")
+    dtype: str = option("auto", "auto (CUDA: bfloat16 autocast, or float16 with a gradient scaler on GPUs without "
+                             "bf16 such as V100/T4; CPU: bfloat16 autocast on CPUs with AMX, and on AMD CPUs with "
+                             "AVX512-BF16, where it is faster, else float32; MPS: float32), bfloat16, float16, "
+                             "float32, or float64 (weights and math, for numerical checks)", on_resume="trajectory")
+    compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)", on_resume="with_dropout")
+    seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples", on_resume="trajectory")
+    deterministic: bool = option(False, "only kernels that give the same bits for the same inputs, so two runs "
+                                        "with the same seed and data log the same losses (slower on GPUs: see "
+                                        "docs/PERFORMANCE.md; on CPUs the kernels mostly are already)",
+                                 on_resume="with_dropout")
+    loss_chunk_size: int | None = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
+                                            "holding the whole logits (0: plain; null: 8192 on CUDA without compile)",
+                                         on_resume="none")
+    peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)", on_resume="none")
+    strategy: str = option("ddp", f"data parallelism: {strategies_help()}", on_resume="none")
+    activation_checkpointing: str = option("none", "recompute transformer blocks' activations in the backward "
+                                                   "instead of keeping them from the forward: none, full (every "
+                                                   "block: the least memory, about one more forward of compute) "
+                                                   "or selective (one block in every activation_checkpointing_every); "
+                                                   "the same losses and gradients (README, memory table)",
+                                           on_resume="none")
+    activation_checkpointing_every: int = option(2, "selective: recompute blocks 0, N, 2N, ... (2: every other "
+                                                    "block)", on_resume="none")
+    hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
+                                            "(a rank hung or died); start-up gets 30 minutes", on_resume="none")
+
+    def make_runtime(self, local_rank: int = 0) -> Runtime:
+        """The Runtime these settings make on this process: auto values resolved for its device."""
+        return resolve_runtime(self.device, self.dtype, self.compile, self.loss_chunk_size, self.peak_flops,
+                               local_rank, self.recompute_every())
+
+    def recompute_every(self) -> int:
+        """activation_checkpointing as GPT.recompute_blocks takes it: one block in every N recomputed (0: none)."""
+        return {"none": 0, "full": 1}.get(self.activation_checkpointing, self.activation_checkpointing_every)
+
+    def activation_checkpointing_label(self) -> str:
+        """What the startup line says: none, full, or selective with its N."""
+        if self.activation_checkpointing == "selective":
+            return f"selective (1 block in {self.activation_checkpointing_every})"
+        return self.activation_checkpointing
+
+    def validate(self) -> None:
+        require(self.device in DEVICES or self.device.startswith("cuda:"), "device",
+                f"unknown device {self.device!r}; choose auto, cuda, mps or cpu")
+        require(self.dtype in DTYPES, "dtype",
+                f"unknown dtype {self.dtype!r}; choose auto, bfloat16, float16, float32 or float64")
+        # numpy's seed sequences (the epoch shuffles) take non-negative integers, torch.manual_seed 64 bits
+        require(0 <= self.seed < 2**64, "seed", f"must be in [0, 2**64), got {self.seed}")
+        require(self.loss_chunk_size is None or self.loss_chunk_size >= 0, "loss_chunk_size",
+                f"must be >= 0, got {self.loss_chunk_size}")
+        require(self.peak_flops >= 0, "peak_flops", f"must be >= 0, got {self.peak_flops}")
+        require(self.strategy in STRATEGIES, "strategy",
+                f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
+        require(self.activation_checkpointing in ACTIVATION_CHECKPOINTING, "activation_checkpointing",
+                f"unknown value {self.activation_checkpointing!r}; choose {', '.join(ACTIVATION_CHECKPOINTING)}")
+        require(self.activation_checkpointing_every >= 1, "activation_checkpointing_every",
+                f"must be positive, got {self.activation_checkpointing_every}")
+        require(0 < self.hang_timeout_minutes <= MAX_HANG_TIMEOUT_MINUTES, "hang_timeout_minutes",
+                f"must be positive and at most {MAX_HANG_TIMEOUT_MINUTES} (a year), got {self.hang_timeout_minutes}")

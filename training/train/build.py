@@ -1,0 +1,82 @@
+"""Building the run a launch trains: the data, the model and the optimizer, fresh or continued from a checkpoint.
+
+`build_run` opens the data (each data-parallel replica its share), builds the model (its initial
+weights: training/train/weights.py) and the optimizer, and hands the run to training/train/resume.py
+when the launch continues a checkpoint (which one, what it loads, what a changed setting means).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from data.loader import TrainLoader, ValLoader, validate_shards
+from data.mixture import MixtureLoader, make_train_loader, parse_val_sets, sources_fingerprint
+from model import GPT
+from training.checkpoint.folder import checkpoints_folder
+from training.core.context import Context
+from training.core.process_group import run_on_all_ranks
+from training.distributed.strategies import Strategy
+from training.optim.ema import WeightAverage
+from training.optim.optimizers import build_optimizer
+from training.optim.spikes import SpikeWindow
+from training.train.config import TrainConfig
+from training.train.micro_batch import choose_micro_batch_size
+from training.train.resume import choose_resume_checkpoint, resume_run
+from training.train.run import Run
+from training.train.weights import load_initial_weights
+
+
+def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
+    """The run this launch continues or starts; None when its checkpoint already reached max_steps.
+
+    Every rank calls this. Rank 0 picks the checkpoint, every rank loads that same file; a
+    problem any rank sees (a data folder one node lacks, an unreadable file) stops every rank
+    with the same error. It reads keys of many sections (data, model, optimizer, schedule, ema,
+    long_run, checkpoint's resume, evaluation's val sets, runtime's seed): building the run is
+    where they meet, so it is handed the whole configuration.
+    """
+    env, runtime = ctx.env, ctx.runtime
+    data, seed = cfg.data, cfg.runtime.seed
+    micro_batch = None
+    if data.micro_batch_size is None:  # auto: probed now, and the concrete B is what every part of the run reads
+        data.micro_batch_size, micro_batch = choose_micro_batch_size(ctx, strategy, data, cfg.model.model_config())
+    grad_accum_steps = data.grad_accum_steps(strategy.dp_size)  # a ConfigError when the batch does not divide
+    folder = checkpoints_folder(cfg.run.out_dir, cfg.checkpoint.checkpoint_dir)
+    resume_path = choose_resume_checkpoint(ctx, cfg.run.out_dir, folder, cfg.checkpoint.resume)
+
+    def open_data() -> tuple[TrainLoader | MixtureLoader, dict[str, ValLoader], str]:
+        # each data-parallel replica reads its share of every batch (the strategy's dp view)
+        train_loader = make_train_loader(data.data_dir, data.seq_len, data.micro_batch_size, data.total_batch_size,
+                                         strategy.dp_rank, strategy.dp_size, seed, shuffle=data.shuffle,
+                                         doc_aligned=data.doc_aligned)
+        val_sets, val_tokens = cfg.evaluation.val_sets, cfg.evaluation.val_tokens
+        val_loaders = {name: ValLoader(path, data.seq_len, val_tokens, data.micro_batch_size, strategy.dp_rank,
+                                       strategy.dp_size, key="val_sets" if val_sets else "data_dir")
+                       for name, path in parse_val_sets(val_sets, data.data_dir).items()}
+        # every rank checks the headers, and the token ranges of its share of the shards: a split of
+        # the work over the processes (env), not of the data over the replicas
+        val_paths = [p for loader in val_loaders.values() for p in loader.paths]
+        validate_shards(train_loader.paths + val_paths, cfg.model.vocab_size, env.rank, env.world_size)
+        return train_loader, val_loaders, sources_fingerprint(data.data_dir)
+
+    train_loader, val_loaders, fingerprint = run_on_all_ranks(env, open_data)
+
+    torch.manual_seed(seed)  # the same initial weights on every rank (the same as one process's)
+    model = GPT(cfg.model.model_config())
+    load_initial_weights(model, cfg.model.init_from)
+    strategy.shard(model)  # under FSDP: before the optimizer, which must hold the sharded parameters
+    model.to(runtime.device, dtype=runtime.weights_dtype)
+    # AdamW (configure_optimizers), or Muon + AdamW: the optimizer section, and the schedule's peak lr
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.schedule.max_lr, runtime.device_type)
+    scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.loss_scaling)
+    long_run = cfg.long_run
+    spikes = SpikeWindow(long_run.spike_window, long_run.spike_threshold, runtime.device, runtime.weights_dtype) \
+        if long_run.spike_skip else None
+    averaging, max_steps = cfg.ema, cfg.schedule.max_steps
+    ema = WeightAverage(averaging.ema_decay, averaging.start_step(max_steps)) if averaging.ema_decay else None
+    run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
+              val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes,
+              micro_batch=micro_batch, ema=ema)
+    if resume_path is None:
+        return run
+    return run if resume_run(cfg, ctx, run, resume_path) else None

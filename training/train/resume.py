@@ -1,0 +1,481 @@
+"""Resuming: what a launch or a rollback continues from, what it loads into what, and what a changed setting means.
+
+A relaunch continues from the newest readable checkpoint of its checkpoint folder (`resume: auto`;
+a damaged newer one is set aside), from `--resume PATH` or the newest checkpoint that continued from
+it, or starts fresh (`never`, or auto with nothing to resume), once the one-history rules allow it
+(one run per out_dir, with the checkpoints its log records); a rollback continues from the newest
+checkpoint of the folder, or the one this launch resumed if newer. It loads, through the
+checkpoint's format (load_into: every rank its part, under any strategy and world size): the
+model's weights; the optimizer's moments and step counts, with this run's settings (lr, betas, eps,
+weight decay); the EMA of the weights and the step it started at (the checkpoint's, not this
+config's); float16's loss scale; the step, tokens seen, lineage, latest figures and W&B run id;
+the spike window, skips in a row, rollbacks and data offset; each mixture source's position.
+Nothing else: the data position is a function of the step and the data offset, and dropout masks
+are reseeded from (seed, step, rank). A changed setting means: another model shape or optimizer is
+refused; a checkpoint past max_steps is refused, one at it is nothing to do; any other changed key
+is one warning naming it and whether it changes the training math (its field's on_resume); changed
+shards are a warning.
+
+Every choice is taken by rank 0 before anything is written, and the other ranks get its answer or
+its error; the loading is a collective. The pieces, in that order below:
+
+- what a launch continues from: `choose_resume_checkpoint` resolves `resume`
+  (`find_resume_checkpoint`: auto, never, a path and its descendants), then refuses what would
+  mix two runs in one folder: a fresh start over a used out_dir (`refuse_used_out_dir`), a folder
+  or a chosen checkpoint of another run (`check_one_history`), a fresh start over a run whose
+  checkpoints went missing (`refuse_lost_history`). A run folder holds one line of history: one
+  run, named by the `run_id` a fresh start draws and its checkpoints, resumes and run.json carry;
+  each checkpoint has its own `checkpoint_id`, and `ancestry` lists the ids its run resumed from,
+  which tells the checkpoints that continued from `--resume PATH` from another run's;
+- what it loads: `resume_run` (build_run calls it), `load_compatible_checkpoint`, `load_state`;
+- what a changed setting means: `check_same_optimizer`, `warn_on_changed_settings`,
+  `describe_ema_start`;
+- a rollback: `choose_rollback_checkpoint`, `roll_back` (training/train/recovery.py calls it).
+
+The locks on out_dir and checkpoint_dir, and the owner file of a checkpoint_dir outside out_dir
+(one checkpoint folder, one run folder), are training/checkpoint/run_folder.py's: they claim the
+folders for a launch, before anything here is asked. Reading and writing a checkpoint's files is
+training/checkpoint/'s (folder.py, the formats); what a checkpoint holds of the run is the Run's
+state_dict (training/train/run.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from common.errors import CheckpointError, ConfigError, DivergedError, print_warning
+from data.mixture import MixtureLoader, changed_shards, derived_state
+from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, format_of,
+                                        list_checkpoints, load_checkpoint, newest_readable_checkpoint,
+                                        require_entries, set_aside)
+from training.core import storage
+from training.core.context import Context
+from training.core.logger import LOG_NAME, read_log
+from training.core.process_group import DistEnv, broadcast_object, run_on_all_ranks
+from training.core.storage import Location, name_of, parent_of
+from training.optim.ema import EMASettings
+from training.optim.spikes import RollbackRequested
+from training.train.config import WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS, TRAJECTORY_KEYS, TrainConfig
+from training.train.run import Run
+
+RUN_RECORD = "run.json"  # written by the trainer at every launch (training/observe/provenance.py)
+
+
+# --- what a launch continues from ------------------------------------------------------------------------
+
+def choose_resume_checkpoint(ctx: Context, out_dir: str, folder: Location, resume: str) -> Location | None:
+    """The checkpoint this launch continues (None: a fresh start). Rank 0 resolves `resume` (the checkpoint
+    section's) in the run's checkpoint folder and checks the history of out_dir; every rank gets its
+    answer, or its error."""
+    env, logger = ctx.env, ctx.logger
+
+    def resolve() -> Location | None:
+        if not env.master_process:
+            return None
+        if resume == "never":
+            refuse_used_out_dir(Path(out_dir), folder)
+        found = find_resume_checkpoint(folder, resume, warn=logger.warn)
+        check_one_history(out_dir, folder, None if found is None else found[:2])
+        if found is None:
+            if resume == "auto":
+                refuse_lost_history(out_dir, folder, logger.warn)
+            return None
+        path, _, how = found
+        logger.console(f"resuming from {path} ({how})")
+        return path
+
+    return broadcast_object(run_on_all_ranks(env, resolve), env)
+
+
+def find_resume_checkpoint(folder: Location, resume: str, warn=print_warning) -> tuple[Location, dict, str] | None:
+    """Resolve the `resume` key: (path, state, how it was chosen), or None for a fresh start.
+
+    folder is the run's checkpoint folder. The checkpoints of one run always form one line of
+    history, so `resume: auto` can never pick up another run's state:
+    - auto: the newest readable checkpoint in the folder (unreadable newer ones are set aside).
+    - never: a fresh start (choose_resume_checkpoint refuses one into an out_dir that holds a run).
+    - a path: that checkpoint, or the newest checkpoint in out_dir that continued from it
+      (a relaunch that repeats the same arguments, under torchrun --max-restarts or a SLURM
+      requeue, must not go back to the path each time). Checkpoints in the folder of another run,
+      or newer ones that did not continue from the path (a rollback), are refused.
+    """
+    if resume == "never":
+        return None
+    if resume == "auto":
+        found = newest_readable_checkpoint(folder, warn)
+        return None if found is None else (*found, "the newest checkpoint in out_dir")
+    path = storage.as_location(resume)
+    if not storage.exists(path):
+        raise ConfigError(f"resume: no checkpoint file or folder at {resume!r} (use auto, never, or the path of a "
+                          f"step_XXXXXXXX.pt file or step_XXXXXXXX folder)")
+    state = load_checkpoint(path)
+    descendants = descendants_of(folder, path, state, warn)
+    if descendants:
+        return descendants[-1], load_checkpoint(descendants[-1]), f"the newest checkpoint that continued from {path}"
+    return path, state, "resume"
+
+
+def descendants_of(folder: Location, path: Location, state: dict, warn) -> list[Location]:
+    """The checkpoints in folder newer than the one at path (its state) that continued from it, oldest
+    first; a ConfigError when the folder holds another run's, or a newer one that did not continue from it."""
+    descendants = []
+    for step, other in list_checkpoints(folder):
+        if same_location(other, path):
+            continue
+        try:
+            lineage = load_checkpoint(other)  # metadata only: the tensors stay on storage
+        except CheckpointTooNewError:
+            raise
+        except CheckpointError as e:
+            set_aside(other, e, warn)
+            continue
+        if lineage.get("run_id") != state.get("run_id"):
+            raise ConfigError(
+                f"resume: {other} belongs to another run than {path}; give this run another out_dir")
+        if step > state["step"]:
+            if state.get("checkpoint_id") is None or state["checkpoint_id"] not in lineage.get("ancestry", []):
+                raise ConfigError(
+                    f"resume: {other} is newer than {path} and did not continue from it; to go back to "
+                    f"{storage.name_of(path)}, move the newer checkpoints out of {folder} or use another out_dir")
+            descendants.append(other)
+    return descendants
+
+
+def same_location(a: Location, b: Location) -> bool:
+    if isinstance(a, Path) and isinstance(b, Path):
+        return a.resolve() == b.resolve()
+    return str(a).rstrip("/") == str(b).rstrip("/")
+
+
+def refuse_used_out_dir(out_dir: Path, folder: Location) -> None:
+    """A fresh start must not mix with the run already in out_dir (its checkpoints and log)."""
+    used = [name_of(p) for _, p in list_checkpoints(folder)][-2:]
+    if (out_dir / LOG_NAME).exists():
+        used.insert(0, LOG_NAME)
+    if used:
+        raise ConfigError(f"resume: {out_dir} already holds a run ({', '.join(used)}); "
+                          f"continue it with --resume auto, or give this run another out_dir")
+
+
+def recorded_run_id(out_dir: str | Path) -> str | None:
+    """The run_id in out_dir/run.json; None without one (no run yet, or a folder of older code)."""
+    try:
+        record = json.loads((Path(out_dir) / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("run_id") if isinstance(record, dict) else None
+
+
+def check_one_history(out_dir: str | Path, checkpoints: Location, chosen: tuple[Location, dict] | None) -> None:
+    """Refuse to go on when out_dir (with its checkpoint folder), or out_dir and the checkpoint chosen
+    to resume, hold more than one run.
+
+    What names a run: run.json's run_id (every launch writes it), and each readable checkpoint's
+    run_id. They must all agree, with each other and with the chosen checkpoint. A chosen
+    checkpoint from another folder into an out_dir whose log cannot be attributed to any run
+    (written by older code) is refused too: its records would mix with the new ones.
+    """
+    out_dir = Path(out_dir)
+    owners = runs_in(out_dir, checkpoints)
+    if len(owners) > 1:
+        raise ConfigError(f"resume: {out_dir} holds more than one run ({describe(owners)}); one folder holds one "
+                          f"line of history: move the other run's files out, or give this run another out_dir")
+    if chosen is None:
+        return
+    path, state = chosen
+    theirs = state.get("run_id")
+    ours = next(iter(owners), None)
+    if ours is not None and theirs != ours:
+        raise ConfigError(f"resume: {path} belongs to run {short(theirs)}, but {out_dir} holds run {short(ours)} "
+                          f"({owners[ours]}); continue that run with --resume auto, or give this run another out_dir")
+    if ours is None and (out_dir / LOG_NAME).exists() and str(parent_of(path)) != str(checkpoints):
+        raise ConfigError(f"resume: {out_dir} holds a {LOG_NAME} of another run; resuming {path} there would mix "
+                          f"their records: give this run another out_dir")
+
+
+def runs_in(out_dir: Path, checkpoints: Location) -> dict[str, str]:
+    """run_id -> what carries it (for a message): run.json's, then each readable checkpoint's."""
+    owners: dict[str, str] = {}
+    recorded = recorded_run_id(out_dir)
+    if recorded:
+        owners[recorded] = f"{RUN_RECORD} and {LOG_NAME}"
+    for _, path in list_checkpoints(checkpoints):
+        try:
+            run_id = load_checkpoint(path).get("run_id")  # metadata only: the tensors stay on storage
+        except CheckpointTooNewError:
+            raise
+        except CheckpointError:
+            continue  # damaged: never chosen, and set aside when it would be
+        if run_id:
+            owners.setdefault(run_id, f"{name_of(checkpoints)}/{name_of(path)}")
+    return owners
+
+
+def describe(owners: dict[str, str]) -> str:
+    return ", ".join(f"run {short(run_id)} in {where}" for run_id, where in owners.items())
+
+
+def short(run_id: str | None) -> str:
+    return run_id[:8] if run_id else "(unnamed)"
+
+
+def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> None:
+    """Before a fresh start into out_dir (resume auto found no checkpoint to continue): refuse one
+    that would replace the log of a run that saved checkpoints this launch cannot see.
+
+    That happens when checkpoint_dir was changed or mistyped on a relaunch, or when the run's
+    only checkpoint is damaged (set aside as `.unreadable`): starting over would truncate
+    log.jsonl and rewrite run.json under a new run id. The log's `checkpoint` records say what
+    was saved, and where. A launch that saved none (it crashed before its first checkpoint) has
+    nothing to continue: it starts over, with a warning.
+    """
+    log = Path(out_dir) / LOG_NAME
+    if not log.exists():
+        return
+    records = read_log(log)
+    saved = [r for r in records if r.get("kind") == "checkpoint"]
+    aside = sorted(name for name in storage.list_names(checkpoints) if name.endswith(".unreadable"))
+    if saved or aside:
+        found = [f"its log records checkpoint {saved[-1].get('path')}"] if saved else []
+        found += [f"{checkpoints} holds {', '.join(aside)} (set aside as unreadable)"] if aside else []
+        raise ConfigError(f"resume: {out_dir} holds a run that saved checkpoints ({'; '.join(found)}), but there is "
+                          f"none to resume in {checkpoints}; starting over would replace its log: point "
+                          f"--checkpoint_dir or --resume at its checkpoints, or give this run another out_dir")
+    steps = [r["step"] for r in records if r.get("kind") == "train"]
+    if steps:
+        warn(f"{out_dir} holds the log of a launch that saved no checkpoint (steps {min(steps)}-{max(steps)}): "
+             f"starting that run over, and its log with it")
+
+
+# --- what it loads into what ------------------------------------------------------------------------
+
+def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool:
+    """The run just built (build_run) continues from the checkpoint at path; False when there is nothing to do
+    (the checkpoint is at max_steps). Every rank calls it (a collective); a problem any rank sees stops every
+    rank alike. It compares the whole configuration with the checkpoint's: what a changed setting means."""
+    env, logger, max_steps = ctx.env, ctx.logger, cfg.schedule.max_steps
+    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, run.model.config))
+    if state["step"] >= max_steps:  # decided on every rank: all of them stop here
+        if state["step"] > max_steps:
+            raise ConfigError(f"max_steps: {max_steps} is below step {state['step']} of {path}; "
+                              f"raise max_steps to train on, or start another run in another out_dir")
+        logger.console(f"nothing to do: {path} is at max_steps {max_steps}; raise max_steps to train on")
+        return False
+    check_same_optimizer(cfg.optimizer.optimizer, state["config"], path)  # another's state does not fit
+    composition = load_state(run, state, path)
+    run.resumed_from, run.resumed_step = path, run.step
+    if composition:
+        logger.warn(f"the mixture's composition changed since {path} was written: {composition}")
+    if run.ema is not None:
+        describe_ema_start(run, checkpointed_start(state), cfg.ema, max_steps, path, logger.warn)
+    warn_on_changed_settings(cfg, state["config"], logger.warn)
+    trained_on, fingerprint = state.get("provenance", {}).get("data_fingerprint"), run.data_fingerprint
+    changed = changed_shards(trained_on, fingerprint) if trained_on is not None else None
+    if changed:  # the shards themselves (a mixture's weights are in its fingerprint too, but are not its shards)
+        where = cfg.data.data_dir if changed == ["data_dir"] else f"source(s) {', '.join(changed)}"
+        logger.warn(f"the shards in {where} changed since {path} was written (data fingerprint "
+                    f"{trained_on} -> {fingerprint}): the steps after the resume read other data")
+    return True
+
+
+def load_compatible_checkpoint(path: Location, model_config) -> dict:
+    """The checkpoint's state, once it has what a resume needs and fits this run's model shape (its
+    tensors left on storage: every rank then reads only what it keeps)."""
+    state = require_entries(load_checkpoint(path), RESUME_ENTRIES, path, "resuming")
+    check_compatible(state, model_config.to_dict(), path)
+    return state
+
+
+def load_state(run: Run, state: dict, path: Location) -> str | None:
+    """Continue from the checkpoint at path (its state: load_checkpoint's, on every rank), with this
+    run's optimizer settings. A collective: every rank loads its part, in the checkpoint's format.
+    Returns what changed in a mixture's composition since (its rows per step), in words, or None.
+
+    The saved optimizer state keeps its moments and step counts; its settings (lr, betas, eps,
+    weight decay, kernel choice) become this run's, so a resume with changed settings trains
+    with what config.yaml says. The lineage goes on: the same run_id, and the checkpoint's own
+    id appended to the ancestry.
+    """
+    fmt = format_of(path)
+    if run.ema is not None:  # the checkpoint's average is loaded into tensors laid out like the weights
+        run.ema.reset()
+        if fmt.holds(state, "ema"):
+            run.ema.allocate(run.model)
+    fmt.load_into(run, path, state, lambda saved: with_current_settings(saved, run.optimizer))
+    if run.ema is not None:  # the start the checkpoint's run set goes on (none: this run's own, set at build)
+        start = checkpointed_start(state)
+        run.ema.load_progress_state(run.ema.start_step if start is None else start, state.get("ema_state"))
+    if run.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
+        run.scaler.load_state_dict(state["scaler"])
+    run.step = run.start_step = state["step"]
+    run.tokens_seen = state["tokens_seen"]
+    run.run_id = state.get("run_id") or run.run_id
+    run.ancestry = [*state.get("ancestry", []), state.get("checkpoint_id")]
+    run.metrics = dict(state.get("metrics", {}))
+    run.wandb_run_id = state.get("wandb_run_id")
+    long_run = state.get("long_run") or {}  # older checkpoints: no skips, no rollbacks
+    if run.spikes is not None and long_run.get("spike_window"):
+        run.spikes.load_state_dict(long_run["spike_window"])
+    run.skips_in_a_row = long_run.get("skips_in_a_row", 0)
+    run.rollbacks = long_run.get("rollbacks", 0)
+    run.data_offset = long_run.get("data_offset", 0)
+    if isinstance(run.train_loader, MixtureLoader):  # each source from where it stood (older checkpoints:
+        # where the checkpoint's own config put it)
+        position = run.step + run.data_offset
+        saved = state.get("mixture") or derived_state(state.get("config") or {}, run.step, position)
+        if saved is not None:
+            return run.train_loader.load_state_dict(saved)
+    return None
+
+
+def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
+    """The saved optimizer state (AdamW moments, step counts) with every setting of this run.
+
+    The saved groups carry the old run's lr, betas, eps, weight decay and kernel choice (fused
+    on CUDA or not); this run's values replace them, so a resume with changed settings trains
+    with what config.yaml says (weight decay stays on the decay group only).
+    """
+    if len(saved["param_groups"]) != len(optimizer.param_groups):
+        raise CheckpointError(f"the checkpoint's optimizer has {len(saved['param_groups'])} parameter groups, "
+                              f"this run's {len(optimizer.param_groups)}")
+    groups = [{**group, **{k: v for k, v in current.items() if k != "params"}}
+              for group, current in zip(saved["param_groups"], optimizer.param_groups)]
+    return {**saved, "param_groups": groups}
+
+
+def checkpointed_start(state: dict) -> int | None:
+    """The start step of the EMA kept by the run that wrote a checkpoint (its state), started or not; None where
+    that run kept none (ema_decay 0). Checkpoints of older code saved it only once the average had started:
+    before that, their config's ema_start and max_steps give it, as that run computed it."""
+    saved = state.get("ema_state")
+    if saved is not None:
+        return saved["start_step"]
+    config = state.get("config") or {}
+    if not config.get("ema_decay"):
+        return None
+    return EMASettings(ema_decay=config["ema_decay"], ema_start=config.get("ema_start", 0.0)).start_step(
+        config["max_steps"])
+
+
+# --- what a changed setting means -------------------------------------------------------------------
+
+def check_same_optimizer(optimizer: str, saved_config: dict, path) -> None:
+    """A checkpoint resumes only with the optimizer it was written with (optimizer: this run's): its state
+    (AdamW moments, or Muon momentum buffers) does not fit another. Checkpoints from before the key were adamw's."""
+    saved = saved_config.get("optimizer", "adamw")
+    if saved != optimizer:
+        raise CheckpointError(f"optimizer: {path} was written with optimizer {saved}, this run uses "
+                              f"{optimizer}: its optimizer state does not fit; resume with --optimizer {saved}, "
+                              f"or start from its weights with --init_from {path} in another out_dir")
+
+
+def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str], None]) -> None:
+    """One line naming every key that differs from the checkpoint's config (not `resume`), and those of them
+    that change the training math (changes_training_math): a changed log_interval, out_dir or
+    strategy is worth a line, but not the claim that the run now trains differently."""
+    now = cfg.to_dict()
+    keys = [key for key in now if key != "resume" and key in saved and saved[key] != now[key]]
+    if not keys:
+        return
+    changed = ", ".join(f"{key} {saved[key]!r} -> {now[key]!r}" for key in keys)
+    math = [key for key in keys if changes_training_math(cfg, key)]
+    if math:
+        effect = (f"{', '.join(math)} {'changes' if len(math) == 1 else 'change'} the training math: the steps "
+                  f"after the resume differ from an uninterrupted run")
+    else:
+        effect = "none of them changes the training math"
+    warn(f"resuming with settings that differ from the checkpoint's: {changed} "
+         f"(this run uses the new values; {effect})")
+
+
+def changes_training_math(cfg: TrainConfig, key: str) -> bool:
+    """Whether another value of key makes this run's steps differ: its field's on_resume, where with_dropout and
+    with_rollbacks depend on this run's dropout and rollbacks (what a resume with it changed warns of)."""
+    if key in WITH_DROPOUT_KEYS:
+        return cfg.model.dropout > 0
+    if key in WITH_ROLLBACKS_KEYS:
+        return bool(cfg.long_run.rollback_after or cfg.long_run.rollback_on_nonfinite)
+    return key in TRAJECTORY_KEYS
+
+
+def describe_ema_start(run: Run, kept: int | None, averaging: EMASettings, max_steps: int, path: Location,
+                       warn: Callable[[str], None]) -> None:
+    """Say where a resumed run's EMA starts when it is not where this config would start a fresh one.
+
+    kept: the start of the EMA the checkpoint's run kept (None: it had none); averaging: this run's ema
+    section, whose start would be floor(ema_start * max_steps) (max_steps: the schedule section's). A kept
+    start is state and goes on (a raised max_steps must not freeze the average until a later start, and then
+    fold on from the stale one)."""
+    planned = averaging.start_step(max_steps)
+    if kept is None:
+        if run.step > planned:
+            warn(f"{path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts from the "
+                 f"weights of step {run.step}, not of step {planned}")
+        return
+    if kept == planned:
+        return
+    now = f"ema_start {averaging.ema_start} of max_steps {max_steps} would start a fresh run's at step {planned}"
+    if run.ema.ready:
+        warn(f"the EMA of the weights started at step {kept} and averages on from there ({now})")
+    elif kept < max_steps:
+        warn(f"the EMA of the weights starts at step {kept}, as the run of {path} set it ({now})")
+    else:
+        warn(f"the EMA of the weights starts at step {kept}, as the run of {path} set it, at or after max_steps "
+             f"{max_steps}: this run ends without one ({now})")
+
+
+# --- a rollback ------------------------------------------------------------------------------------------
+
+def choose_rollback_checkpoint(folder: Location, resumed_from: Location | None, resumed_step: int, env: DistEnv,
+                               warn) -> Location | None:
+    """Where a rollback goes: the newest checkpoint in the folder, or the one this launch resumed from
+    if newer (it may lie elsewhere: a run continued with --resume PATH into a new out_dir); None when
+    there is neither. Rank 0 chooses; every rank gets its answer. Collective."""
+    def newest() -> Location | None:
+        if not env.master_process:
+            return None
+        found = find_resume_checkpoint(folder, "auto", warn=warn)
+        if resumed_from is not None and (found is None or found[1]["step"] < resumed_step):
+            return resumed_from
+        return None if found is None else found[0]
+
+    return broadcast_object(run_on_all_ranks(env, newest), env)
+
+
+def roll_back(ctx: Context, run: Run, request: RollbackRequested, folder: Location, max_rollbacks: int) -> None:
+    """Continue from the newest checkpoint, past the batches since it. Every rank calls it (collective).
+
+    The run's state becomes the checkpoint's (weights, optimizer, step, spike window) except
+    the rollback count, and data_offset moves so that the checkpoint's step trains on the data
+    after the batch that failed: the batches from the checkpoint to the failure are passed
+    over, and the rollback record says which. So the data position stays a function of the
+    state, and a run resumed later goes where this one goes. The log drops the records of the
+    steps that will be redone, as a resume does. A save in flight must have been waited for.
+    folder: the run's checkpoint folder; max_rollbacks: the long_run section's.
+    """
+    env, logger = ctx.env, ctx.logger
+    stop = f"step {request.step}: {request.reason}"
+    if run.rollbacks >= max_rollbacks:
+        raise DivergedError(f"{stop}; rolled back {run.rollbacks} time(s) already (max_rollbacks {max_rollbacks}): "
+                            f"stopping; the newest checkpoint in {folder} is the last good state")
+
+    path = choose_rollback_checkpoint(folder, run.resumed_from, run.resumed_step, env, logger.warn)
+    if path is None:
+        raise DivergedError(f"{stop}; there is no checkpoint in {folder} to roll back to: stopping")
+    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, run.model.config))
+    failed_batch, rollbacks = request.step + run.data_offset, run.rollbacks + 1
+    run.optimizer.zero_grad(set_to_none=True)  # a non-finite step left its gradients
+    load_state(run, state, path)
+    passed_over = [run.step + run.data_offset, failed_batch]  # data positions, first and last
+    run.data_offset = failed_batch + 1 - run.step
+    run.rollbacks = rollbacks
+    run.skips_in_a_row = 0  # the batches of those skips are passed over
+    logger.rewind(run.step)
+    logger.log({"kind": "rollback", "step": run.step, "tokens": run.tokens_seen, "from_step": request.step,
+                "reason": request.reason, "skipped_batches": passed_over})
+    logger.warn(f"{stop}; rolled back to {path} (step {run.step}) and passing over the batches of data positions "
+                f"{passed_over[0]}-{passed_over[1]} (rollback {rollbacks} of at most {max_rollbacks})")
