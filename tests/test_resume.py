@@ -121,3 +121,36 @@ def test_one_history_rules(tmp_path):
     (legacy / "log.jsonl").write_text("{}\n")
     with pytest.raises(ConfigError, match="holds a log.jsonl of another run"):
         check_one_history(legacy, legacy / "checkpoints", (elsewhere, lineage_state("c" * 32, 9)))
+
+
+def test_another_total_batch_size_says_which_rows_it_passes_over_or_reads_again(tmp_path):
+    """One folder's position is step x rows per step: resumed at step 3 with 32 rows a step instead of 16, the
+    run reads on from row 96, not 48, of epoch 0; rows 48-95 are never read (and the other way, read again)."""
+    from conftest import make_shards
+    from data.loader import TrainLoader
+    from training.train.resume import moved_position
+
+    data = make_shards(tmp_path / "shards", train_sizes=(20000,))  # 624 rows of 32 (+1) tokens: 19 steps of 32 rows
+    wider = TrainLoader(data, seq_len=32, micro_batch_size=4, total_batch_size=1024)
+    assert moved_position(wider, {"seq_len": 32, "total_batch_size": 512}, 3) == (
+        "total_batch_size 512 -> 1,024 moved the train data's position: step 3 reads from row 96 of epoch 0 "
+        "(rows 48-95 of epoch 0 are never read)")
+    narrower = TrainLoader(data, seq_len=32, micro_batch_size=4, total_batch_size=512)
+    assert moved_position(narrower, {"seq_len": 32, "total_batch_size": 1024}, 3).endswith(
+        "step 3 reads from row 48 of epoch 0 (rows 48-95 of epoch 0 are read a second time)")
+    assert moved_position(narrower, {"seq_len": 32, "total_batch_size": 1024}, 20).endswith(
+        "step 20 reads from row 320 of epoch 0 (the checkpoint's run was at row 32 of epoch 1)")
+    for same in ({"seq_len": 32, "total_batch_size": 512}, {"seq_len": 64, "total_batch_size": 1024}):
+        assert moved_position(narrower, same, 3) is None  # unchanged; or other rows altogether (seq_len)
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_total_batch_size_warns_of_the_rows_it_moves_past(tmp_path):
+    from conftest import base_args, make_shards, run_trainer
+
+    data = make_shards(tmp_path / "shards", train_sizes=(20000,))
+    run_trainer(base_args(data, tmp_path / "run", max_steps=3, eval_interval=0))  # 16 rows of 32 tokens a step
+    proc = run_trainer(base_args(data, tmp_path / "run", max_steps=4, eval_interval=0, total_batch_size=1024))
+    (line,) = [line for line in proc.stderr.splitlines() if "moved the train data's position" in line]
+    assert line.startswith("warning: total_batch_size 512 -> 1,024 moved the train data's position: step 3 reads "
+                           "from row 96 of epoch 0 (rows 48-95 of epoch 0 are never read) since ")

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from common.errors import CheckpointError, ConfigError, DivergedError, print_warning
+from data.loader import TrainLoader
 from data.mixture import MixtureLoader, changed_shards, derived_state
 from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, format_of,
                                         list_checkpoints, load_checkpoint, newest_readable_checkpoint,
@@ -270,6 +271,9 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
     run.resumed_from, run.resumed_step = path, run.step
     if composition:
         logger.warn(f"the mixture's composition changed since {path} was written: {composition}")
+    moved = moved_position(run.train_loader, state["config"], run.step + run.data_offset)
+    if moved:
+        logger.warn(f"{moved} since {path} was written")
     if run.ema is not None:
         describe_ema_start(run, checkpointed_start(state), cfg.ema, max_steps, path, logger.warn)
     warn_on_changed_settings(cfg, state["config"], logger.warn)
@@ -280,6 +284,33 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
         logger.warn(f"the shards in {where} changed since {path} was written (data fingerprint "
                     f"{trained_on} -> {fingerprint}): the steps after the resume read other data")
     return True
+
+
+def moved_position(loader, saved: dict, position: int) -> str | None:
+    """Where one folder's train rows go on from, said in words when another total_batch_size moved it; None where
+    it did not (a mixture keeps each source's position as state instead: data/mixture.py).
+
+    One folder's position is a function of the data position: step s reads rows s*R .. (s+1)*R - 1 of its epoch,
+    R = total_batch_size / seq_len rows. Resumed with another R, the run goes on from another row than the one
+    the checkpoint's run had reached: the rows between are passed over, or read again, in that epoch."""
+    if not isinstance(loader, TrainLoader) or saved.get("seq_len") != loader.T:
+        return None  # a mixture; or other rows altogether (seq_len: the changed-settings warning says so)
+    old_rows = saved.get("total_batch_size", 0) // loader.T
+    if not old_rows or old_rows == loader.rows_per_step:
+        return None
+    old_epoch, old_step = divmod(position, max(1, loader.stream.num_rows // old_rows))  # as TrainLoader.first_row
+    new_epoch, new_step = divmod(position, loader.steps_per_epoch)
+    old_first, new_first = old_step * old_rows, new_step * loader.rows_per_step
+    if (old_epoch, old_first) == (new_epoch, new_first):
+        return None
+    if old_epoch == new_epoch:
+        low, high = sorted((old_first, new_first))
+        what = (f"rows {low:,}-{high - 1:,} of epoch {new_epoch} are " +
+                ("never read" if new_first > old_first else "read a second time"))
+    else:
+        what = f"the checkpoint's run was at row {old_first:,} of epoch {old_epoch}"
+    return (f"total_batch_size {old_rows * loader.T:,} -> {loader.rows_per_step * loader.T:,} moved the train "
+            f"data's position: step {position} reads from row {new_first:,} of epoch {new_epoch} ({what})")
 
 
 def load_compatible_checkpoint(path: Location, model_config) -> dict:
