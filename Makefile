@@ -44,7 +44,7 @@ test: install lint
 
 # scripts/slurm.sbatch submitted to a real Slurm on this machine (tests/test_slurm.py: munge, slurmctld and
 # two slurmd, started and stopped by the tests); installs Debian's Slurm and munge first where they are
-# missing (root or sudo). About 3 minutes on 2 idle CPU cores.
+# missing (root or sudo, about 10 s). About 2.5 minutes on 2 idle CPU cores.
 test-slurm: install
 	bash scripts/install_slurm.sh
 	REQUIRE_SLURM=1 $(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m slurm tests/test_slurm.py --durations=0
