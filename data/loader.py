@@ -234,11 +234,17 @@ class TrainLoader:
             self._epoch_streams = {0: self.stream, epoch: self.stream.reordered(order)}
         return self._epoch_streams[epoch]
 
+    def step_start(self, step: int, rows_per_step: int | None = None) -> tuple[int, int]:
+        """(epoch, first row within that epoch) of a step's R rows; rows_per_step: another R than this loader's
+        (where a run of another total_batch_size stood: training/train/resume.py)."""
+        rows = rows_per_step or self.rows_per_step
+        epoch, step_in_epoch = divmod(step, self.stream.num_rows // rows)
+        return epoch, step_in_epoch * rows
+
     def first_row(self, step: int, micro_step: int) -> tuple[int, int]:
         """(epoch, first global row within that epoch) of this rank's micro-batch."""
-        epoch, step_in_epoch = divmod(step, self.steps_per_epoch)
-        first = step_in_epoch * self.rows_per_step + (micro_step * self.world_size + self.rank) * self.B
-        return epoch, first
+        epoch, first = self.step_start(step)
+        return epoch, first + (micro_step * self.world_size + self.rank) * self.B
 
     def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of shape (B, T), int64, on the CPU."""

@@ -261,24 +261,30 @@ def launched_processes(token: str) -> list[int]:
     torchrun starts each worker in a session of its own, so neither the process group nor the
     session finds them; the environment they inherit does.
     """
-    marker = f"{LAUNCH_TOKEN}={token}".encode()
+    return processes_whose_environment(lambda env: env.get(LAUNCH_TOKEN.encode()) == token.encode())
+
+
+def processes_whose_environment(match) -> list[int]:
+    """The live processes (not zombies, not this one) whose environment, a dict of bytes, matches."""
     found = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                     continue
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
+                items = (entry / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
+            if match(dict(item.split(b"=", 1) for item in items if b"=" in item)):
+                found.append(int(entry.name))
     return found
 
 
-def kill_all(pids: list[int]) -> None:
+def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
+    """Send sig (SIGKILL) to each process still there."""
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         except ProcessLookupError:
             pass
 

@@ -20,6 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
+from conftest import kill_all, processes_whose_environment
+from launch import free_port
 from slowness import guard
 
 HERE = Path(__file__).resolve().parent
@@ -31,12 +33,6 @@ NODES = ("n1", "n2")
 
 def missing_commands() -> list[str]:
     return [name for name in DAEMONS if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def executable(name: str) -> str:
@@ -88,19 +84,17 @@ class SlurmCluster:
     def node_processes(self, node: str) -> list[int]:
         """The node's slurmd, its slurmstepd, and every process of a job step on it."""
         name = node.encode()
-        return self.processes(lambda env: env.get(NODE.encode()) == name or env.get(b"SLURMD_NODENAME") == name)
+        return processes_whose_environment(lambda env: name in (env.get(NODE.encode()), env.get(b"SLURMD_NODENAME")))
 
     def freeze_node(self, node: str) -> None:
         """The node stops answering, as one whose power or network failed: every process on it is stopped
         (SIGSTOP) at once, so nothing on it can report a task's end or close a connection."""
-        for pid in self.node_processes(node):
-            kill(pid, signal.SIGSTOP)
+        kill_all(self.node_processes(node), signal.SIGSTOP)
 
     def restart_node(self, node: str) -> None:
         """The failed node reboots: what ran on it is gone (SIGKILL), and its slurmd starts afresh."""
         self.daemons.pop(f"slurmd-{node}").kill()
-        for pid in self.node_processes(node):
-            kill(pid, signal.SIGKILL)
+        kill_all(self.node_processes(node))
         self.start_node(node)
 
     def stop(self) -> None:
@@ -112,7 +106,7 @@ class SlurmCluster:
                                 raise_=False)
         finally:
             for name, daemon in reversed(list(self.daemons.items())):
-                kill(daemon.pid, signal.SIGCONT)  # a frozen node's slurmd
+                kill_all([daemon.pid], signal.SIGCONT)  # a frozen node's slurmd
                 if daemon.poll() is None:
                     daemon.terminate()
                     try:
@@ -120,8 +114,7 @@ class SlurmCluster:
                     except subprocess.TimeoutExpired:
                         daemon.kill()
                         daemon.wait()
-            for pid in self.processes(lambda env: env.get(TOKEN.encode()) == self.token.encode()):
-                kill(pid, signal.SIGKILL)
+            kill_all(processes_whose_environment(lambda env: env.get(TOKEN.encode()) == self.token.encode()))
 
     # --- what a user does ---
 
@@ -169,20 +162,6 @@ class SlurmCluster:
 
     # --- helpers ---
 
-    def processes(self, match) -> list[int]:
-        """Live processes whose environment (a dict of bytes) matches."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit() and int(entry.name) != os.getpid():
-                try:
-                    items = (entry / "environ").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                env = dict(item.split(b"=", 1) for item in items if b"=" in item)
-                if match(env):
-                    found.append(int(entry.name))
-        return found
-
     def wait_until(self, condition, timeout: float, what: str, raise_: bool = True) -> bool:
         deadline = time.monotonic() + guard(timeout)
         while time.monotonic() < deadline:
@@ -194,9 +173,3 @@ class SlurmCluster:
                                  f"{self.log('slurmctld.log')[-3000:]}")
         return False
 
-
-def kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

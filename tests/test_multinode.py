@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,16 +12,11 @@ import pytest
 import torch
 
 from conftest import REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+from launch import free_port
 from slowness import guard
 from test_faults import SIGNAL_PAUSE, STEPS, assert_same_run, children, slow_steps, wait_for_step
 
 pytestmark = pytest.mark.slow  # every test here starts processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_two_nodes(args: list[str], cwds: tuple[Path, Path] = (REPO, REPO), torchrun_args: tuple[str, ...] = (),

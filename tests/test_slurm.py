@@ -9,7 +9,6 @@ for bit, as the uninterrupted one.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -17,8 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, TINY_MODEL, TINY_VOCAB, load_weights, make_shards, train_losses
-from slurm_cluster import SlurmCluster, free_port, kill, missing_commands
+from conftest import REPO, TINY_MODEL, TINY_VOCAB, kill_all, load_weights, make_shards, processes_whose_environment, train_losses
+from launch import free_port
+from slurm_cluster import SlurmCluster, missing_commands
 from training.checkpoint.folder import list_checkpoints
 from training.core.logger import read_log
 
@@ -136,8 +136,8 @@ def test_a_worker_killed_on_one_node_restarts_under_torchrun_on_both(cluster, da
     out = tmp_path / "run"
     job_id = submit(cluster, out, trainer_args(data, out))
     wait_for_step(cluster, out, job_id, 10)  # past the step-8 checkpoint
-    (worker,) = cluster.processes(lambda env: env.get(b"SLURMD_NODENAME") == b"n2" and b"LOCAL_RANK" in env)
-    kill(worker, signal.SIGKILL)  # node n2's GPU falls off the bus: torchrun (--max-restarts=3) restarts both
+    (worker,) = processes_whose_environment(lambda env: env.get(b"SLURMD_NODENAME") == b"n2" and b"LOCAL_RANK" in env)
+    kill_all([worker])  # node n2's GPU falls off the bus: torchrun (--max-restarts=3) restarts both
     job = finished(cluster, out, job_id)
     text = job_output(out, job_id)
     assert job["Restarts"] == "0" and "resumed from" in text, text[-4000:]

@@ -298,9 +298,10 @@ def moved_position(loader, saved: dict, position: int) -> str | None:
     old_rows = saved.get("total_batch_size", 0) // loader.T
     if not old_rows or old_rows == loader.rows_per_step:
         return None
-    old_epoch, old_step = divmod(position, max(1, loader.stream.num_rows // old_rows))  # as TrainLoader.first_row
-    new_epoch, new_step = divmod(position, loader.steps_per_epoch)
-    old_first, new_first = old_step * old_rows, new_step * loader.rows_per_step
+    if loader.stream.num_rows < old_rows:
+        return None  # the checkpoint's run could not have read this folder: the shards changed (another warning)
+    old_epoch, old_first = loader.step_start(position, old_rows)
+    new_epoch, new_first = loader.step_start(position)
     if (old_epoch, old_first) == (new_epoch, new_first):
         return None
     if old_epoch == new_epoch:
