@@ -473,7 +473,9 @@ def write_results(out_dir: Path, ckpt: Path, state: dict, entries: dict[str, dic
     if path.is_file():
         try:
             previous = json.loads(path.read_text())
-            record["tasks"] = previous.get("tasks", {}) if isinstance(previous, dict) else {}
+            tasks = previous.get("tasks") if isinstance(previous, dict) else None
+            if isinstance(tasks, dict):  # another shape is no results file of ours: replaced, like an unreadable one
+                record["tasks"] = tasks
         except (OSError, json.JSONDecodeError):
             pass  # an unreadable earlier file is replaced, not merged
     record["tasks"].update(entries)

@@ -53,11 +53,19 @@ def regularized_beta(x: float, a: float, b: float) -> float:
     return 1.0 - front * _beta_continued_fraction(1.0 - x, b, a) / b  # the symmetry I_x(a, b) = 1 - I_1-x(b, a)
 
 
+def t_two_sided(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with df degrees of freedom: the two-sided p of a t statistic, from the
+    incomplete beta directly (as 1 - P(T <= |t|) it would lose its digits and cancel to 0 below about 1e-16)."""
+    if math.isinf(t):
+        return 0.0
+    return regularized_beta(df / (df + t * t), df / 2, 0.5)
+
+
 def t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t with df (> 0, not necessarily whole) degrees of freedom."""
     if math.isinf(t):
         return 1.0 if t > 0 else 0.0
-    tail = 0.5 * regularized_beta(df / (df + t * t), df / 2, 0.5)  # P(T > |t|)
+    tail = 0.5 * t_two_sided(t, df)  # P(T > |t|)
     return 1.0 - tail if t > 0 else tail
 
 
@@ -133,11 +141,20 @@ def _test(diff: float, se: float, df: float, confidence: float) -> tuple[tuple[f
         return (diff, diff), (0.0 if diff == 0 else math.copysign(math.inf, diff)), 1.0 if diff == 0 else 0.0
     half = t_quantile(0.5 + confidence / 2, df) * se
     t = diff / se
-    return (diff - half, diff + half), t, 2 * (1 - t_cdf(abs(t), df))
+    return (diff - half, diff + half), t, t_two_sided(t, df)
+
+
+def _require_finite(*groups: list[float]) -> None:
+    """ValueError on a value that is NaN or infinite: its mean and spread would be too, and so would p, which
+    no comparison with alpha reads correctly."""
+    bad = next((v for group in groups for v in group if not math.isfinite(v)), None)
+    if bad is not None:
+        raise ValueError(f"values must be finite, got {bad}")
 
 
 def welch(a: list[float], b: list[float], confidence: float = CONFIDENCE) -> Difference:
     """Welch's t-test of mean(b) - mean(a) (unequal variances; Welch-Satterthwaite degrees of freedom)."""
+    _require_finite(a, b)
     ma, mb = mean_interval(a), mean_interval(b)
     diff = mb.value - ma.value
     if ma.n < 2 or mb.n < 2:
@@ -153,6 +170,7 @@ def paired(a: list[float], b: list[float], confidence: float = CONFIDENCE) -> Di
     """The paired t-test of b - a, value by value (the same runs measured two ways)."""
     if len(a) != len(b):
         raise ValueError(f"paired values need as many in each group, got {len(a)} and {len(b)}")
+    _require_finite(a, b)
     d = mean_interval([y - x for x, y in zip(a, b)])
     ma, mb = math.fsum(a) / len(a), math.fsum(b) / len(b)
     if d.n < 2:

@@ -27,7 +27,6 @@ A run folder that already holds its final val record is reused, not retrained.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -42,7 +41,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from compare_runs import compare, format_rows  # noqa: E402
+from common.errors import ArgumentParser, run_cli  # noqa: E402
+from compare_runs import compare, format_rows, summary  # noqa: E402
 from training.core.logger import read_log  # noqa: E402
 
 DEMO = REPO / "configs" / "demo.yaml"
@@ -123,23 +123,25 @@ def tables(rows: list[dict], runs: dict[tuple[str, int], Path], seeds: list[int]
         lines.append(f"\nMean speed-up over {len(speedups)} seed(s): {statistics.mean(speedups):.2f}x "
                      f"(min {min(speedups):.2f}x, max {max(speedups):.2f}x).")
     group = {recipe: [runs[recipe, seed] for seed in seeds] for recipe in RECIPES}
-    lines += ["", f"The recipes over {len(seeds)} seed(s) (compare_runs.py, Welch's t-test):", "",
-              format_rows(compare(group["faithful"], group["modern"], names=("faithful", "modern")),
-                          ("faithful", "modern"))]
+    names = ("faithful", "modern")
+    compared = compare(group["faithful"], group["modern"], names=names)
+    lines += ["", f"The recipes over {len(seeds)} seed(s) (compare_runs.py): {summary(compared, names)}", "",
+              format_rows(compared, names)]
     for recipe, folders in group.items():
         if len(folders) > 1 and all("ema_loss" in final_val(folder) for folder in folders):
-            lines += ["", f"{recipe}: the live weights against their EMA, the same runs (paired t-test):", "",
-                      format_rows(compare(folders, folders, "live", "ema", names=("live", "EMA")), ("live", "EMA"))]
+            compared = compare(folders, folders, "live", "ema", names=("live", "EMA"))
+            lines += ["", f"{recipe}: the live weights against their EMA, the same runs (compare_runs.py): "
+                      f"{summary(compared, ('live', 'EMA'))}", "", format_rows(compared, ("live", "EMA"))]
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="scripts/compare_recipes.py", description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1337, 1, 2])
     parser.add_argument("--out", type=Path, default=REPO / "out" / "recipes")
     parser.add_argument("--gpu", action="store_true", help="GPT-2 124M on CUDA instead of the demo model on the CPU")
     parser.add_argument("--dry_run", action="store_true", help="4 steps of a 2-layer model on the CPU (plumbing)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     setting = "dry" if args.dry_run else "gpu" if args.gpu else "cpu"
     max_steps, settings = SETTINGS[setting]
 
@@ -155,7 +157,8 @@ def main() -> None:
     first = [str(runs[recipe, args.seeds[0]]) for recipe in RECIPES]  # one seed's runs: a legend that leaves room
     subprocess.run([sys.executable, "plot_log.py", *first, "-o", str(args.out / "recipes.png"), "--smooth", "20",
                     "--title", f"demo model: faithful vs modern recipe (seed {args.seeds[0]})"], cwd=REPO, check=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

@@ -24,8 +24,10 @@ ACC_A, ACC_B = [0.2513, 0.2641, 0.2580, 0.2544], [0.2550, 0.2498, 0.2611, 0.2575
 
 
 def write_run(folder: Path, losses: list[float], ema: float | None = None, acc: float | None = None,
-              steps: int = 400) -> Path:
-    """A run folder: val records every 100 steps ending at `steps` (loss, bpb = loss x 0.44), and a report card."""
+              steps: int = 400, saved: int | None = None, card_step: int | None = None) -> Path:
+    """A run folder: val records every 100 steps ending at `steps` (loss, bpb = loss x 0.44), the record of its last
+    checkpoint (of step `saved`, default `steps`), and a report card of the checkpoint of `card_step` (default
+    `steps`)."""
     folder.mkdir(parents=True)
     records = [{"kind": "train", "step": 0, "loss": 10.9}]
     for step, loss in zip(range(0, steps + 1, steps // (len(losses) - 1)), losses):
@@ -33,9 +35,12 @@ def write_run(folder: Path, losses: list[float], ema: float | None = None, acc: 
         if ema is not None and step == steps:
             record.update(ema_loss=ema, ema_bpb=ema * 0.44)
         records.append(record)
+    saved = steps if saved is None else saved
+    records.append({"kind": "checkpoint", "step": saved, "path": str(folder / "checkpoints" / f"step_{saved:08d}.pt")})
     (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     if acc is not None:
-        card = {"tasks": {"hellaswag": {"metric": "acc_norm", "value": acc, "n": 10042}}}
+        card = {"model": {"name": f"step {steps} of {folder}", "step": steps if card_step is None else card_step},
+                "tasks": {"hellaswag": {"metric": "acc_norm", "value": acc, "n": 10042}}}
         (folder / "report.json").write_text(json.dumps(card))
     return folder
 
@@ -61,7 +66,7 @@ def test_two_recipes_are_compared_by_welchs_test_per_metric(recipes, tmp_path, c
     assert rows["final val loss"]["result"]["p"] == loss.p and rows["final val loss"]["result"]["interval"] == list(loss.interval)
     assert rows["final val bpb"]["a"] == pytest.approx([x * 0.44 for x in LIVE_A], rel=1e-15)
     assert rows["hellaswag acc_norm"]["result"]["diff"] == accuracy.diff and not rows["hellaswag acc_norm"]["lower_is_better"]
-    assert out.startswith("faithful: 4 runs, modern: 4 runs; Welch's t-test, two-sided, alpha 0.05\n")
+    assert out.startswith("faithful: 4 runs at step 400, modern: 4 runs at step 400; Welch's t-test, two-sided, alpha 0.05\n")
     low, high = loss.interval
     assert (f"| final val loss | {loss.mean_a:.4f} | {loss.mean_b:.4f} | {loss.diff:+.4f} ({low:+.4f} to {high:+.4f}) "
             f"| {loss.p:.1e} | modern is better at p = {loss.p:.1e} |") in out
@@ -75,7 +80,7 @@ def test_the_same_runs_live_against_their_ema_are_paired(recipes, capfd):
     assert run_cli(main, ["--a", *map(str, a), "--b", *map(str, a), "--b_weights", "ema", "--names", "live,EMA"]) == 0
     out = capfd.readouterr().out
     result = paired(LIVE_A, EMA_A)
-    assert out.startswith("live: 4 runs, EMA: 4 runs; paired t-test (the same runs)")
+    assert out.startswith("live: 4 runs at step 400, EMA: 4 runs at step 400; paired t-test (the same runs)")
     assert f"| final val loss | {result.mean_a:.4f} | {result.mean_b:.4f} | {result.diff:+.4f} (" in out
     assert f"EMA is better at p = {result.p:.3f} |" in out  # lower loss
     assert "hellaswag" not in out  # no report_ema.json: the card's tasks of the EMA weights were not measured
@@ -117,4 +122,113 @@ def test_compare_recipes_measures_the_demo_config_as_it_is_and_reads_each_runs_f
     assert [(r["faithful_steps"], r["modern_steps"]) for r in rows] == [(400, 300)] * 4  # modern's 5.8 at step 300
     text = "\n".join(compare_recipes.tables(rows, runs, [1, 2, 3, 4]))
     assert "| 1 | 5.9701 | 5.7207 | 400 | 300 | 1.33x |" in text and "modern is better at p = " in text
+    assert ("The recipes over 4 seed(s) (compare_runs.py): faithful: 4 runs at step 400, modern: 4 runs at step 400; "
+            "Welch's t-test") in text
     assert "faithful: the live weights against their EMA" in text and "modern: the live" not in text  # b has no EMA
+
+
+def run_main(argv: list[str], capfd) -> tuple[int, str, str]:
+    from compare_runs import main
+
+    code = run_cli(main, argv)
+    captured = capfd.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_error(code: int, err: str, *parts: str) -> None:
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    assert all(part in err for part in parts), err
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_figure_that_is_not_finite_is_one_error_line_naming_the_run(recipes, tmp_path, capfd, bad):
+    """The regression of 'A is better at p = 0' from one seed's NaN final val loss (and 'B is better' from inf): the
+    mean, spread and p of a group with such a value are NaN, and NaN >= alpha is false."""
+    a, b = recipes
+    broken = write_run(tmp_path / "broken", [10.8, 7.0, 6.3, 6.1, bad], acc=0.25)
+    code, out, err = run_main(["--a", *map(str, a), "--b", *map(str, b[:3]), str(broken)], capfd)
+    assert_one_error(code, err, f"{broken / 'log.jsonl'}: the final val loss of step 400 is {bad}, not a finite figure")
+    assert out == ""
+    card = json.loads((b[0] / "report.json").read_text())
+    card["tasks"]["hellaswag"]["value"] = bad
+    (b[0] / "report.json").write_text(json.dumps(card))
+    code, _, err = run_main(["--a", *map(str, a), "--b", *map(str, b)], capfd)
+    assert_one_error(code, err, f"{b[0] / 'report.json'}: hellaswag acc_norm is {bad}, not a finite figure")
+    with pytest.raises(ValueError, match="values must be finite"):
+        welch([1.0, 2.0], [3.0, bad])
+    with pytest.raises(ValueError, match="values must be finite"):
+        paired([1.0, bad], [3.0, 4.0])
+
+
+def test_a_run_given_twice_counts_once_or_is_refused(recipes, tmp_path, capfd):
+    """The regression of a run listed twice counting as two seeds (a smaller p from the same evidence), however it
+    is spelled; and of groups that share some runs but not all, which are neither independent nor paired."""
+    a, b = recipes
+    again = tmp_path / "x" / ".." / a[1].name  # another path to the same folder
+    (tmp_path / "x").mkdir()
+    code, out, err = run_main(["--a", *map(str, a), str(again), "--b", *map(str, b)], capfd)
+    assert_one_error(code, err, f"--a: {again} is given twice (as {a[1]} and {again}): each run counts once")
+    code, _, err = run_main(["--a", *map(str, a), "--b", str(b[0]), str(b[0]), str(b[1])], capfd)
+    assert_one_error(code, err, f"--b: {b[0]} is given twice: each run counts once")
+    code, _, err = run_main(["--a", *map(str, a[:3]), "--b", str(a[2]), *map(str, b[:2]), "--b_weights", "ema"], capfd)
+    assert_one_error(code, err, f"--b: {a[2]} is in --a too, but the groups are not the same runs")
+
+
+def test_the_same_runs_in_another_order_are_still_paired_run_by_run(recipes, tmp_path, capfd):
+    """The regression of a silent switch to Welch's test when the same runs are listed in another order: runs are
+    paired by what they are (their resolved folders), not by their places in the lists."""
+    a, _ = recipes
+    shuffled = [a[2], a[0], tmp_path / "x" / ".." / a[3].name, a[1]]
+    (tmp_path / "x").mkdir()
+    code, out, err = run_main(["--a", *map(str, a), "--b", *map(str, shuffled), "--b_weights", "ema",
+                               "--names", "live,EMA", "--json", str(tmp_path / "rows.json")], capfd)
+    assert code == 0, err
+    assert out.startswith("live: 4 runs at step 400, EMA: 4 runs at step 400; paired t-test (the same runs)")
+    row = json.loads((tmp_path / "rows.json").read_text())[0]
+    assert row["b"] == EMA_A and row["result"] == json.loads(json.dumps(paired(LIVE_A, EMA_A).__dict__))
+    code, _, err = run_main(["--a", *map(str, a), "--b", *map(str, shuffled)], capfd)  # the same weights too
+    assert_one_error(code, err, "--b: the same runs with the same weights as --a: nothing to compare")
+
+
+def test_each_groups_step_is_shown_and_figures_of_other_steps_are_refused_or_warned_of(recipes, tmp_path, capfd):
+    """The regression of final figures of different steps compared without a word: 6-step runs against 12-step
+    ones, a seed that stopped early, a report.json made before the run went on, a run whose last checkpoint is newer
+    than its last val record (stopped before its final evaluations)."""
+    a, b = recipes
+    short = [write_run(tmp_path / f"short{i}", [10.8, 6.5, 6.05, 5.8, loss], acc=acc, steps=200)
+             for i, (loss, acc) in enumerate(zip(LIVE_B, ACC_B))]
+    # between the groups: warned (the question may be another budget), each group's step above the table
+    code, out, err = run_main(["--a", *map(str, a), "--b", *map(str, short), "--names", "long,short"], capfd)
+    assert code == 0 and err == ("warning: long's figures are of step 400, short's of step 200: the verdicts compare "
+                                 "different training lengths too\n"), err
+    assert out.startswith("long: 4 runs at step 400, short: 4 runs at step 200; Welch's t-test")
+    # within a group: refused (its runs are one recipe's seeds), naming each run's step
+    code, _, err = run_main(["--a", *map(str, a), "--b", *map(str, b[:3]), str(short[3])], capfd)
+    assert_one_error(code, err, f"--b: its runs' figures are of different steps ({b[0]}: step 400, {b[1]}: step 400, "
+                                f"{b[2]}: step 400, {short[3]}: step 200)")
+    # a card of an older checkpoint than the run's end
+    stale = write_run(tmp_path / "stale", [10.8, 6.5, 6.05, 5.8, 5.7], acc=0.25, card_step=300)
+    code, _, err = run_main(["--a", *map(str, a), "--b", *map(str, b[:3]), str(stale)], capfd)
+    assert_one_error(code, err, f"{stale / 'report.json'}: the card of step 300, but the run has gone on to step 400: "
+                                f"make it again (python eval_lm.py {stale} --card)")
+    # a checkpoint newer than the last val record: the final evaluations are missing
+    stopped = write_run(tmp_path / "stopped", [10.8, 6.5, 6.05, 5.8, 5.7], steps=300, saved=400)
+    code, _, err = run_main(["--a", *map(str, a), "--b", *map(str, b[:3]), str(stopped)], capfd)
+    assert_one_error(code, err, f"{stopped / 'log.jsonl'}: its last val record is of step 300, but the run has a "
+                                f"checkpoint of step 400: its figures of step 400 are missing")
+
+
+@pytest.mark.parametrize("card", [
+    {"model": {"step": 400}, "tasks": {"x": 3}},
+    {"model": {"step": 400}, "tasks": {"x": {"metric": "acc", "value": "high"}}},
+    {"model": {"step": 400}, "tasks": ["hellaswag"]},
+    {"tasks": {"hellaswag": {"metric": "acc_norm", "value": 0.25}}},
+    ["not", "a", "card"],
+    "{",
+])
+def test_a_malformed_report_card_is_one_error_line_naming_it(recipes, capfd, card):
+    """The regression of a traceback (AttributeError) on {"tasks": {"x": 3}}."""
+    a, b = recipes
+    (b[1] / "report.json").write_text(card if isinstance(card, str) else json.dumps(card))
+    code, _, err = run_main(["--a", *map(str, a), "--b", *map(str, b)], capfd)
+    assert_one_error(code, err, f"{b[1] / 'report.json'}: ")

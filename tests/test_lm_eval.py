@@ -225,6 +225,18 @@ def test_a_later_evaluation_of_the_same_checkpoint_adds_to_its_results(evaluated
     assert len(list((out / "wandb").glob("offline-run-*"))) == 2  # nothing new: W&B disabled
 
 
+def test_an_earlier_results_file_of_another_shape_is_replaced_not_merged(tmp_path):
+    """The regression of a traceback (AttributeError) on an earlier results file whose tasks are not a table."""
+    from eval_lm import write_results
+
+    entries = {"hellaswag_fixture": {"metrics": {"acc": 0.4}, "n": 5}}
+    for earlier in ('{"tasks": ["hellaswag"]}', '["tasks"]', '{"tasks": 3}', "{"):
+        (tmp_path / "lm_eval").mkdir(exist_ok=True)
+        (tmp_path / "lm_eval" / "step_00000002.json").write_text(earlier)
+        path = write_results(tmp_path, tmp_path / "step_00000002.pt", {"step": 2}, entries)
+        assert json.loads(path.read_text())["tasks"] == entries, earlier
+
+
 def test_an_unknown_task_is_one_error_line_before_the_model_loads(tmp_path, capfd, monkeypatch, offline):
     """In this process, with lm_eval's index of the fixture tasks alone: indexing its thousands of
     built-in tasks, which a name not among --include_path's makes eval_lm.py do, takes 10-15 s of CPU

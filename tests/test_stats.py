@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from evals.stats import mean_interval, paired, regularized_beta, t_cdf, t_quantile, verdict, welch, wilson_interval
+from evals.stats import format_p, mean_interval, paired, regularized_beta, t_cdf, t_quantile, verdict, welch, wilson_interval
 
 
 def test_wilson_interval_by_hand():
@@ -72,6 +72,20 @@ def test_degenerate_groups():
 A = [5.9701, 5.9842, 6.0206, 5.9911]
 B = [5.7207, 5.7062, 5.6892, 5.7342, 5.7013]
 LIVE, EMA = [5.9701, 5.9842, 6.0206], [5.9426, 5.9529, 5.9853]
+
+
+def test_a_small_p_keeps_its_digits_against_scipy():
+    """The regression of p = 0 (printed "0") for well separated groups: p as 1 - P(T <= |t|) cancelled to 0 below
+    about 1e-16, and lost digits from about 1e-4 on."""
+    from scipy import stats
+    a, b = [5.3086, 5.3085, 5.3087, 5.3086], [5.9378, 5.9379, 5.9377, 5.9378]  # spread 1e-4, 0.63 apart
+    ours, theirs = welch(a, b), stats.ttest_ind(b, a, equal_var=False)
+    assert ours.p == pytest.approx(theirs.pvalue, rel=1e-9, abs=0) and ours.p < 1e-22
+    assert format_p(ours.p) == "4.0e-23" and verdict(ours, lower_is_better=True) == "A is better at p = 4.0e-23"
+    live = [5.9378, 5.9279, 5.9404, 5.9301]
+    ema = [x - 0.0312 + d for x, d in zip(live, (1e-5, -1e-5, 0.0, 2e-5))]
+    ours, theirs = paired(live, ema), stats.ttest_rel(ema, live)
+    assert ours.p == pytest.approx(theirs.pvalue, rel=1e-9, abs=0) and ours.p < 1e-10  # 1 - P kept 5 digits of 11
 
 
 def test_against_scipy():
