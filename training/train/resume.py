@@ -8,11 +8,14 @@ checkpoint of the folder, or the one this launch resumed if newer. It loads, thr
 checkpoint's format (load_into: every rank its part, under any strategy and world size): the
 model's weights; the optimizer's moments and step counts, with this run's settings (lr, betas, eps,
 weight decay); the EMA of the weights and the step it started at (the checkpoint's, not this
-config's); float16's loss scale; the step, tokens seen, lineage, latest figures and W&B run id;
+config's); float16's loss scale; the step, tokens seen, lineage, latest figures (and whether they are
+the final ones) and W&B run id;
 the spike window, skips in a row, rollbacks and data offset; each mixture source's position.
 Nothing else: the data position is a function of the step and the data offset, and dropout masks
 are reseeded from (seed, step, rank). A changed setting means: another model shape or optimizer is
-refused; a checkpoint past max_steps is refused, one at it is nothing to do; any other changed key
+refused; a checkpoint past max_steps is refused, one at it is nothing to do once its final evaluations
+ran (a stop at the last step saves before them: the relaunch then runs them, and only them; `finished`);
+any other changed key
 is one warning naming it and whether it changes the training math (its field's on_resume); changed
 shards are a warning.
 
@@ -27,7 +30,7 @@ its error; the loading is a collective. The pieces, in that order below:
   run, named by the `run_id` a fresh start draws and its checkpoints, resumes and run.json carry;
   each checkpoint has its own `checkpoint_id`, and `ancestry` lists the ids its run resumed from,
   which tells the checkpoints that continued from `--resume PATH` from another run's;
-- what it loads: `resume_run` (build_run calls it), `load_compatible_checkpoint`, `load_state`;
+- what it loads: `resume_run` (build_run calls it), `finished`, `load_compatible_checkpoint`, `load_state`;
 - what a changed setting means: `check_same_optimizer`, `warn_on_changed_settings`,
   `describe_ema_start`;
 - a rollback: `choose_rollback_checkpoint`, `roll_back` (training/train/recovery.py calls it).
@@ -256,16 +259,20 @@ def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> Non
 
 def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool:
     """The run just built (build_run) continues from the checkpoint at path; False when there is nothing to do
-    (the checkpoint is at max_steps). Every rank calls it (a collective); a problem any rank sees stops every
-    rank alike. It compares the whole configuration with the checkpoint's: what a changed setting means."""
+    (the checkpoint is at max_steps, its final evaluations run). Every rank calls it (a collective); a problem
+    any rank sees stops every rank alike. It compares the whole configuration with the checkpoint's: what a
+    changed setting means."""
     env, logger, max_steps = ctx.env, ctx.logger, cfg.schedule.max_steps
     state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, run.model.config))
-    if state["step"] >= max_steps:  # decided on every rank: all of them stop here
+    if state["step"] >= max_steps:  # decided on every rank: all of them stop here, or run the final evaluations
         if state["step"] > max_steps:
             raise ConfigError(f"max_steps: {max_steps} is below step {state['step']} of {path}; "
                               f"raise max_steps to train on, or start another run in another out_dir")
-        logger.console(f"nothing to do: {path} is at max_steps {max_steps}; raise max_steps to train on")
-        return False
+        if finished(state):
+            logger.console(f"nothing to do: {path} is at max_steps {max_steps}; raise max_steps to train on")
+            return False
+        logger.console(f"{path} is at max_steps {max_steps}, but its final evaluations were not run (a stop came "
+                       f"first): running them, and only them")
     check_same_optimizer(cfg.optimizer.optimizer, state["config"], path)  # another's state does not fit
     composition = load_state(run, state, path)
     run.resumed_from, run.resumed_step = path, run.step
@@ -284,6 +291,15 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
         logger.warn(f"the shards in {where} changed since {path} was written (data fingerprint "
                     f"{trained_on} -> {fingerprint}): the steps after the resume read other data")
     return True
+
+
+def finished(state: dict) -> bool:
+    """Whether the checkpoint (its state) is of a finished run: one whose final evaluations, after its last step,
+    are logged and in its figures. Checkpoints of older code do not say: they count as finished at their own run's
+    max_steps, as that code took them to be."""
+    if "finished_at" in state:
+        return state["finished_at"] == state["step"]
+    return state["step"] == state["config"].get("max_steps")
 
 
 def moved_position(loader, saved: dict, position: int) -> str | None:
@@ -348,6 +364,7 @@ def load_state(run: Run, state: dict, path: Location) -> str | None:
     run.run_id = state.get("run_id") or run.run_id
     run.ancestry = [*state.get("ancestry", []), state.get("checkpoint_id")]
     run.metrics = dict(state.get("metrics", {}))
+    run.finished_at = state.get("finished_at")
     run.wandb_run_id = state.get("wandb_run_id")
     long_run = state.get("long_run") or {}  # older checkpoints: no skips, no rollbacks
     if run.spikes is not None and long_run.get("spike_window"):
