@@ -354,9 +354,11 @@ def load_state(run: Run, state: dict, path: Location) -> str | None:
         if fmt.holds(state, "ema"):
             run.ema.allocate(run.model)
     fmt.load_into(run, path, state, lambda saved: with_current_settings(saved, run.optimizer))
-    if run.ema is not None:  # the start the checkpoint's run set goes on (none: this run's own, set at build)
+    if run.ema is not None:  # the start the checkpoint's run set goes on; where it kept none, this run's own (set
+        # at build), but no earlier than the first update this run makes: the update of the checkpoint's step
         start = checkpointed_start(state)
-        run.ema.load_progress_state(run.ema.start_step if start is None else start, state.get("ema_state"))
+        run.ema.load_progress_state(max(run.ema.start_step, state["step"]) if start is None else start,
+                                    state.get("ema_state"))
     if run.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
         run.scaler.load_state_dict(state["scaler"])
     run.step = run.start_step = state["step"]
@@ -461,9 +463,9 @@ def describe_ema_start(run: Run, kept: int | None, averaging: EMASettings, max_s
     fold on from the stale one)."""
     planned = averaging.start_step(max_steps)
     if kept is None:
-        if run.step > planned:
+        if run.ema.start_step != planned:  # the checkpoint's step: the first update this run makes
             warn(f"{path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts from the "
-                 f"weights of step {run.step}, not of step {planned}")
+                 f"weights of step {run.ema.start_step}, not of step {planned}")
         return
     if kept == planned:
         return
