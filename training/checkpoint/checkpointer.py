@@ -35,7 +35,7 @@ from training.core.process_group import any_rank, run_on_all_ranks
 from training.distributed.strategies import local_part
 from training.core.context import Context
 from training.checkpoint.run_folder import adopt_checkpoint_folder
-from training.optim.spikes import RollbackRequested
+from training.optim.spikes import RollbackRequested, rollbacks_on
 from training.core.storage import Location, absolute, is_url
 
 
@@ -295,7 +295,7 @@ class CheckpointSettings(Settings):
     SUMMARY = "when checkpoints are written and kept, where they go, which one a run resumes"
 
     checkpoint_interval: int = option(5000, "checkpoint every N steps (0: only at the end and on preemption)",
-                                      on_resume="with_rollbacks")
+                                      on_resume=rollbacks_on)  # which batches a rollback passes over
     final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)", on_resume="none")
     keep_last: int = option(3, "keep the newest N checkpoints", on_resume="none")
     resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path",

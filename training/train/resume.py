@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from common.errors import CheckpointError, ConfigError, DivergedError, print_warning
+from common.settings import changes_training_math
 from data.loader import TrainLoader
 from data.mixture import MixtureLoader, changed_shards, derived_state
 from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, format_of,
@@ -63,7 +64,7 @@ from training.core.process_group import DistEnv, broadcast_object, run_on_all_ra
 from training.core.storage import Location, name_of, parent_of
 from training.optim.ema import EMASettings
 from training.optim.spikes import RollbackRequested
-from training.train.config import WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS, TRAJECTORY_KEYS, TrainConfig
+from training.train.config import ON_RESUME_OF, TrainConfig
 from training.train.run import Run
 
 RUN_RECORD = "run.json"  # written by the trainer at every launch (training/observe/provenance.py)
@@ -426,14 +427,15 @@ def check_same_optimizer(optimizer: str, saved_config: dict, path) -> None:
 
 def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str], None]) -> None:
     """One line naming every key that differs from the checkpoint's config (not `resume`), and those of them
-    that change the training math (changes_training_math): a changed log_interval, out_dir or
-    strategy is worth a line, but not the claim that the run now trains differently."""
+    that change the training math (each field's on_resume, judged with this run's settings): a changed
+    log_interval, out_dir or strategy is worth a line, but not the claim that the run now trains differently,
+    nor is a spike setting while spike_skip is off."""
     now = cfg.to_dict()
     keys = [key for key in now if key != "resume" and key in saved and saved[key] != now[key]]
     if not keys:
         return
     changed = ", ".join(f"{key} {saved[key]!r} -> {now[key]!r}" for key in keys)
-    math = [key for key in keys if changes_training_math(cfg, key)]
+    math = [key for key in keys if changes_training_math(ON_RESUME_OF[key], now)]
     if math:
         effect = (f"{', '.join(math)} {'changes' if len(math) == 1 else 'change'} the training math: the steps "
                   f"after the resume differ from an uninterrupted run")
@@ -441,16 +443,6 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str]
         effect = "none of them changes the training math"
     warn(f"resuming with settings that differ from the checkpoint's: {changed} "
          f"(this run uses the new values; {effect})")
-
-
-def changes_training_math(cfg: TrainConfig, key: str) -> bool:
-    """Whether another value of key makes this run's steps differ: its field's on_resume, where with_dropout and
-    with_rollbacks depend on this run's dropout and rollbacks (what a resume with it changed warns of)."""
-    if key in WITH_DROPOUT_KEYS:
-        return cfg.model.dropout > 0
-    if key in WITH_ROLLBACKS_KEYS:
-        return bool(cfg.long_run.rollback_after or cfg.long_run.rollback_on_nonfinite)
-    return key in TRAJECTORY_KEYS
 
 
 def describe_ema_start(run: Run, kept: int | None, averaging: EMASettings, max_steps: int, path: Location,
