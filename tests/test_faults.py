@@ -276,9 +276,10 @@ def test_a_stop_in_the_last_step_leaves_the_final_evaluations_to_the_relaunch_an
     """A SIGTERM during the last step: the ranks save step 12 before its final evaluations, and the checkpoint says
     it is not finished. A relaunch stopped before they ran saves and amends nothing; the same command then runs
     them, and only them (no step, no train record twice), so the log ends with the val record of step 12 that the
-    uninterrupted run logged, and the checkpoint carries that run's final figures, finished; once more, it has
-    nothing to do."""
+    uninterrupted run logged, and the checkpoint carries that run's final figures, finished (once more, the
+    command has nothing to do: test_resuming_past_max_steps_is_a_clear_message_not_a_hang)."""
     from training.distributed.preemption import PreemptionFlag
+    from training.train import resume
     import train_gpt2
 
     out = tmp_path / "stopped"
@@ -307,7 +308,7 @@ def test_a_stop_in_the_last_step_leaves_the_final_evaluations_to_the_relaunch_an
     assert log[-1] == [r for r in reference if r["kind"] == "val"][-1] and log[-1]["step"] == STEPS
     amended, finished = load_checkpoint(final), load_checkpoint(straight / "checkpoints" / final.name)
     assert amended["metrics"] == finished["metrics"] and amended["finished_at"] == finished["finished_at"] == STEPS
-    assert "nothing to do" in run_trainer(args).stdout
+    assert resume.finished(amended)
 
 
 @pytest.mark.slow
