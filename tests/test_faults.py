@@ -296,8 +296,7 @@ def test_a_stop_in_the_last_step_leaves_the_final_evaluations_to_the_relaunch_an
     flag.signal_name, ctx.logger.console = "SIGTERM", said.append
     before = final.read_bytes()
     train_gpt2.train(cfg, ctx, run, flag, record={})
-    assert said[-1] == ("SIGTERM received before this launch trained a step: nothing new to save; run the same "
-                        "command again to run the final evaluations")
+    assert said[-1] == "SIGTERM received with no new step to save; run the same command again to run the final evaluations"
     assert final.read_bytes() == before
 
     relaunch = run_trainer(args, nproc=2)
