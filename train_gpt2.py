@@ -97,7 +97,7 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
         locks = run_on_all_ranks(env, lambda: claim_run_folder(out_dir, checkpoints, logger.warn)
                                  if env.master_process else [])
         run = build_run(cfg, ctx, strategy)  # data, model, optimizer, the checkpoint it resumes
-        if run is not None:  # None: that checkpoint already reached max_steps
+        if run is not None:  # None: that checkpoint already reached max_steps, its final evaluations run
             record = provenance(ctx, argv, run.data_fingerprint, run.run_id, config_yaml(cfg))
             if run.micro_batch is not None:  # micro_batch_size auto: how B was chosen (config.yaml has the B)
                 record["micro_batch_size"] = run.micro_batch
@@ -154,12 +154,14 @@ def train(cfg: TrainConfig, ctx: Context, run: Run, preemption: PreemptionFlag, 
             try:
                 last_step = run.step == max_steps
                 stop.note(evaluation.run_due(run, last_step, stop.agree))
-                if stop.agreed:
-                    return stop.exit(run, checkpointer, logger, resume_hint(cfg.checkpoint.resume))
+                if stop.agreed:  # at the last step: before its final evaluations ran, which a relaunch runs
+                    return stop.exit(run, checkpointer, logger, resume_hint(cfg.checkpoint.resume, last_step))
+                if last_step:
+                    run.finished_at = run.step  # the final evaluations are logged: the final checkpoint says so
                 if checkpointer.due(run, last_step):
                     checkpointer.save(run, blocking=last_step)  # the last one is waited for anyway
                 if last_step:
-                    return checkpointer.finish()
+                    return checkpointer.finish(run)
                 checkpointer.poll()  # a background save that finished is committed, or its failure voted on
                 with diagnostics.step(run.step):  # a profiler window, and a memory snapshot on OOM
                     result = take_step(run, model, recovery.batches, stop.requested)
@@ -270,12 +272,13 @@ class StepRecords:
             logger.console(format_train_line(record, max_steps, time.time() - process_start_time(), self.eta()))
 
 
-def resume_hint(resume: str) -> str:
+def resume_hint(resume: str, last_step: bool) -> str:
     """The command that continues this run (resume: the checkpoint section's; a fresh start would refuse a used
-    out_dir)."""
+    out_dir); at the last step, what is left of it is its final evaluations."""
+    what = "run the final evaluations" if last_step else "resume"
     if resume == "never":
-        return "run the same command with --resume auto to resume"
-    return "run the same command again to resume"
+        return f"run the same command with --resume auto to {what}"
+    return f"run the same command again to {what}"
 
 
 def check_optional_packages(cfg: TrainConfig) -> None:

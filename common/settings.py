@@ -1,7 +1,8 @@
 """Settings sections: each component's keys, typed, with their help, their rules and what they do on resume.
 
 A section is a dataclass deriving from `Settings`: its fields made with option() (the default,
-the help text --help prints, and what another value does to a resumed run: one of ON_RESUME),
+the help text --help prints, and what another value does to a resumed run: one of ON_RESUME, or a
+function of the other settings where they decide it),
 its own rules in validate(), each a require() whose ConfigError names the key; it checks itself
 when it is made. So a new key is written in one place, its field, plus its line in
 docs/CONFIGURATION.md (tests/test_config.py checks that every key has both).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Callable
 from typing import ClassVar
 
 from common.errors import ConfigError
@@ -26,16 +28,11 @@ from common.errors import ConfigError
 
 # What another value of a key does to a run resumed with it: every field declares one (option's on_resume), and
 # the resume warning names the keys whose change makes the steps differ (training/train/resume.py's
-# warn_on_changed_settings).
+# warn_on_changed_settings). Beside these two, a field may declare a function of the resumed run's configuration
+# (its keys, flat, as users type them) that says whether it does: a key whose effect depends on other settings
+# (a feature's settings do nothing while the feature is off; dropout_on below).
 ON_RESUME = (
     "trajectory",  # in the training math: resumed with another value, a run's steps differ from an uninterrupted one's
-    # only the rounding (other kernels, other orders of sums) unless dropout is on: then which dropout mask falls
-    # on which row (micro-batches hold other rows; compiled kernels draw their masks apart from eager ones;
-    # deterministic mode may pick another attention kernel, which draws its own)
-    "with_dropout",
-    # nothing unless rollbacks are on: a rollback goes back to the newest checkpoint, so the checkpoint cadence
-    # decides which batches it passes over
-    "with_rollbacks",
     # never in the training math: where files go, logging, evaluation (which draws from its own generator; the
     # training reseeds dropout every step), diagnostics, checkpoint storage, and what computes the same math
     # rounded differently (the strategy, the chunked loss, activation checkpointing: the same forward again)
@@ -43,16 +40,31 @@ ON_RESUME = (
 )
 
 
-def option(default, help: str, on_resume: str, none: str = "null"):
+def dropout_on(config: dict) -> bool:
+    """on_resume of the keys that change only the rounding (other kernels, other orders of sums) unless dropout is
+    on: then which dropout mask falls on which row (micro-batches hold other rows; compiled kernels draw their masks
+    apart from eager ones; deterministic mode may pick another attention kernel, which draws its own). Here, in the
+    lowest layer, as sections of data/ and of training/ declare it."""
+    return config["dropout"] > 0
+
+
+def option(default, help: str, on_resume: str | Callable[[dict], bool], none: str = "null"):
     """A settings field with its help text beside it (printed by --help). on_resume: what another value does
-    to a resumed run, one of ON_RESUME. none: how a user writes the field's None, for a field that takes one
+    to a resumed run, one of ON_RESUME, or a function of that run's configuration (flat) saying whether it
+    changes the training math. none: how a user writes the field's None, for a field that takes one
     (`auto` where None means "chosen at launch"; YAML's null, none and auto all read as None)."""
-    if on_resume not in ON_RESUME:
-        raise ValueError(f"on_resume must be one of {', '.join(ON_RESUME)}, got {on_resume!r}")
+    if not callable(on_resume) and on_resume not in ON_RESUME:
+        raise ValueError(f"on_resume must be one of {', '.join(ON_RESUME)} or a function, got {on_resume!r}")
     metadata = {"help": help, "none": none, "on_resume": on_resume}
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def changes_training_math(on_resume: str | Callable[[dict], bool], config: dict) -> bool:
+    """Whether another value of a key whose field declares on_resume makes the steps of a run resumed with config
+    (its keys, flat) differ from an uninterrupted run's."""
+    return on_resume(config) if callable(on_resume) else on_resume == "trajectory"
 
 
 def require(ok: bool, key: str, message: str) -> None:

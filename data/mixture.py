@@ -46,7 +46,7 @@ import torch
 
 from common.errors import ConfigError, DataError
 from common.log_fields import source_name_problem, val_set_name_problem
-from common.settings import Settings, option, require
+from common.settings import Settings, dropout_on, option, require
 from data.loader import RowStream, TrainLoader, grad_accum_steps, row_permutation, shard_order
 from data.manifest import data_fingerprint
 from data.shards import find_shards
@@ -352,10 +352,11 @@ class DataSettings(Settings):
                                               "probing the training step before training (the smallest over the "
                                               "ranks, keeping grad_accum_steps whole; run.json and the startup "
                                               "line say which); on CPU and MPS micro_batch_size_fallback",
-                                          on_resume="with_dropout", none="auto")
+                                          on_resume=dropout_on, none="auto")
     micro_batch_size_fallback: int = option(16, "micro_batch_size auto on CPU and MPS, where no memory is probed: "
                                                 "this B, or the largest below it that keeps grad_accum_steps "
-                                                "whole, with a warning", on_resume="with_dropout")
+                                                "whole, with a warning",
+                                            on_resume="none")  # it changes B alone: micro_batch_size is named
     seq_len: int = option(1024, "tokens per sequence (T)", on_resume="trajectory")
     shuffle: bool = option(False, "read the train rows in a new order every epoch, seeded by seed and epoch (false: "
                                   "build-nanogpt's order, the shards in order, then in a seeded shard order)",

@@ -43,6 +43,8 @@ class PeriodicEvaluation:
 
         The ranks agree before each evaluation and once after the last one (eval steps only),
         so a stop signal skips the rest and, arriving mid-eval, costs no extra training step.
+        At the last step they do not agree after the last one: no step follows, and with every
+        final evaluation logged the run is finished (a stop then only waits for the final save).
         """
         due = [e for e in self.evaluators if e.due(run.step, last_step)]
         for evaluator in due:
@@ -62,7 +64,7 @@ class PeriodicEvaluation:
                 run.metrics[key] = records[-1][field]
                 if averaged:
                     run.metrics[f"ema_{key}"] = averaged[-1][field]
-        return bool(due) and agree_to_stop()
+        return bool(due) and not last_step and agree_to_stop()
 
     @staticmethod
     def evaluate_average(evaluator: Evaluator, run) -> list[dict] | None:

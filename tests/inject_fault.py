@@ -1,7 +1,7 @@
 """Run train_gpt2.py with a fault injected into one rank's training step (fault-injection tests only).
 
     torchrun ... tests/inject_fault.py TRAINER_ARGS...
-    with FAULT=nan|batch|hang, FAULT_STEP=s, FAULT_RANK=r in the environment,
+    with FAULT=nan|batch|hang|signal, FAULT_STEP=s, FAULT_RANK=r in the environment,
     or FAULT=spike, FAULT_POSITIONS=p1,p2,..., FAULT_FACTOR=f (default 1000; nan for a NaN loss)
     or FAULT=slow, FAULT_RANK=r, FAULT_SLEEP=seconds (default 0.2), FAULT_STEP=s (default: from the first step)
 
@@ -9,8 +9,11 @@ The trainer runs unchanged; only the step function it is given differs, and only
 optimizer step s (counted from the run's first step, 0):
   nan:   a weight of rank r's replica becomes NaN before the step, so its loss is NaN;
   batch: rank r cannot read its first micro-batch of the step (a DataError from the batches);
-  hang:  rank r stops responding (sleeps) before the step, as a hung GPU or a deadlock would.
-The trainer must notice on its own and stop every rank (one line each, or a timeout).
+  hang:  rank r stops responding (sleeps) before the step, as a hung GPU or a deadlock would;
+  signal: rank r gets a SIGTERM during the step, after the step read its stop flag (the next vote
+         carries it), as a preemption landing mid-step would.
+The trainer must notice on its own and stop every rank (one line each, or a timeout), or, for a
+signal, save and stop as a preemption does.
 
 slow: rank r sleeps before every step's work, as a slower GPU would compute: a straggler (with
 FAULT_STEP=s, before the work of step s and of every step after it).
@@ -83,13 +86,15 @@ def with_fault(step):
             elif FAULT == "hang":  # stuck for good; killable (not saving) when torchrun stops the workers
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 time.sleep(3600)
+            elif FAULT == "signal":  # the trainer's handler sets its flag (stop_requested was read already)
+                os.kill(os.getpid(), signal.SIGTERM)
         return step(run, model, batches, stop_requested)
 
     return faulty_step
 
 
 def main(argv: list[str]) -> int:
-    if FAULT not in ("nan", "batch", "hang", "spike", "slow"):
+    if FAULT not in ("nan", "batch", "hang", "signal", "spike", "slow"):
         raise SystemExit(f"unknown FAULT {FAULT!r}")
     return train_gpt2.main(argv, wrap_step=with_fault)
 

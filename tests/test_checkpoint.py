@@ -150,6 +150,35 @@ def test_a_run_resumed_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tmp_path)
         assert [line for line in maps if str(path) in line] == []
 
 
+@pytest.mark.parametrize("checkpoint_format", ["file", "sharded"])
+def test_the_final_evaluations_of_a_launch_that_ran_them_alone_are_recorded_in_its_checkpoint(checkpoint_format,
+                                                                                              tmp_path):
+    """A launch that resumed the last step's checkpoint (saved by a stop before the final evaluations) ran them
+    alone: finishing, it amends that checkpoint in place with their figures and finished_at, and nothing else of
+    it changes (its tensors, its id); no temp file is left."""
+    from conftest import build_tiny_run, make_shards
+    from train_gpt2 import make_checkpointer
+
+    data, out = make_shards(tmp_path / "shards"), tmp_path / "out"
+    cfg, ctx, run = build_tiny_run(data, out, checkpoint_format=checkpoint_format, max_steps=1)
+    run.step = 1
+    checkpointer = make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer.save(run, blocking=True)
+    (path,) = [p for _, p in ckpt.list_checkpoints(out / "checkpoints")]
+    before = ckpt.read_full_state(path)
+    assert before["finished_at"] is None and not resume.finished(ckpt.load_checkpoint(path))
+
+    run.start_step, run.resumed_from = 1, path  # as the launch that resumed it
+    run.metrics, run.finished_at = {"val_loss": 4.5}, 1
+    checkpointer.finish(run)
+    after = ckpt.read_full_state(path)
+    assert (after["metrics"], after["finished_at"]) == ({"val_loss": 4.5}, 1) and resume.finished(after)
+    assert {k: v for k, v in after.items() if k not in ("metrics", "finished_at", "model", "optimizer")} == \
+        {k: v for k, v in before.items() if k not in ("metrics", "finished_at", "model", "optimizer")}
+    assert all(torch.equal(after["model"][k], before["model"][k]) for k in before["model"])
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [path.name]
+
+
 def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd):
     """URLs hold sharded checkpoints only; a file:// URL to a .pt file said "unreadable checkpoint.json (Not a
     directory)". Every reader goes through load_checkpoint, so each says what is wrong in the same line."""

@@ -311,14 +311,16 @@ def test_a_relative_checkpoint_dir_is_stored_absolute(given, stored, tmp_path, m
 
 
 def test_every_key_is_classified_by_what_it_does_to_a_resumed_run():
-    """A new key must say whether it changes the training math (the resume warning tells users which did)."""
-    from training.train.config import OTHER_KEYS, TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS
+    """A new key must say whether it changes the training math (the resume warning tells users which did): always,
+    never, or as a function of the other settings, which reads only keys there are."""
+    from common.settings import ON_RESUME, changes_training_math
+    from training.train.config import ON_RESUME_OF
 
-    sets = [TRAJECTORY_KEYS, WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS, OTHER_KEYS]
-    keys = set(TrainConfig.keys())
-    assert set().union(*sets) == keys, "unclassified: {}, unknown: {}".format(
-        sorted(keys - set().union(*sets)), sorted(set().union(*sets) - keys))
-    assert sum(map(len, sets)) == len(keys)  # each key in exactly one set
+    assert ON_RESUME_OF.keys() == set(TrainConfig.keys())
+    config = TrainConfig().to_dict()
+    for key, declared in ON_RESUME_OF.items():
+        assert declared in ON_RESUME or callable(declared), key
+        assert changes_training_math(declared, config) in (True, False), key
 
 
 class Warnings:
@@ -369,10 +371,23 @@ def test_a_resume_that_changes_math_keys_names_them():
     (dict(dropout=0.1), dict(dropout=0.1, micro_batch_size=16), True),  # with it: other masks on the rows
     ({}, dict(compile=True), False),
     (dict(dropout=0.1), dict(dropout=0.1, compile=True), True),
+    (dict(dropout=0.1), dict(dropout=0.1, micro_batch_size_fallback=8), False),  # B itself is named where it changed
     ({}, dict(checkpoint_interval=100), False),  # without rollbacks the cadence changes no step
     (dict(rollback_on_nonfinite=True), dict(rollback_on_nonfinite=True, checkpoint_interval=100), True),
+    ({}, dict(max_rollbacks=1), False),
+    (dict(rollback_on_nonfinite=True), dict(rollback_on_nonfinite=True, max_rollbacks=1), True),
+    # issue 52: spike settings while spike_skip is off are never read (the losses are bitwise equal)
+    ({}, dict(spike_window=16, spike_threshold=3.0), False),
+    (dict(spike_skip=True), dict(spike_skip=True, spike_window=16), True),
+    (dict(spike_skip=True), dict(spike_skip=True, spike_threshold=3.0), True),
+    (dict(spike_skip=True), dict(spike_skip=True, rollback_after=2), True),
+    ({}, dict(spike_skip=True, spike_window=16), True),  # the switch itself changes the math
+    ({}, dict(muon_lr=0.01, muon_momentum=0.9, muon_weight_decay=0.1), False),  # adamw reads none of them
+    (dict(optimizer="muon"), dict(optimizer="muon", muon_lr=0.01), True),
+    ({}, dict(cooldown_frac=0.5, cooldown_shape="1-sqrt"), False),  # the cosine schedule has no cooldown
+    (dict(lr_schedule="wsd"), dict(lr_schedule="wsd", cooldown_frac=0.5), True),
 ])
-def test_keys_that_change_the_math_only_with_dropout_or_rollbacks(saved, now, math):
+def test_keys_that_change_the_math_only_with_another_setting(saved, now, math):
     (line,) = resume_warnings(saved, **now)
     assert ("the steps after the resume differ from an uninterrupted run" in line) is math
     assert ("none of them changes the training math" in line) is not math

@@ -55,9 +55,11 @@ def test_bad_values_are_one_line_naming_the_key(key, value, message):
 
 def test_the_keys_never_change_the_training_math():
     cfg = parse_args([])
-    from training.train.resume import changes_training_math
+    from common.settings import changes_training_math
+    from training.train.config import ON_RESUME_OF
 
-    assert cfg.ema.ema_decay == 0 and not changes_training_math(cfg, "ema_decay") and not changes_training_math(cfg, "ema_start")
+    assert cfg.ema.ema_decay == 0
+    assert not any(changes_training_math(ON_RESUME_OF[key], cfg.to_dict()) for key in ("ema_decay", "ema_start"))
 
 
 # --- the math -----------------------------------------------------------------------------------------
@@ -244,12 +246,21 @@ def test_a_resume_on_another_world_size_or_strategy_matches_within_tolerance(str
 
 @pytest.mark.slow
 def test_turning_ema_on_at_a_resume_starts_it_fresh_with_a_warning(straight, data, tmp_path):
+    """The average starts at the update of the checkpoint's step 3 (not at update 1, which the config's ema_start
+    would give a fresh run): the warning, the start the checkpoints store and the exported model card say 3."""
+    from hf_interop.export import model_card
+    from model import GPTConfig
+    from training.checkpoint.folder import with_average
+
     out = tmp_path / "resumed"
     crashed_copy(straight["off"], out, 3)
     proc = run_trainer(base_args(data, out, **EMA))
     assert "holds no EMA of the weights" in proc.stderr and "from the weights of step 3, not of step 1" in proc.stderr
     assert train_losses(out) == train_losses(straight["off"])
-    assert read_full_state(out / "checkpoints" / "step_00000006.pt")["ema_state"]["updates"] == 3
+    state = read_full_state(out / "checkpoints" / "step_00000006.pt")
+    assert state["ema_state"] == {"decay": DECAY, "start_step": 3, "updates": 3}
+    card = model_card(with_average(state), GPTConfig(**state["model_args"]), 10, Path("hf/x"), "mit")
+    assert "(ema_decay 0.9, from update 3, 3 updates)" in card
 
 
 @pytest.mark.slow

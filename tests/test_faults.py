@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, make_shards, run_trainer,
-                      start_trainer, train_losses)
+from conftest import (GPT2_VOCAB, REPO, base_args, build_tiny_run, crashed_copy, load_weights, make_shards,
+                      run_trainer, start_trainer, train_losses)
 from slowness import guard
 from data.shards import shard_name, write_shard
-from training.checkpoint.folder import list_checkpoints
+from training.checkpoint.folder import list_checkpoints, load_checkpoint
 from training.core.logger import read_log
 
 STEPS = 12
@@ -269,6 +269,45 @@ def test_resuming_past_max_steps_is_a_clear_message_not_a_hang(data, straight, t
     at = run_trainer(base_args(data, out, **ARGS), nproc=2, timeout=60)  # a requeued job that had finished
     assert "nothing to do" in at.stdout
     assert_same_run(out, straight)  # the log and the final checkpoint are untouched
+
+
+@pytest.mark.slow
+def test_a_stop_in_the_last_step_leaves_the_final_evaluations_to_the_relaunch_and_only_them(data, straight, tmp_path):
+    """A SIGTERM during the last step: the ranks save step 12 before its final evaluations, and the checkpoint says
+    it is not finished. A relaunch stopped before they ran saves and amends nothing; the same command then runs
+    them, and only them (no step, no train record twice), so the log ends with the val record of step 12 that the
+    uninterrupted run logged, and the checkpoint carries that run's final figures, finished (once more, the
+    command has nothing to do: test_resuming_past_max_steps_is_a_clear_message_not_a_hang)."""
+    from training.distributed.preemption import PreemptionFlag
+    from training.train import resume
+    import train_gpt2
+
+    out = tmp_path / "stopped"
+    args = base_args(data, out, **ARGS)
+    final = out / "checkpoints" / f"step_{STEPS:08d}.pt"
+    stopped = run_trainer(args, nproc=2, script="tests/inject_fault.py",
+                          extra_env={"FAULT": "signal", "FAULT_STEP": str(STEPS - 1), "FAULT_RANK": "1"})
+    assert f"saved step {STEPS}; run the same command again to run the final evaluations" in stopped.stdout
+    assert [r for r in read_log(out / "log.jsonl") if r["kind"] == "val"] == []  # eval_interval 0: only the final
+    assert load_checkpoint(final)["finished_at"] is None
+
+    cfg, ctx, run = build_tiny_run(data, out, **ARGS)  # in this process: a stop before the final evaluations
+    said, flag = [], PreemptionFlag()
+    flag.signal_name, ctx.logger.console = "SIGTERM", said.append
+    before = final.read_bytes()
+    train_gpt2.train(cfg, ctx, run, flag, record={})
+    assert said[-1] == "SIGTERM received with no new step to save; run the same command again to run the final evaluations"
+    assert final.read_bytes() == before
+
+    relaunch = run_trainer(args, nproc=2)
+    assert "its final evaluations were not run (a stop came first): running them" in relaunch.stdout
+    assert f"recorded the final evaluations in {final}" in relaunch.stdout
+    assert_same_run(out, straight)  # one train record per step, the same losses and weights
+    log, reference = read_log(out / "log.jsonl"), read_log(straight / "log.jsonl")
+    assert log[-1] == [r for r in reference if r["kind"] == "val"][-1] and log[-1]["step"] == STEPS
+    amended, finished = load_checkpoint(final), load_checkpoint(straight / "checkpoints" / final.name)
+    assert amended["metrics"] == finished["metrics"] and amended["finished_at"] == finished["finished_at"] == STEPS
+    assert resume.finished(amended)
 
 
 @pytest.mark.slow

@@ -264,7 +264,7 @@ def test_on_the_cpu_a_fallback_that_does_not_divide_the_batch_is_made_to_fit(mon
 
 def test_a_resume_with_auto_chooses_again_and_names_the_change(shards, tmp_path):
     """The checkpoint holds the concrete B; a resume with auto chooses anew, and a different B is named (it
-    changes the math only with dropout: WITH_DROPOUT_KEYS)."""
+    changes the math only with dropout: its field's on_resume, dropout_on)."""
     from conftest import base_args, run_trainer
 
     out = tmp_path / "out"

@@ -29,13 +29,13 @@ import torch
 
 from common.errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
 from common.settings import Settings, option, require
-from training.checkpoint.folder import FORMAT_VERSION, FORMATS, checkpoints_folder, prune_checkpoints
+from training.checkpoint.folder import FORMAT_VERSION, FORMATS, checkpoints_folder, format_of, prune_checkpoints
 from training.checkpoint.format import TrainingState
 from training.core.process_group import any_rank, run_on_all_ranks
 from training.distributed.strategies import local_part
 from training.core.context import Context
 from training.checkpoint.run_folder import adopt_checkpoint_folder
-from training.optim.spikes import RollbackRequested
+from training.optim.spikes import RollbackRequested, rollbacks_on
 from training.core.storage import Location, absolute, is_url
 
 
@@ -116,11 +116,26 @@ class Checkpointer:
         else:
             self.wait()
 
-    def finish(self) -> None:
-        """After the last step: the save in flight is written and committed, and so were the log's last
-        records (a run whose log failed at the end does not end as a success). Collective."""
+    def finish(self, run: TrainingState) -> None:
+        """After the last step and its final evaluations: the save in flight is written and committed, and so were
+        the log's last records (a run whose log failed at the end does not end as a success). A launch that ran
+        those evaluations alone (it resumed the checkpoint of the last step, which a stop had saved before them)
+        records them in that checkpoint: its figures become the final ones, and it is of a finished run.
+        Collective."""
         self.wait()
+        if run.step == run.start_step and run.resumed_from is not None:
+            path = run.resumed_from
+            run_on_all_ranks(self.env, lambda: self._amend(path, run.evaluation_state()),
+                             describe=lambda e: self._write_error(path, e))
         run_on_all_ranks(self.env, self.logger.check)
+
+    def _amend(self, path: Location, entries: dict) -> None:
+        """rank 0: the checkpoint at path gets entries; the log is sound first, as before a commit."""
+        if not self.env.master_process:
+            return
+        self.logger.check()
+        format_of(path).amend(path, entries)
+        self.logger.console(f"recorded the final evaluations in {path}")
 
     def _prepare_folder(self) -> None:
         """rank 0, before a save: the log is sound (one that could not be written stops the run before a
@@ -280,7 +295,7 @@ class CheckpointSettings(Settings):
     SUMMARY = "when checkpoints are written and kept, where they go, which one a run resumes"
 
     checkpoint_interval: int = option(5000, "checkpoint every N steps (0: only at the end and on preemption)",
-                                      on_resume="with_rollbacks")
+                                      on_resume=rollbacks_on)  # which batches a rollback passes over
     final_checkpoint: bool = option(True, "checkpoint after the last step (benchmarks turn it off)", on_resume="none")
     keep_last: int = option(3, "keep the newest N checkpoints", on_resume="none")
     resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path",

@@ -61,6 +61,11 @@ class FileFormat(CheckpointFormat):
             save_checkpoint({**state, **metadata}, path)
         return None
 
+    def amend(self, path: Location, entries: dict) -> None:
+        """The file written again whole, its tensors read from the old one (memory-mapped: the rename over it leaves
+        the mapping intact)."""
+        save_checkpoint({**self.read_metadata(path), **entries}, path)
+
     def read_metadata(self, path: Location) -> dict:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)

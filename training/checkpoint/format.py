@@ -53,10 +53,13 @@ class TrainingState(Protocol):
     strategy: Strategy  # full_state / load_full_state, and env (who writes)
     step: int  # the updates applied: the checkpoint's step
     start_step: int  # the step this launch (or a rollback) loaded: it is on storage already
+    resumed_from: Location | None  # the checkpoint this launch resumed (None: a fresh start)
 
     def state_dict(self) -> dict: ...  # everything a checkpoint holds of the run (a collective under FSDP)
 
     def progress_state(self) -> dict: ...  # its plain values, the same on every rank
+
+    def evaluation_state(self) -> dict: ...  # those of them that the evaluations at this step change
 
     def extra_tensors(self) -> dict[str, dict[str, torch.Tensor]]: ...  # entry -> {name: tensor}, like the weights
 
@@ -106,6 +109,11 @@ class CheckpointFormat:
 
     def commit(self, path: Location, metadata: dict, world_size: int) -> None:
         """rank 0, once every rank's save returned (or its Future completed): mark the checkpoint complete."""
+
+    def amend(self, path: Location, entries: dict) -> None:
+        """rank 0: replace plain-value entries of the complete checkpoint at path (its figures, once the evaluations
+        of its step ran after it was saved), in one atomic write: a failure leaves it as it was, complete."""
+        raise NotImplementedError
 
     # --- reading ---------------------------------------------------------------------------------
     def read_metadata(self, path: Location) -> dict:

@@ -294,6 +294,11 @@ class ShardedFormat(CheckpointFormat):
         check_parts(path, world_size)
         commit(path, metadata)
 
+    def amend(self, path: Location, entries: dict) -> None:
+        """The commit file written again (whole: atomically locally, one PUT on an object store); the parts stay."""
+        metadata = json.loads(storage.read_bytes(storage.join(path, COMMIT_NAME)))
+        commit(path, {**metadata, **entries})
+
     def read_metadata(self, path: Location) -> dict:
         """The commit file's entries. A URL to a file is said to be one: file checkpoints are written
         locally only, and reading a commit file "inside" a file says "Not a directory"."""

@@ -97,8 +97,8 @@ class StopVote:
     def exit(self, run, checkpointer, logger, hint: str) -> None:
         """Save the state (unless nothing changed since the launch or the rollback) and say how to go on."""
         signal_name = self.flag.signal_name or "a stop signal (on another rank)"
-        if run.step == run.start_step:
-            logger.console(f"{signal_name} received before the first step; nothing new to save")
+        if run.step == run.start_step:  # the state loaded (or the fresh start): what is on storage goes on
+            logger.console(f"{signal_name} received with no new step to save; {hint}")
             return
         checkpointer.save_before_exit(run)  # written in full before the process exits
         logger.console(f"{signal_name} received: saved step {run.step}; {hint}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.settings import Settings, option, require
+from common.settings import Settings, dropout_on, option, require
 from training.core.runtime import Runtime, resolve_runtime
 from training.distributed.strategies import STRATEGIES, strategies_help
 
@@ -38,12 +38,12 @@ class RuntimeSettings(Settings):
                              "bf16 such as V100/T4; CPU: bfloat16 autocast on CPUs with AMX, and on AMD CPUs with "
                              "AVX512-BF16, where it is faster, else float32; MPS: float32), bfloat16, float16, "
                              "float32, or float64 (weights and math, for numerical checks)", on_resume="trajectory")
-    compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)", on_resume="with_dropout")
+    compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)", on_resume=dropout_on)
     seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples", on_resume="trajectory")
     deterministic: bool = option(False, "only kernels that give the same bits for the same inputs, so two runs "
                                         "with the same seed and data log the same losses (slower on GPUs: see "
                                         "docs/PERFORMANCE.md; on CPUs the kernels mostly are already)",
-                                 on_resume="with_dropout")
+                                 on_resume=dropout_on)
     loss_chunk_size: int | None = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
                                             "holding the whole logits (0: plain; null: 8192 on CUDA without compile)",
                                          on_resume="none")

@@ -1,7 +1,8 @@
 """An exponential moving average (EMA) of the weights, the `ema_decay` and `ema_start` keys.
 
 After each applied optimizer update of step s >= start (start = floor(ema_start * max_steps) when the
-run starts fresh; then kept as the run's state, so a resume with another max_steps keeps it),
+run starts fresh, or when a resume turns it on, but no earlier than the checkpoint's step, the first
+update that run makes; then kept as the run's state, so a resume with another max_steps keeps it),
 
     average = ema_decay * average + (1 - ema_decay) * weights      (one lerp per tensor)
 

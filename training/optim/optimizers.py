@@ -137,6 +137,11 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._share_state()
 
 
+def muon_on(config: dict) -> bool:
+    """on_resume of Muon's settings: nothing reads them under AdamW. config: the resumed run's keys, flat."""
+    return config["optimizer"] == "muon"
+
+
 @dataclass
 class OptimizerSettings(Settings):
     """The optimizer section: which optimizer, and its hyperparameters (its peak lr is the schedule's max_lr)."""
@@ -157,13 +162,13 @@ class OptimizerSettings(Settings):
                               on_resume="trajectory")
     muon_lr: float = option(0.02, "muon: peak learning rate of the Muon matrices, scaled by the schedule like "
                                   "max_lr (0.02: Keller Jordan's Muon default; the orthogonalised update has "
-                                  "singular values near 1, so this lr is not on AdamW's scale)", on_resume="trajectory")
+                                  "singular values near 1, so this lr is not on AdamW's scale)", on_resume=muon_on)
     muon_momentum: float = option(0.95, "muon: Nesterov momentum (0.95: the Muon paper and modded-nanogpt)",
-                                  on_resume="trajectory")
+                                  on_resume=muon_on)
     muon_weight_decay: float = option(0.0, "muon: decoupled weight decay, applied as w *= 1 - lr * wd with the "
                                            "Muon lr (0: as Keller Jordan's Muon and the modded-nanogpt speedruns; "
                                            "torch's default 0.1 is meant for AdamW-sized lrs and would shrink the "
-                                           "weights 0.2% a step at lr 0.02)", on_resume="trajectory")
+                                           "weights 0.2% a step at lr 0.02)", on_resume=muon_on)
 
     def validate(self) -> None:
         for key in ("weight_decay", "grad_clip"):

@@ -59,6 +59,12 @@ def _wsd(step: int, max_steps: int, max_lr: float, min_lr: float, cooldown_frac:
     return min_lr + (max_lr - min_lr) * remaining
 
 
+def wsd_on(config: dict) -> bool:
+    """on_resume of the cooldown's settings: the cosine schedule does not read them. config: the resumed run's keys,
+    flat."""
+    return config["lr_schedule"] == "wsd"
+
+
 @dataclass
 class ScheduleSettings(Settings):
     """The schedule section: the run's length and every step's learning rate (max_lr is the peak of
@@ -76,10 +82,10 @@ class ScheduleSettings(Settings):
                                         "the last cooldown_frac of max_steps)", on_resume="trajectory")
     cooldown_frac: float = option(0.2, "wsd: the share of max_steps that cools down, in (0, 1] (0.2: the 20% "
                                        "cooldown that matches a tuned cosine in Hagele et al. 2024)",
-                                  on_resume="trajectory")
+                                  on_resume=wsd_on)
     cooldown_shape: str = option("linear", "wsd: linear, or 1-sqrt (lr = min_lr + (max_lr - min_lr) * "
                                            "(1 - sqrt(progress)): a little better in Hagele et al. 2024)",
-                                 on_resume="trajectory")
+                                 on_resume=wsd_on)
 
     def validate(self) -> None:
         require(self.max_steps > 0, "max_steps", f"must be positive, got {self.max_steps}")

@@ -85,6 +85,18 @@ def spike_reason(judged: list[float], loss: float, grad_norm: float, threshold: 
     return " and ".join(parts) or "a spike"
 
 
+def spike_skip_on(config: dict) -> bool:
+    """on_resume of the spike settings: another value changes the training math only while spike_skip is on (off,
+    nothing reads them). config: the resumed run's keys, flat."""
+    return config["spike_skip"]
+
+
+def rollbacks_on(config: dict) -> bool:
+    """on_resume of what steers the rollbacks (how many, and, through the checkpoint cadence, where to): nothing
+    changes while neither rollback_after nor rollback_on_nonfinite asks for them."""
+    return bool(config["rollback_after"] or config["rollback_on_nonfinite"])
+
+
 @dataclass
 class LongRunSettings(Settings):
     """The long-run section: which updates are skipped as spikes, and when the run rolls back instead."""
@@ -96,15 +108,15 @@ class LongRunSettings(Settings):
                                      "deviations above the mean of the last spike_window applied steps (every rank "
                                      "skips the same one; a skip record says why)", on_resume="trajectory")
     spike_window: int = option(128, "applied steps in the spike window; nothing is skipped until it is full",
-                               on_resume="trajectory")
+                               on_resume=spike_skip_on)
     spike_threshold: float = option(6.0, "standard deviations above the window's mean that make a spike",
-                                    on_resume="trajectory")
+                                    on_resume=spike_skip_on)
     rollback_after: int = option(0, "after N skipped steps in a row, reload the newest checkpoint and continue past "
-                                    "the batches since it (0: never; needs spike_skip)", on_resume="trajectory")
+                                    "the batches since it (0: never; needs spike_skip)", on_resume=spike_skip_on)
     rollback_on_nonfinite: bool = option(False, "a NaN/inf loss or grad norm rolls back like rollback_after instead "
                                                 "of stopping the run (exit 3)", on_resume="trajectory")
     max_rollbacks: int = option(3, "rollbacks in one run; the next one stops it with an error (exit 3)",
-                                on_resume="trajectory")
+                                on_resume=rollbacks_on)
 
     def validate(self) -> None:
         for key in ("rollback_after", "max_rollbacks"):

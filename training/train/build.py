@@ -27,7 +27,8 @@ from training.train.weights import load_initial_weights
 
 
 def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
-    """The run this launch continues or starts; None when its checkpoint already reached max_steps.
+    """The run this launch continues or starts; None when its checkpoint already reached max_steps and ran its
+    final evaluations (one that a stop saved before them is continued: the loop runs them, and only them).
 
     Every rank calls this. Rank 0 picks the checkpoint, every rank loads that same file; a
     problem any rank sees (a data folder one node lacks, an unreadable file) stops every rank

@@ -160,18 +160,9 @@ SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
 # --- what a changed key does to a run's steps (the resume warning, training/train/resume.py) ----------------
-# Each key's field declares it (option's on_resume: common/settings.py's ON_RESUME); these are the keys of each kind.
-
-
-def _keys_on_resume(kind: str) -> frozenset[str]:
-    return frozenset(f.name for section in SECTIONS for f in dataclasses.fields(section)
-                     if f.metadata["on_resume"] == kind)
-
-
-TRAJECTORY_KEYS = _keys_on_resume("trajectory")  # in the training math
-WITH_DROPOUT_KEYS = _keys_on_resume("with_dropout")  # only the rounding, unless dropout is on
-WITH_ROLLBACKS_KEYS = _keys_on_resume("with_rollbacks")  # nothing, unless rollbacks are on
-OTHER_KEYS = _keys_on_resume("none")  # never in the training math
+# Each key's field declares it (option's on_resume: one of common/settings.py's ON_RESUME, or a function of the
+# other settings); key -> its declaration.
+ON_RESUME_OF = {f.name: f.metadata["on_resume"] for section in SECTIONS for f in dataclasses.fields(section)}
 
 # --- parsing --------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ one error.
 
 total_batch_size and the data order do not change (data/loader.py: the rows a step reads do
 not depend on B), so B changes only the rounding, and with dropout which mask falls on which
-row (its field's on_resume: with_dropout). The probes leave nothing behind: they run on a model of the
+row (its field's on_resume: dropout_on). The probes leave nothing behind: they run on a model of the
 run's shape built for them (before the run's own, which they never touch), with the random
 generators restored after, the compiler's caches reset, and the memory freed. So the first step
 is bitwise the step of a run launched with the chosen B set by hand (tests/test_micro_batch.py).

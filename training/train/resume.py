@@ -8,11 +8,14 @@ checkpoint of the folder, or the one this launch resumed if newer. It loads, thr
 checkpoint's format (load_into: every rank its part, under any strategy and world size): the
 model's weights; the optimizer's moments and step counts, with this run's settings (lr, betas, eps,
 weight decay); the EMA of the weights and the step it started at (the checkpoint's, not this
-config's); float16's loss scale; the step, tokens seen, lineage, latest figures and W&B run id;
+config's); float16's loss scale; the step, tokens seen, lineage, latest figures (and whether they are
+the final ones) and W&B run id;
 the spike window, skips in a row, rollbacks and data offset; each mixture source's position.
 Nothing else: the data position is a function of the step and the data offset, and dropout masks
 are reseeded from (seed, step, rank). A changed setting means: another model shape or optimizer is
-refused; a checkpoint past max_steps is refused, one at it is nothing to do; any other changed key
+refused; a checkpoint past max_steps is refused, one at it is nothing to do once its final evaluations
+ran (a stop at the last step saves before them: the relaunch then runs them, and only them; `finished`);
+any other changed key
 is one warning naming it and whether it changes the training math (its field's on_resume); changed
 shards are a warning.
 
@@ -27,7 +30,7 @@ its error; the loading is a collective. The pieces, in that order below:
   run, named by the `run_id` a fresh start draws and its checkpoints, resumes and run.json carry;
   each checkpoint has its own `checkpoint_id`, and `ancestry` lists the ids its run resumed from,
   which tells the checkpoints that continued from `--resume PATH` from another run's;
-- what it loads: `resume_run` (build_run calls it), `load_compatible_checkpoint`, `load_state`;
+- what it loads: `resume_run` (build_run calls it), `finished`, `load_compatible_checkpoint`, `load_state`;
 - what a changed setting means: `check_same_optimizer`, `warn_on_changed_settings`,
   `describe_ema_start`;
 - a rollback: `choose_rollback_checkpoint`, `roll_back` (training/train/recovery.py calls it).
@@ -48,6 +51,7 @@ from pathlib import Path
 import torch
 
 from common.errors import CheckpointError, ConfigError, DivergedError, print_warning
+from common.settings import changes_training_math
 from data.loader import TrainLoader
 from data.mixture import MixtureLoader, changed_shards, derived_state
 from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, format_of,
@@ -60,7 +64,7 @@ from training.core.process_group import DistEnv, broadcast_object, run_on_all_ra
 from training.core.storage import Location, name_of, parent_of
 from training.optim.ema import EMASettings
 from training.optim.spikes import RollbackRequested
-from training.train.config import WITH_DROPOUT_KEYS, WITH_ROLLBACKS_KEYS, TRAJECTORY_KEYS, TrainConfig
+from training.train.config import ON_RESUME_OF, TrainConfig
 from training.train.run import Run
 
 RUN_RECORD = "run.json"  # written by the trainer at every launch (training/observe/provenance.py)
@@ -256,16 +260,20 @@ def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> Non
 
 def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool:
     """The run just built (build_run) continues from the checkpoint at path; False when there is nothing to do
-    (the checkpoint is at max_steps). Every rank calls it (a collective); a problem any rank sees stops every
-    rank alike. It compares the whole configuration with the checkpoint's: what a changed setting means."""
+    (the checkpoint is at max_steps, its final evaluations run). Every rank calls it (a collective); a problem
+    any rank sees stops every rank alike. It compares the whole configuration with the checkpoint's: what a
+    changed setting means."""
     env, logger, max_steps = ctx.env, ctx.logger, cfg.schedule.max_steps
     state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, run.model.config))
-    if state["step"] >= max_steps:  # decided on every rank: all of them stop here
+    if state["step"] >= max_steps:  # decided on every rank: all of them stop here, or run the final evaluations
         if state["step"] > max_steps:
             raise ConfigError(f"max_steps: {max_steps} is below step {state['step']} of {path}; "
                               f"raise max_steps to train on, or start another run in another out_dir")
-        logger.console(f"nothing to do: {path} is at max_steps {max_steps}; raise max_steps to train on")
-        return False
+        if finished(state):
+            logger.console(f"nothing to do: {path} is at max_steps {max_steps}; raise max_steps to train on")
+            return False
+        logger.console(f"{path} is at max_steps {max_steps}, but its final evaluations were not run (a stop came "
+                       f"first): running them, and only them")
     check_same_optimizer(cfg.optimizer.optimizer, state["config"], path)  # another's state does not fit
     composition = load_state(run, state, path)
     run.resumed_from, run.resumed_step = path, run.step
@@ -284,6 +292,15 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
         logger.warn(f"the shards in {where} changed since {path} was written (data fingerprint "
                     f"{trained_on} -> {fingerprint}): the steps after the resume read other data")
     return True
+
+
+def finished(state: dict) -> bool:
+    """Whether the checkpoint (its state) is of a finished run: one whose final evaluations, after its last step,
+    are logged and in its figures. Checkpoints of older code do not say: they count as finished at their own run's
+    max_steps, as that code took them to be."""
+    if "finished_at" in state:
+        return state["finished_at"] == state["step"]
+    return state["step"] == state["config"].get("max_steps")
 
 
 def moved_position(loader, saved: dict, position: int) -> str | None:
@@ -338,9 +355,11 @@ def load_state(run: Run, state: dict, path: Location) -> str | None:
         if fmt.holds(state, "ema"):
             run.ema.allocate(run.model)
     fmt.load_into(run, path, state, lambda saved: with_current_settings(saved, run.optimizer))
-    if run.ema is not None:  # the start the checkpoint's run set goes on (none: this run's own, set at build)
+    if run.ema is not None:  # the start the checkpoint's run set goes on; where it kept none, this run's own (set
+        # at build), but no earlier than the first update this run makes: the update of the checkpoint's step
         start = checkpointed_start(state)
-        run.ema.load_progress_state(run.ema.start_step if start is None else start, state.get("ema_state"))
+        run.ema.load_progress_state(max(run.ema.start_step, state["step"]) if start is None else start,
+                                    state.get("ema_state"))
     if run.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
         run.scaler.load_state_dict(state["scaler"])
     run.step = run.start_step = state["step"]
@@ -348,6 +367,7 @@ def load_state(run: Run, state: dict, path: Location) -> str | None:
     run.run_id = state.get("run_id") or run.run_id
     run.ancestry = [*state.get("ancestry", []), state.get("checkpoint_id")]
     run.metrics = dict(state.get("metrics", {}))
+    run.finished_at = state.get("finished_at")
     run.wandb_run_id = state.get("wandb_run_id")
     long_run = state.get("long_run") or {}  # older checkpoints: no skips, no rollbacks
     if run.spikes is not None and long_run.get("spike_window"):
@@ -407,14 +427,15 @@ def check_same_optimizer(optimizer: str, saved_config: dict, path) -> None:
 
 def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str], None]) -> None:
     """One line naming every key that differs from the checkpoint's config (not `resume`), and those of them
-    that change the training math (changes_training_math): a changed log_interval, out_dir or
-    strategy is worth a line, but not the claim that the run now trains differently."""
+    that change the training math (each field's on_resume, judged with this run's settings): a changed
+    log_interval, out_dir or strategy is worth a line, but not the claim that the run now trains differently,
+    nor is a spike setting while spike_skip is off."""
     now = cfg.to_dict()
     keys = [key for key in now if key != "resume" and key in saved and saved[key] != now[key]]
     if not keys:
         return
     changed = ", ".join(f"{key} {saved[key]!r} -> {now[key]!r}" for key in keys)
-    math = [key for key in keys if changes_training_math(cfg, key)]
+    math = [key for key in keys if changes_training_math(ON_RESUME_OF[key], now)]
     if math:
         effect = (f"{', '.join(math)} {'changes' if len(math) == 1 else 'change'} the training math: the steps "
                   f"after the resume differ from an uninterrupted run")
@@ -422,16 +443,6 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str]
         effect = "none of them changes the training math"
     warn(f"resuming with settings that differ from the checkpoint's: {changed} "
          f"(this run uses the new values; {effect})")
-
-
-def changes_training_math(cfg: TrainConfig, key: str) -> bool:
-    """Whether another value of key makes this run's steps differ: its field's on_resume, where with_dropout and
-    with_rollbacks depend on this run's dropout and rollbacks (what a resume with it changed warns of)."""
-    if key in WITH_DROPOUT_KEYS:
-        return cfg.model.dropout > 0
-    if key in WITH_ROLLBACKS_KEYS:
-        return bool(cfg.long_run.rollback_after or cfg.long_run.rollback_on_nonfinite)
-    return key in TRAJECTORY_KEYS
 
 
 def describe_ema_start(run: Run, kept: int | None, averaging: EMASettings, max_steps: int, path: Location,
@@ -444,9 +455,9 @@ def describe_ema_start(run: Run, kept: int | None, averaging: EMASettings, max_s
     fold on from the stale one)."""
     planned = averaging.start_step(max_steps)
     if kept is None:
-        if run.step > planned:
+        if run.ema.start_step != planned:  # the checkpoint's step: the first update this run makes
             warn(f"{path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts from the "
-                 f"weights of step {run.step}, not of step {planned}")
+                 f"weights of step {run.ema.start_step}, not of step {planned}")
         return
     if kept == planned:
         return

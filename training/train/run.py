@@ -30,8 +30,8 @@ class Run:
     Its state, what a checkpoint holds, is `state_dict()` (it goes back with training/train/resume.py's
     `load_state`):
     the model, the optimizer, float16's loss scale, the step, the tokens seen, the lineage, the
-    latest evaluation figures, the W&B run id, and what steers a long run (the spike window,
-    skips in a row, rollbacks and the batches they passed over).
+    latest evaluation figures and whether they are the final ones, the W&B run id, and what steers a
+    long run (the spike window, skips in a row, rollbacks and the batches they passed over).
     Nothing else is needed to resume exactly: the data position is a function of the step and
     data_offset (data/loader.py), and of where each source of a mixture stood (its `mixture`
     entry, data/mixture.py), and dropout masks are reseeded from (seed, step, rank) every step.
@@ -53,6 +53,9 @@ class Run:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # drawn by a fresh start, kept by resumes
     ancestry: list[str] = field(default_factory=list)  # checkpoint_ids this run resumed from, oldest first
     metrics: dict = field(default_factory=dict)  # the latest val / HellaSwag figures
+    # the step whose final evaluations (those after the last step) are logged, and in metrics: a checkpoint of that
+    # step is of a finished run. None until then; a stop at the last step saves before them, and the relaunch runs them
+    finished_at: int | None = None
     wandb_run_id: str | None = None  # set on rank 0 when W&B starts (a resume continues that W&B run)
     spikes: SpikeWindow | None = None  # with spike_skip: the recent steps a spike is judged against
     ema: WeightAverage | None = None  # with ema_decay: the average of the weights (training/optim/ema.py)
@@ -88,6 +91,11 @@ class Run:
         the parameters (this rank's shards under FSDP): the EMA of the weights, once it has started."""
         return {"ema": self.ema.average} if self.ema is not None and self.ema.ready else {}
 
+    def evaluation_state(self) -> dict:
+        """What the evaluations at this step change of a checkpoint's entries: the latest figures, and whether they
+        are the final ones (a checkpoint saved before its final evaluations gets these once they ran)."""
+        return {"metrics": dict(self.metrics), "finished_at": self.finished_at}
+
     def progress_state(self) -> dict:
         """The state beside the model and optimizer: plain Python values, the same on every rank."""
         return {
@@ -96,7 +104,7 @@ class Run:
             "tokens_seen": self.tokens_seen,
             "run_id": self.run_id,
             "ancestry": list(self.ancestry),
-            "metrics": dict(self.metrics),
+            **self.evaluation_state(),
             "wandb_run_id": self.wandb_run_id,
             "ema_state": self.ema.progress_state() if self.ema is not None else None,  # its start, before it too
             # a mixture: each source's rows read and tokens given (None: one folder)
