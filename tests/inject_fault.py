@@ -3,7 +3,8 @@
     torchrun ... tests/inject_fault.py TRAINER_ARGS...
     with FAULT=nan|batch|hang|signal, FAULT_STEP=s, FAULT_RANK=r in the environment,
     or FAULT=spike, FAULT_POSITIONS=p1,p2,..., FAULT_FACTOR=f (default 1000; nan for a NaN loss)
-    or FAULT=slow, FAULT_RANK=r, FAULT_SLEEP=seconds (default 0.2), FAULT_STEP=s (default: from the first step)
+    or FAULT=slow, FAULT_RANK=r, FAULT_SLEEP=seconds (default 0.2), FAULT_STEP=s (default: from the first step),
+       FAULT_MARK=path (created as step s's pause begins: a signal sent once it exists lands inside step s)
 
 The trainer runs unchanged; only the step function it is given differs, and only on rank r at
 optimizer step s (counted from the run's first step, 0):
@@ -75,6 +76,8 @@ def with_fault(step):
         if FAULT == "spike" and run.step + run.data_offset in FAULT_POSITIONS:
             model = ScaledLoss(model, FAULT_FACTOR)
         if FAULT == "slow" and ON_THIS_RANK and run.step - run.start_step >= FAULT_STEP:
+            if run.step - run.start_step == FAULT_STEP and os.environ.get("FAULT_MARK"):
+                open(os.environ["FAULT_MARK"], "w").close()  # stop_requested was read already: inside the step
             time.sleep(float(os.environ.get("FAULT_SLEEP", "0.2")))
         if ON_THIS_RANK and run.step - run.start_step == FAULT_STEP:
             if FAULT == "nan":

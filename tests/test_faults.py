@@ -88,17 +88,23 @@ def env_for_workers() -> dict:
 SIGNAL_PAUSE = 0.1  # step_pause for runs signalled mid-run: their 12 steps take over a second
 
 
-def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    timeout = guard(timeout)  # a hang guard (tests/slowness.py)
+def wait_until(condition, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    """Until condition() holds, while the run goes on; a hang guard (tests/slowness.py) bounds the wait."""
+    timeout = guard(timeout)
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if (out / "log.jsonl").exists() and any(
-                r.get("kind") == "train" and r["step"] >= step for r in read_log(out / "log.jsonl")):
+        if condition():
             return
         if proc.poll() is not None:
             raise AssertionError(f"run ended early: {proc.communicate()}")
         time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached in {timeout:.0f}s")
+    raise AssertionError(f"{what} not reached in {timeout:.0f}s")
+
+
+def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    wait_until(lambda: (out / "log.jsonl").exists() and any(
+        r.get("kind") == "train" and r["step"] >= step for r in read_log(out / "log.jsonl")), proc, f"step {step}",
+        timeout)
 
 
 def children(pid: int) -> list[int]:
@@ -504,10 +510,12 @@ def checkpoint_steps(out: Path) -> list[int]:
 def test_ctrl_c_saves_a_checkpoint_at_the_next_step_like_sigterm(data, tmp_path):
     """`python train_gpt2.py`, one process (forked: tests/launch.py), Ctrl-C once: it says at once what it will do,
     stops at the next step boundary with a checkpoint, and exits 0. Before: exit 130, nothing saved."""
-    out = tmp_path / "ctrl-c"
+    out, mark = tmp_path / "ctrl-c", tmp_path / "step-4-paused"
     with start_trainer(base_args(data, out, **PREEMPTIBLE), script="tests/inject_fault.py",
-                       extra_env=paused_from(4, 0.5)) as proc:
-        wait_for_step(out, 3, proc)  # step 4 is in its pause
+                       extra_env={**paused_from(4, 0.5), "FAULT_MARK": str(mark)}) as proc:
+        # step 4 is in its pause: not merely step 3 logged, which a loaded machine may signal before step 4 begins
+        # (the flag then votes at step 4, and the save is step 5's)
+        wait_until(mark.exists, proc, "step 4's pause")
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=guard(120))
     assert proc.returncode == 0, stderr[-3000:]
