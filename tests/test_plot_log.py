@@ -15,6 +15,7 @@ from common.errors import DataError
 from launch import launch
 from model import PRESETS
 from PIL import Image
+from scripts import pictures
 from training.train.config import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -435,3 +436,21 @@ def test_the_lr_legend_leaves_every_schedule_in_sight(tmp_path):
         x, y = ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()])).T  # pixels
         covered = (box.x0 <= x) & (x <= box.x1) & (box.y0 <= y) & (y <= box.y1)
         assert not covered.any(), f"the legend covers {line.get_label()}"
+
+
+# --- issue 53: the shipped pictures are today's plot_log.py figures of the runs stored beside them -------------
+
+def test_every_shipped_picture_is_redrawn_by_make_pictures():
+    assert sorted(p.stem for p in (REPO / "docs").glob("*.png")) == sorted(pictures.PICTURES)
+    assert sorted(p.name for p in pictures.STORED.iterdir()) == sorted(pictures.PICTURES)
+
+
+@pytest.mark.parametrize("name", sorted(pictures.PICTURES))
+def test_a_shipped_picture_is_what_plot_log_draws_today_from_its_stored_runs(tmp_path, name):
+    """docs/pictures/NAME/figure.txt, and the text docs/NAME.png carries, describe the figure today's plot_log.py
+    draws from the stored runs (and the PNG has its size): a change to what plot_log.py draws fails here until
+    `make pictures` has redrawn the pictures."""
+    description = plot_log.describe(pictures.draw(name, tmp_path / "picture.png"))
+    assert (pictures.STORED / name / "figure.txt").read_text() == description, "make pictures redraws it"
+    with Image.open(REPO / "docs" / f"{name}.png") as shipped, Image.open(tmp_path / "picture.png") as drawn:
+        assert (shipped.text.get("Description"), shipped.size) == (description, drawn.size), "make pictures redraws it"
