@@ -17,7 +17,7 @@ endif
 # keeping it mapped makes CPU training (the demo) about 1.7x faster.
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
 
-.PHONY: install demo test test-fast test-slurm lint lock clean-demo
+.PHONY: install demo pictures test test-fast test-slurm lint lock clean-demo
 
 # requirements.txt holds lower bounds; requirements.lock the exact versions CI passed with
 $(VENV)/.installed: requirements.txt requirements.lock
@@ -33,6 +33,27 @@ demo: install
 	$(CPU_MALLOC) $(PY) train_gpt2.py --config configs/demo.yaml
 	$(PY) sample.py --ckpt out/demo --prompt "ROMEO:" --max_new_tokens 120 --num_samples 1
 	$(PY) plot_log.py out/demo -o out/demo/curves.png
+
+# Every shipped picture (docs/*.png) redrawn by plot_log.py from the runs it shows, kept small in
+# docs/pictures/ (the records it draws, config.yaml and the train data's unigram entropy), with what each
+# draws in docs/pictures/NAME/figure.txt (tests/test_plot_log.py compares it to today's plot_log.py):
+# seconds. FROM_SCRATCH=1 first reruns those runs into out/pictures/ and stores them: make demo's
+# training, the README's mixture and scripts/compare_recipes.py's seed 1337 (26 minutes, measured on
+# 2 CPU cores under a load average of 8-12).
+PICTURE_RUNS := out/pictures
+pictures: install
+ifdef FROM_SCRATCH
+	rm -rf $(PICTURE_RUNS)
+	$(PY) prep/shakespeare.py
+	$(CPU_MALLOC) $(PY) train_gpt2.py --config configs/demo.yaml --out_dir $(PICTURE_RUNS)/demo
+	$(PY) prep/fineweb.py --input README.md docs/*.md --out data/prose --val_size 16384 --overwrite
+	$(PY) prep/fineweb.py --input $$(git ls-files '*.py') --out data/code --val_size 16384 --overwrite
+	$(CPU_MALLOC) $(PY) train_gpt2.py --config configs/demo.yaml --data_dir data/prose:0.5,data/code:0.5 \
+	    --val_tokens 2048 --max_steps 300 --eval_interval 25 --sample_interval 0 --out_dir $(PICTURE_RUNS)/mix
+	$(PY) scripts/compare_recipes.py --seeds 1337 --out $(PICTURE_RUNS)/recipes
+	$(PY) scripts/pictures.py --store $(PICTURE_RUNS)
+endif
+	$(PY) scripts/pictures.py
 
 # Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once.
 XDIST := -n 2 --dist loadfile

@@ -26,6 +26,9 @@ Reference lines (--references, default auto) follow each run folder's config.yam
   their weights), at most UNIGRAM_TOKENS tokens of each; left out where they cannot be read.
   auto draws it where the losses still fill 60% of the y axis, like the val loss reference.
 all draws every reference, none draws none. A folder without config.yaml gets none in auto.
+
+A PNG carries, as its Description text, what it draws (describe(): panels, lines with their labels
+and styles, legends), which tests/test_plot_log.py compares for the pictures the docs show.
 """
 
 from __future__ import annotations
@@ -73,11 +76,12 @@ UNIGRAM_TOKENS = 100_000_000  # counted of each source at most (about 0.5 s); a 
 class PlottedRun(NamedTuple):
     records: list[dict]  # of log.jsonl
     config: dict  # of config.yaml
+    unigram: tuple[float, bool] | None = None  # unigram_entropy() of its train data; None: not known
 
 
-def load_run(out_dir: str | Path) -> PlottedRun:
-    """The records and config of the run folder OUT_DIR; DataError (naming the file) if its log is
-    missing or has nothing to plot."""
+def load_run(out_dir: str | Path, unigram: bool = True) -> PlottedRun:
+    """The records and config of the run folder OUT_DIR, and (where `unigram`) the unigram entropy of the
+    train shards its config names; DataError (naming the file) if its log is missing or has nothing to plot."""
     path = Path(out_dir) / LOG_NAME
     try:
         records = [r for r in read_log(path) if isinstance(r, dict)]
@@ -88,7 +92,8 @@ def load_run(out_dir: str | Path) -> PlottedRun:
     if not any(len(series(records, s.kind, s.field)[0]) for s in SERIES):
         kinds = list(dict.fromkeys(s.kind for s in SERIES))
         raise DataError(f"{path}: no {', '.join(kinds[:-1])} or {kinds[-1]} records")
-    return PlottedRun(records, load_config(out_dir))
+    config = load_config(out_dir)
+    return PlottedRun(records, config, unigram_entropy(config) if unigram and config else None)
 
 
 def load_config(out_dir: str | Path) -> dict:
@@ -297,12 +302,15 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
             ax.text(0.01, 0.02, f"GPT-2 124M reference ({GPT2_VAL_LOSS}) off-scale: --references all draws it",
                     transform=ax.transAxes, ha="left", va="bottom", fontsize=8, color="gray")
         losses = [y for d in data.values() for s, (_, y) in d.items() if s.panel == "loss"]
-        for run in runs.values():  # each run's data (runs on the same data: one legend entry)
-            entropy = unigram_entropy(run.config) if references != "none" and run.config else None
+        entropies = {}  # label -> nats of each run's data: runs on the same data get one line
+        for run in runs.values():
+            entropy = run.unigram if references != "none" else None
             if entropy is None or (references == "auto" and not reference_fits(entropy[0], losses)):
                 continue
             label = f"unigram entropy of {run.config['data_dir']}" + (" (sampled)" if entropy[1] else "")
-            ax.axhline(entropy[0], color="gray", linestyle="-.", linewidth=1.0, label=f"{label}: {entropy[0]:.2f}")
+            entropies[f"{label}: {entropy[0]:.2f}"] = entropy[0]
+        for label, nats in entropies.items():
+            ax.axhline(nats, color="gray", linestyle="-.", linewidth=1.0, label=label)
         ax.set(title="loss" + (f" (train smoothed over {window})" if window > 1 else ""))
     if "HellaSwag" in axes:
         for name, value in hellaswag_refs:
@@ -311,8 +319,10 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
     for panel, ax in axes.items():
         handles, labels = ax.get_legend_handles_labels()
         unique = dict(zip(labels, handles))  # one entry per label: a run resumed twice is listed once
-        ax.legend(unique.values(), unique.keys(), fontsize=8,  # where the curves are not: they fall, HellaSwag rises
-                  loc="upper right" if panel in ("loss", LEARNING_RATE.panel) else "upper left")
+        # where the curves are not: losses fall, HellaSwag rises; the lr wherever its schedules leave room (a cosine
+        # falls, a wsd holds at the top)
+        ax.legend(unique.values(), unique.keys(), fontsize=8,
+                  loc={"loss": "upper right", LEARNING_RATE.panel: "best"}.get(panel, "upper left"))
         ax.set(xlabel=f"tokens seen ({unit})" if unit else "tokens seen")
         ax.grid(alpha=0.3)
     if title:
@@ -320,12 +330,49 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
     fig.tight_layout()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=DPI)  # no bbox_inches="tight": the pixel size stays PANEL_SIZE * DPI per panel
+        # no bbox_inches="tight": the pixel size stays PANEL_SIZE * DPI per panel. A PNG carries what it draws.
+        fig.savefig(out, dpi=DPI, metadata={"Description": describe(fig)} if out.suffix.lower() == ".png" else None)
     except OSError as e:
         raise WriteError(f"{out}: {e.strerror or e}") from None
     finally:
         plt.close(fig)
     return fig
+
+
+LINE_STYLES = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}
+
+
+def describe(fig: Figure) -> str:
+    """What the figure draws, as text: its size and title, then per panel its titles, every line (label, colour,
+    style, marker; of a curve its number of points and the range of its values, of a reference line where it
+    stands), its notes and legend. Two figures with the same description look the same to a reader."""
+    width, height = (fig.get_size_inches() * fig.dpi).round().astype(int)
+    suptitle = fig._suptitle.get_text() if fig._suptitle else ""  # Figure.get_suptitle() is matplotlib 3.8+
+    lines = [f"figure {width} x {height} px" + (f", title {suptitle!r}" if suptitle else "")]
+    for ax in fig.axes:
+        lines.append(f"panel {ax.get_title()!r}: x {ax.get_xlabel()!r}, y {ax.get_ylabel()!r}")
+        for line in ax.get_lines():
+            label = line.get_label()
+            look = f"{matplotlib.colors.to_hex(line.get_color())} {LINE_STYLES.get(line.get_linestyle(), 'none')} " \
+                   f"width {line.get_linewidth():g}"
+            if line.get_alpha() is not None:
+                look += f" alpha {line.get_alpha():g}"
+            if line.get_marker() not in (None, "None", ""):
+                fill = "hollow" if str(line.get_markerfacecolor()) == "none" else "filled"
+                look += f", marker {line.get_marker()} size {line.get_markersize():g} {fill}"
+            x, y = line.get_xdata(), line.get_ydata()
+            if line.get_transform() is ax.get_yaxis_transform():
+                where = f"horizontal at y {y[0]:.4g}"
+            elif line.get_transform() is ax.get_xaxis_transform():
+                where = f"vertical at x {x[0]:.4g}"
+            else:
+                where = f"{len(x)} points, x {np.min(x):.4g} to {np.max(x):.4g}, y {np.min(y):.4g} to {np.max(y):.4g}"
+            lines.append(f"  line {'(unlabelled)' if label.startswith('_') else repr(label)}: {look}; {where}")
+        lines += [f"  note {text.get_text()!r}" for text in ax.texts]
+        legend = ax.get_legend()
+        if legend:
+            lines.append(f"  legend: {', '.join(repr(text.get_text()) for text in legend.get_texts())}")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str]) -> int:
@@ -340,7 +387,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     names = [Path(d).resolve().name for d in args.out_dirs]
     labels = names if len(set(names)) == len(names) else list(args.out_dirs)  # same name: use the paths
-    runs = {label: load_run(out_dir) for label, out_dir in zip(labels, args.out_dirs)}
+    runs = {label: load_run(out_dir, unigram=args.references != "none")  # the entropy: only for its line
+            for label, out_dir in zip(labels, args.out_dirs)}
     plot(runs, Path(args.output), args.smooth, args.title, args.references)
     print(args.output)
     return 0

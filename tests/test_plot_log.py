@@ -14,6 +14,8 @@ import plot_log
 from common.errors import DataError
 from launch import launch
 from model import PRESETS
+from PIL import Image
+from scripts import pictures
 from training.train.config import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -388,3 +390,67 @@ def test_the_unigram_entropy_line_is_labelled_with_its_data_and_value(tmp_path):
     assert reference_labels(figure(tmp_path, {"run": (high, config)})) == [[]]
     assert reference_labels(figure(tmp_path, {"run": (high, config)}, references="all")) == \
         [["GPT-2 124M checkpoint: 3.29", f"unigram entropy of {data}: 4.16"]]
+
+
+# --- issue 53: what a figure draws, as text; one unigram line per data; the lr legend out of the way ----------
+
+def test_the_description_tells_apart_what_a_reader_sees(tmp_path):
+    """describe() names each line's label, colour, style and marker (an EMA curve's hollow), the reference lines
+    and the legends: two figures a reader tells apart have different descriptions."""
+    records = fake_run(steps=30, batch=2048, hellaswag=False)
+    for r in records:
+        if r["kind"] == "val":
+            r["ema_loss"] = r["loss"] - 0.1
+    data = shards_of(tmp_path / "corpus", list(range(64)) * 10)
+    text = plot_log.describe(figure(tmp_path, {"run": (records, {**DEMO, "data_dir": str(data)})},
+                                    references="all"))
+    assert text.splitlines()[:2] == ["figure 1200 x 450 px", "panel 'loss': x 'tokens seen (thousands)', y 'loss'"]
+    assert "line 'run val': #1f77b4 dashed width 1.5, marker o size 3 filled; 2 points" in text
+    assert "line 'run val/ema_loss': #1f77b4 dashed width 1.5, marker o size 4 hollow; 2 points" in text
+    assert f"line 'unigram entropy of {data}: 4.16': #808080 dash-dot width 1; horizontal at y 4.159" in text
+    assert "panel 'learning rate': x 'tokens seen (thousands)', y 'lr'" in text
+    assert "legend: 'run train', 'run val', 'run val/ema_loss', 'GPT-2 124M checkpoint: 3.29'" in text
+    with Image.open(tmp_path / "curves.png") as image:  # every PNG of plot_log.py carries it
+        assert image.text["Description"] == text
+
+
+def test_runs_on_the_same_data_get_one_unigram_entropy_line(tmp_path):
+    data = shards_of(tmp_path / "corpus", list(range(64)) * 10)
+    config = {**DEMO, "data_dir": str(data)}
+    records = fake_run(steps=30, batch=2048, start_loss=6.0, end_loss=3.0, hellaswag=False)
+    fig = figure(tmp_path, {"a": (records, config), "b": (records, config)})
+    assert reference_labels(fig) == [[f"unigram entropy of {data}: 4.16"]]
+
+
+def test_the_lr_legend_leaves_every_schedule_in_sight(tmp_path):
+    """A cosine falls to the lower right, a wsd holds at the top until its cooldown: the lr panel's legend covers
+    neither (recipes.png: faithful against modern)."""
+    cosine, wsd = fake_run(steps=100, batch=2048, hellaswag=False), fake_run(steps=100, batch=2048, hellaswag=False)
+    for c, w in zip(cosine, wsd):
+        if c["kind"] == "train":
+            c["lr"] = 4e-4 + 3.6e-3 * (1 + np.cos(np.pi * c["step"] / 99)) / 2
+            w["lr"] = 4e-3 if w["step"] < 80 else 4e-3 - 3.6e-3 * (w["step"] - 79) / 20
+    ax = figure(tmp_path, {"faithful_s1337": (cosine, DEMO), "modern_s1337": (wsd, DEMO)}).axes[-1]
+    box = ax.get_legend().get_window_extent()
+    for line in ax.get_lines():
+        x, y = ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()])).T  # pixels
+        covered = (box.x0 <= x) & (x <= box.x1) & (box.y0 <= y) & (y <= box.y1)
+        assert not covered.any(), f"the legend covers {line.get_label()}"
+
+
+# --- issue 53: the shipped pictures are today's plot_log.py figures of the runs stored beside them -------------
+
+def test_every_shipped_picture_is_redrawn_by_make_pictures():
+    assert sorted(p.stem for p in (REPO / "docs").glob("*.png")) == sorted(pictures.PICTURES)
+    assert sorted(p.name for p in pictures.STORED.iterdir()) == sorted(pictures.PICTURES)
+
+
+@pytest.mark.parametrize("name", sorted(pictures.PICTURES))
+def test_a_shipped_picture_is_what_plot_log_draws_today_from_its_stored_runs(tmp_path, name):
+    """docs/pictures/NAME/figure.txt, and the text docs/NAME.png carries, describe the figure today's plot_log.py
+    draws from the stored runs (and the PNG has its size): a change to what plot_log.py draws fails here until
+    `make pictures` has redrawn the pictures."""
+    description = plot_log.describe(pictures.draw(name, tmp_path / "picture.png"))
+    assert (pictures.STORED / name / "figure.txt").read_text() == description, "make pictures redraws it"
+    with Image.open(REPO / "docs" / f"{name}.png") as shipped, Image.open(tmp_path / "picture.png") as drawn:
+        assert (shipped.text.get("Description"), shipped.size) == (description, drawn.size), "make pictures redraws it"
