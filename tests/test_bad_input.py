@@ -54,7 +54,7 @@ def corrupt(d):
 RANK_CASES = [
     (wrong_dtype, [], "tiny_train_000009.npy: token shards must be uint16, found int32"),
     (out_of_range, [], "tiny_train_000004.npy: token id 50304 at position 0 is out of range for vocab_size 512"),
-    (None, ["--total_batch_size", "448"], "total_batch_size: 448 is not divisible by micro_batch_size * seq_len * world_size = 4 * 32 * 2 = 256"),
+    (None, ["--total_batch_size", "448"], "total_batch_size: 448 is not divisible by micro_batch_size * seq_len * world_size = 4 * 32 * 2 = 256; on 2 ranks with micro_batch_size 4, total_batch_size 256 or 512 works"),
     (None, ["--total_batch_size", "32", "--micro_batch_size", "1"], "total_batch_size: a step of 32 tokens holds 1 rows of seq_len 32, fewer than the 2 ranks"),
 ]
 # The same mechanism for the other problems, in this process (one rank): the message and exit code 2.
@@ -95,6 +95,54 @@ def test_bad_data_is_one_error_naming_the_file_or_key(tmp_path, damage, override
     with pytest.raises(ReproError) as raised:
         build_tiny_run(overrides.pop("data", data), tmp_path / "out", **overrides)
     assert message in str(raised.value) and raised.value.exit_code == 2
+
+
+@pytest.mark.parametrize("world_size,micro_batch_size", [(3, 64), (5, 64), (6, 64), (7, 64), (8, 48), (3, 16)])
+def test_an_indivisible_batch_names_the_nearest_batches_that_divide(world_size, micro_batch_size):
+    """GPT-2's 524,288-token batch on 3 or 6 GPUs: the error says which total_batch_size (and micro_batch_size)
+    works on that many ranks instead, each the nearest of its kind."""
+    import re
+
+    from common.errors import ConfigError
+    from data.loader import grad_accum_steps
+
+    total, seq_len = 524288, 1024
+    with pytest.raises(ConfigError) as raised:
+        grad_accum_steps(total, seq_len, micro_batch_size, world_size)
+    message = str(raised.value)
+    step = micro_batch_size * seq_len * world_size
+    totals = [int(t) for t in re.search(r"total_batch_size ([\d ]+(?:or \d+)?) works", message)[1].split(" or ")]
+    assert totals == [total // step * step, total // step * step + step]  # the nearest below and above
+    for suggested in totals:
+        grad_accum_steps(suggested, seq_len, micro_batch_size, world_size)  # they divide
+    kept = re.search(rf"or keep {total} with micro_batch_size (\d+)", message)
+    fitting = [b for b in range(1, micro_batch_size) if total % (b * seq_len * world_size) == 0]
+    assert (int(kept[1]) if kept else None) == (max(fitting) if fitting else None), message
+    if world_size == 3 and micro_batch_size == 64:
+        assert message == ("total_batch_size: 524288 is not divisible by micro_batch_size * seq_len * world_size = "
+                           "64 * 1024 * 3 = 196608; on 3 ranks with micro_batch_size 64, total_batch_size 393216 or "
+                           "589824 works (grad_accum_steps 2 or 3); no micro_batch_size works for 524288 itself, "
+                           "whose 512 rows of seq_len 1024 do not split over 3 ranks")
+
+
+def test_micro_batch_size_auto_names_the_nearest_batches_whose_rows_split_over_the_ranks():
+    """auto finds a micro-batch where the step's rows split over the ranks: 524,288 tokens on 3 do not."""
+    from common.errors import ConfigError
+    from training.core.context import Context
+    from training.core.logger import RunLogger
+    from training.core.process_group import DistEnv
+    from training.distributed.strategies import make_strategy
+    from training.train.config import parse_args
+    from training.train.micro_batch import choose_micro_batch_size
+
+    cfg = parse_args(["--micro_batch_size", "auto", "--device", "cpu"])  # GPT-2 124M's batch otherwise
+    runtime = cfg.runtime.make_runtime()
+    env = DistEnv(rank=0, local_rank=0, world_size=3, device=runtime.device, distributed=False)
+    with pytest.raises(ConfigError) as raised:
+        choose_micro_batch_size(Context(env, runtime, RunLogger(enabled=False)), make_strategy("ddp", env, runtime),
+                                cfg.data, cfg.model.model_config())
+    assert str(raised.value) == ("micro_batch_size: auto finds no micro-batch: total_batch_size 524288 does not split "
+                                 "into rows of seq_len 1024 over 3 ranks; total_batch_size 522240 or 525312 does")
 
 
 CONFIG_CASES = [
