@@ -50,12 +50,14 @@ def corrupt(d):
 
 
 # Under 2-rank torchrun: a problem one rank sees (here: token ranges are checked rank by rank,
-# dtypes on every rank) and the messages that depend on the world size.
+# dtypes on every rank), the messages that depend on the world size, and a configuration error, found
+# before the ranks connect. Each is printed once, by rank 0, for both.
 RANK_CASES = [
     (wrong_dtype, [], "tiny_train_000009.npy: token shards must be uint16, found int32"),
     (out_of_range, [], "tiny_train_000004.npy: token id 50304 at position 0 is out of range for vocab_size 512"),
     (None, ["--total_batch_size", "448"], "total_batch_size: 448 is not divisible by micro_batch_size * seq_len * world_size = 4 * 32 * 2 = 256; on 2 ranks with micro_batch_size 4, total_batch_size 256 or 512 works"),
     (None, ["--total_batch_size", "32", "--micro_batch_size", "1"], "total_batch_size: a step of 32 tokens holds 1 rows of seq_len 32, fewer than the 2 ranks"),
+    (None, ["--n_layer", "x"], "n_layer: expected an integer or null, got 'x'"),
 ]
 # The same mechanism for the other problems, in this process (one rank): the message and exit code 2.
 IN_PROCESS_CASES = [
@@ -79,8 +81,7 @@ def test_bad_data_fails_cleanly_on_every_rank(tmp_path, damage, extra, message):
         damage(data)
     proc = run_trainer(base_args(data, tmp_path / "out") + extra, nproc=2, check=False, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2, proc.stderr[-3000:]  # one line per rank, the same line
-    assert errors[0] == errors[1] and message in errors[0], errors
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-3000:]  # rank 0's line, for both ranks (issue 53)
     assert proc.exitcodes == [2, 2]
     assert "train_gpt2.py\", line" not in proc.stderr  # no traceback from the trainer
 
@@ -145,6 +146,44 @@ def test_micro_batch_size_auto_names_the_nearest_batches_whose_rows_split_over_t
                                  "into rows of seq_len 1024 over 3 ranks; total_batch_size 522240 or 525312 does")
 
 
+RANKS = {"RANK": "0", "LOCAL_RANK": "0"}
+
+
+@pytest.mark.parametrize("held_by,ranks,printed", [
+    (None, {"RANK": "1", "LOCAL_RANK": "1"}, True),  # this rank's own error
+    ("RANK", {"RANK": "0", "LOCAL_RANK": "0"}, True),  # shared with every rank: rank 0 prints it
+    ("RANK", {"RANK": "1", "LOCAL_RANK": "0"}, False),
+    ("LOCAL_RANK", {"RANK": "2", "LOCAL_RANK": "0"}, True),  # found alike by a node's ranks: its local rank 0
+    ("LOCAL_RANK", {"RANK": "1", "LOCAL_RANK": "1"}, False),
+    ("RANK", {}, True),  # no torchrun: one process
+])
+def test_an_error_ranks_hold_alike_is_printed_by_one_of_them_and_recorded_by_each(held_by, ranks, printed, tmp_path,
+                                                                                 capfd, monkeypatch):
+    """What every rank of a torchrun launch does with its error: the exit code, the line once for the ranks that
+    hold it alike, and the line in torchrun's error file, whose report shows it for each worker."""
+    import json
+
+    from common.errors import EVERY_RANK, NODE_RANKS, DataError, held_alike_by, run_cli
+
+    assert (EVERY_RANK, NODE_RANKS) == ("RANK", "LOCAL_RANK")
+    for key in RANKS:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in ranks.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+
+    def main(argv):
+        if held_by is None:
+            raise DataError("shards: no such directory")
+        with held_alike_by(held_by):
+            raise DataError("shards: no such directory")
+
+    assert run_cli(main, []) == 2
+    assert capfd.readouterr().err == ("error: shards: no such directory\n" if printed else "")
+    record = json.loads((tmp_path / "error.json").read_text())["message"]
+    assert record["message"] == "error: shards: no such directory" and int(record["extraInfo"]["timestamp"]) > 0
+
+
 CONFIG_CASES = [
     (["--n_layer", "x"], "error: n_layer: expected an integer or null, got 'x'"),
     (["--micro_batch_size", "x"], "error: micro_batch_size: expected an integer or auto, got 'x'"),  # as --help
@@ -174,7 +213,7 @@ def test_unreadable_resume_checkpoint_fails_on_every_rank(tmp_path):
     bogus.write_bytes(b"not a checkpoint")
     proc = run_trainer(base_args(data, tmp_path / "out", resume=bogus), nproc=2, check=False, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2 and "step_00000003.pt: unreadable checkpoint" in errors[0], proc.stderr[-3000:]
+    assert len(errors) == 1 and "step_00000003.pt: unreadable checkpoint" in errors[0], proc.stderr[-3000:]
     assert proc.exitcodes == [2, 2]
 
 
