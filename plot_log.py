@@ -30,6 +30,8 @@ all draws every reference, none draws none. A folder without config.yaml gets no
 
 from __future__ import annotations
 
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
+
 import math
 import sys
 from pathlib import Path

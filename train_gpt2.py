@@ -31,6 +31,8 @@ code, and the shell sees torchrun's own status, 1 (docs/OPERATIONS.md, "When thi
 
 from __future__ import annotations
 
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
+
 import datetime
 import json
 import sys

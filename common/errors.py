@@ -11,7 +11,9 @@ the process ends with:
 `run_cli(main, argv)` is the wrapper every script's `__main__` goes through: it runs main,
 turns a ReproError into one `error: message` line on stderr and its exit code, and lets
 anything else (a bug) show its traceback. `ArgumentParser` reports usage mistakes the same
-way instead of argparse's two-line message.
+way instead of argparse's two-line message. A Ctrl-C is one `interrupted` line, exit 130:
+inside main through run_cli, and while the script still imports its modules through
+`one_line_interrupts` (common/startup.py, the first import of every entry script).
 
 Under torchrun every worker runs the script, and an error that several of them hold alike is
 printed by one of them (`held_alike_by`): by rank 0 for an error every rank holds (the
@@ -148,6 +150,31 @@ def write_torchrun_error_file(line: str) -> None:
         pass  # the line on stderr is the report; the file only adds it to torchrun's
 
 
+def report_interrupt(e: KeyboardInterrupt) -> None:
+    """`interrupted` (with why, if the interrupt says) on stderr. Under torchrun, which forwards a signal to each
+    of its workers alike, each node's local rank 0 prints it."""
+    if prints_here(NODE_RANKS):
+        os.write(sys.stderr.fileno(), f"interrupted{f': {e}' if str(e) else ''}\n".encode())
+
+
+def one_line_interrupts() -> None:
+    """From now on a KeyboardInterrupt that nothing catches ends the process with one `interrupted` line, not a
+    traceback: a Ctrl-C while an entry script imports its modules (seconds for torch), before run_cli runs.
+
+    Python then ends the process by SIGINT as usual: the shell sees status 130. Other uncaught
+    exceptions go to the hook that was there before.
+    """
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if issubclass(kind, KeyboardInterrupt):
+            report_interrupt(value)
+        else:
+            previous(kind, value, traceback)
+
+    sys.excepthook = hook
+
+
 def run_cli(main, argv: list[str] | None = None) -> int:
     """main(argv) -> exit status, with every ReproError reported as one line and its exit code."""
     try:
@@ -155,7 +182,7 @@ def run_cli(main, argv: list[str] | None = None) -> int:
     except ReproError as e:
         return report(e)
     except KeyboardInterrupt as e:  # Ctrl-C where no handler keeps it (the trainer's second one says why)
-        os.write(sys.stderr.fileno(), f"interrupted{f': {e}' if str(e) else ''}\n".encode())
+        report_interrupt(e)
         return 130
 
 

@@ -184,6 +184,67 @@ def test_an_error_ranks_hold_alike_is_printed_by_one_of_them_and_recorded_by_eac
     assert record["message"] == "error: shards: no such directory" and int(record["extraInfo"]["timestamp"]) > 0
 
 
+@pytest.mark.parametrize("local_rank,printed", [(None, True), ("0", True), ("1", False)])
+def test_an_interrupt_is_one_line_once_per_node(local_rank, printed, capfd, monkeypatch):
+    """torchrun forwards a signal to each of its workers: one `interrupted` line per node, exit 130 on each."""
+    from common.errors import run_cli
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    if local_rank is not None:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+
+    def main(argv):
+        raise KeyboardInterrupt("a second SIGINT stops at once")
+
+    assert run_cli(main, []) == 130
+    assert capfd.readouterr().err == ("interrupted: a second SIGINT stops at once\n" if printed else "")
+
+
+ENTRY_SCRIPTS = ("train_gpt2.py", "sample.py", "eval_lm.py", "export_hf.py", "compare_runs.py", "plot_log.py",
+                 "consolidate_checkpoint.py", "prep/fineweb.py", "prep/hellaswag.py", "prep/shakespeare.py")
+# Stand-ins for what the entry scripts import first that takes time (torch takes seconds): each says it started
+# importing, then waits, so that a Ctrl-C lands inside the import every time
+SLOW_IMPORTS = ("torch", "numpy", "matplotlib", "statistics")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,local_rank", [(s, None) for s in ENTRY_SCRIPTS] + [("train_gpt2.py", "1")])
+def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, tmp_path):
+    """A Ctrl-C while the script still imports its modules (issue 52: a traceback from every rank). One
+    `interrupted` line, and the process ends by SIGINT (the shell's 130); under torchrun, which forwards the
+    signal to each worker, local rank 0 alone prints it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from slowness import guard
+
+    started = tmp_path / "importing"
+    for name in SLOW_IMPORTS:
+        (tmp_path / "slow" / name).mkdir(parents=True)
+        (tmp_path / "slow" / name / "__init__.py").write_text(
+            f"import time\nopen({str(started)!r}, 'w').close()\ntime.sleep(600)\n")
+    env = {key: value for key, value in os.environ.items() if key not in RANKS}
+    env["PYTHONPATH"] = str(tmp_path / "slow")  # ahead of the installed packages and the standard library
+    if local_rank is not None:
+        env.update(RANK=local_rank, LOCAL_RANK=local_rank)
+    proc = subprocess.Popen([sys.executable, str(REPO / script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + guard(30)
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert started.exists(), f"{script} imported none of {SLOW_IMPORTS}"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=guard(30))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", "interrupted\n" if local_rank is None else "")
+
+
 CONFIG_CASES = [
     (["--n_layer", "x"], "error: n_layer: expected an integer or null, got 'x'"),
     (["--micro_batch_size", "x"], "error: micro_batch_size: expected an integer or auto, got 'x'"),  # as --help

@@ -526,5 +526,5 @@ def test_ctrl_c_twice_under_torchrun_stops_the_workers_at_once(data, tmp_path):
     assert proc.returncode == 1 and "SignalException" in stderr  # torchrun's own
     assert stderr.count("SIGINT received: saving a checkpoint after this step") == 1, stderr[-3000:]  # rank 0's
     assert stderr.count("interrupted: a second Ctrl-C (torchrun's SIGTERM after its SIGINT) stops at once: "
-                        "nothing was saved since the last checkpoint") == 2, stderr[-3000:]
+                        "nothing was saved since the last checkpoint") == 1, stderr[-3000:]  # local rank 0's
     assert checkpoint_steps(out) == [3]
