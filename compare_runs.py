@@ -21,6 +21,8 @@ bpb are better lower, accuracies higher. --json FILE writes the rows.
 
 from __future__ import annotations
 
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
+
 import json
 import math
 import sys

@@ -12,6 +12,8 @@ The whole state passes through this process's memory (about 16 bytes per paramet
 
 from __future__ import annotations
 
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
+
 import sys
 from pathlib import Path
 

@@ -41,6 +41,8 @@ token-normalised acc_norm as an lm_eval metric).
 
 from __future__ import annotations
 
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
+
 import datetime
 import difflib
 import json

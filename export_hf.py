@@ -11,6 +11,8 @@ and evaluates with lm-evaluation-harness:
 
 from __future__ import annotations
 
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
+
 import sys
 
 from common.errors import ArgumentParser, WriteError, run_cli

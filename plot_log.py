@@ -33,6 +33,8 @@ and styles, legends), which tests/test_plot_log.py compares for the pictures the
 
 from __future__ import annotations
 
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
+
 import math
 import sys
 from pathlib import Path

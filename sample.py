@@ -13,6 +13,8 @@ token costs one position, not the whole context.
 
 from __future__ import annotations
 
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
+
 import sys
 from pathlib import Path
 

@@ -25,10 +25,13 @@ another section it reads is passed to it as a value.
 Exit codes (common/errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
 configuration or input; 3 the loss went NaN/inf (the update was not applied), or spikes went on
 past max_rollbacks rollbacks; 1 anything else
-(e.g. a checkpoint write failed). Under torchrun the shell sees torchrun's own status.
+(e.g. a checkpoint write failed). Under torchrun one worker prints the error for all, each exits with its
+code, and the shell sees torchrun's own status, 1 (docs/OPERATIONS.md, "When things go wrong").
 """
 
 from __future__ import annotations
+
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
 
 import datetime
 import json
@@ -39,7 +42,7 @@ from pathlib import Path
 import torch
 
 from data.tokenizer import get_tokenizer
-from common.errors import ConfigError, run_cli
+from common.errors import EVERY_RANK, NODE_RANKS, ConfigError, ReproError, held_alike_by, run_cli
 from evals.periodic import PeriodicEvaluation
 from training.checkpoint.folder import checkpoints_folder
 from training.checkpoint.checkpointer import Checkpointer
@@ -70,19 +73,21 @@ def main(argv: list[str], wrap_step=None) -> int:
     if wants_help(argv):  # anywhere: `--config configs/demo.yaml --help` too
         print(usage())
         return 0
-    cfg = parse_args(argv)
-    check_optional_packages(cfg)
+    with held_alike_by(NODE_RANKS):  # before the ranks connect: a node's ranks read the same arguments and files
+        cfg = parse_args(argv)
+        check_optional_packages(cfg)
     with deterministic_kernels(cfg.runtime.deterministic):  # entered before any CUDA work
         return run_training(cfg, argv, wrap_step)
 
 
 def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
     """Set up the processes, then build and train the run that cfg describes; the exit status."""
-    runtime = cfg.runtime.make_runtime(local_rank())
-    if runtime.device_type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul left outside autocast
-        torch.backends.cudnn.allow_tf32 = True
-    env = setup_distributed(runtime.device, STARTUP_TIMEOUT)
+    with held_alike_by(NODE_RANKS):  # the node's devices, seen alike by its ranks
+        runtime = cfg.runtime.make_runtime(local_rank())
+        if runtime.device_type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True  # TF32 for any fp32 matmul left outside autocast
+            torch.backends.cudnn.allow_tf32 = True
+        env = setup_distributed(runtime.device, STARTUP_TIMEOUT)
     preemption = PreemptionFlag(announce=env.master_process).install()
     logger = RunLogger(enabled=env.master_process)
     ctx = Context(env, runtime, logger)  # what every component below is made from, beside its sections
@@ -105,11 +110,16 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
             train(cfg, ctx, run, preemption, record, wrap_step)
         barrier(env)  # leave together: a gloo rank torn down while its peer still talks can abort
         return 0
+    except ReproError as e:  # a failure one rank saw is shared with all (run_on_all_ranks): rank 0 prints it
+        e.held_by = EVERY_RANK
+        raise
     finally:
-        preemption.restore()
-        logger.close()
-        release_all(locks)
-        teardown_distributed()
+        try:
+            logger.close()
+            release_all(locks)
+            teardown_distributed()
+        finally:  # last: as soon as one worker ends, torchrun sends the others SIGTERM, which must not end rank 0
+            preemption.restore()  # before run_cli has printed the error the others left to it (until here: a flag)
 
 
 def open_run_folder(cfg: TrainConfig, ctx: Context, run: Run, record: dict) -> None:

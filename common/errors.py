@@ -11,20 +11,39 @@ the process ends with:
 `run_cli(main, argv)` is the wrapper every script's `__main__` goes through: it runs main,
 turns a ReproError into one `error: message` line on stderr and its exit code, and lets
 anything else (a bug) show its traceback. `ArgumentParser` reports usage mistakes the same
-way instead of argparse's two-line message.
+way instead of argparse's two-line message. A Ctrl-C is one `interrupted` line, exit 130:
+inside main through run_cli, and while the script still imports its modules through
+`one_line_interrupts` (common/startup.py, the first import of every entry script).
+
+Under torchrun every worker runs the script, and an error that several of them hold alike is
+printed by one of them (`held_alike_by`): by rank 0 for an error every rank holds (the
+trainer shares a failure with all ranks once they have connected), by each node's local rank
+0 for one found before the ranks connect, when each node reads its own arguments, files and
+devices. Every worker that ends with an error also leaves it in torchrun's error file
+(TORCHELASTIC_ERROR_FILE), whose content torchrun's failure report shows for that worker in
+place of a link to its documentation: an error only one rank had is never lost.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import sys
+import time
+
+# Which ranks of a torchrun launch hold an error alike, so that one of them prints it for all: the variable
+# torchrun gives each worker whose value 0 names the rank that prints.
+EVERY_RANK = "RANK"  # every rank of the job: rank 0 prints it, one line per job
+NODE_RANKS = "LOCAL_RANK"  # every rank of this node: its local rank 0 prints it, one line per node
 
 
 class ReproError(Exception):
     """A failure explained by its one-line message; the process exits with `exit_code`."""
 
     exit_code = 1
+    held_by: str | None = None  # EVERY_RANK or NODE_RANKS: other ranks hold it alike (None: this process alone)
 
 
 class ConfigError(ReproError):
@@ -81,13 +100,79 @@ def print_warning(text: str) -> None:
     print(f"warning: {' '.join(text.split())}", file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def held_alike_by(ranks: str):
+    """A ReproError raised inside is held alike by `ranks` (EVERY_RANK, NODE_RANKS): one of them prints it.
+
+    For code that each of those ranks runs on the same inputs, or that shares a failure any of
+    them saw with all.
+    """
+    try:
+        yield
+    except ReproError as e:
+        e.held_by = ranks
+        raise
+
+
+def prints_here(held_by: str | None) -> bool:
+    """Whether this process prints what `held_by` ranks hold alike: the one whose variable is 0 (or unset:
+    no torchrun), or any process for what it alone holds (None)."""
+    return held_by is None or os.environ.get(held_by, "0") == "0"
+
+
 def report(error: ReproError) -> int:
-    """Print `error: message` as one write (ranks sharing a terminal never interleave); the exit code."""
+    """Print `error: message` as one write (ranks sharing a terminal never interleave) unless another rank
+    prints it, and leave it in torchrun's error file; the exit code."""
     sys.stdout.flush()
     sys.stderr.flush()
-    message = " ".join(str(error).split()) or type(error).__name__  # always one line
-    os.write(sys.stderr.fileno(), f"error: {message}\n".encode())
+    line = "error: " + (" ".join(str(error).split()) or type(error).__name__)  # always one line
+    if prints_here(error.held_by):
+        os.write(sys.stderr.fileno(), f"{line}\n".encode())
+    write_torchrun_error_file(line)
     return error.exit_code
+
+
+def write_torchrun_error_file(line: str) -> None:
+    """Under torchrun, `line` into this worker's error file: torchrun's failure report shows it for this worker.
+
+    torchrun names the file in TORCHELASTIC_ERROR_FILE and reads it as its own error handler
+    writes it (torch.distributed.elastic.multiprocessing.errors): a message and a timestamp, the
+    earliest of which torchrun reports as the root cause. No traceback: the line says it all.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    record = {"message": {"message": line, "extraInfo": {"timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(record, f)
+    except OSError:
+        pass  # the line on stderr is the report; the file only adds it to torchrun's
+
+
+def report_interrupt(e: KeyboardInterrupt) -> None:
+    """`interrupted` (with why, if the interrupt says) on stderr. Under torchrun, which forwards a signal to each
+    of its workers alike, each node's local rank 0 prints it."""
+    if prints_here(NODE_RANKS):
+        os.write(sys.stderr.fileno(), f"interrupted{f': {e}' if str(e) else ''}\n".encode())
+
+
+def one_line_interrupts() -> None:
+    """From now on a KeyboardInterrupt that nothing catches ends the process with one `interrupted` line, not a
+    traceback: a Ctrl-C while an entry script imports its modules (seconds for torch), before run_cli runs.
+
+    Python then ends the process by SIGINT as usual: the shell sees status 130. Other uncaught
+    exceptions go to the hook that was there before.
+    """
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if issubclass(kind, KeyboardInterrupt):
+            report_interrupt(value)
+        else:
+            previous(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 def run_cli(main, argv: list[str] | None = None) -> int:
@@ -97,7 +182,7 @@ def run_cli(main, argv: list[str] | None = None) -> int:
     except ReproError as e:
         return report(e)
     except KeyboardInterrupt as e:  # Ctrl-C where no handler keeps it (the trainer's second one says why)
-        os.write(sys.stderr.fileno(), f"interrupted{f': {e}' if str(e) else ''}\n".encode())
+        report_interrupt(e)
         return 130
 
 

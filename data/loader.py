@@ -168,8 +168,40 @@ def grad_accum_steps(total_batch_size: int, seq_len: int, micro_batch_size: int,
     if total_batch_size % tokens_per_micro_step:
         raise ConfigError(
             f"total_batch_size: {total_batch_size} is not divisible by micro_batch_size * seq_len * world_size = "
-            f"{micro_batch_size} * {seq_len} * {world_size} = {tokens_per_micro_step}")
+            f"{micro_batch_size} * {seq_len} * {world_size} = {tokens_per_micro_step}; "
+            + batches_that_fit(total_batch_size, seq_len, micro_batch_size, world_size))
     return total_batch_size // tokens_per_micro_step
+
+
+def batches_that_fit(total_batch_size: int, seq_len: int, micro_batch_size: int, world_size: int) -> str:
+    """What works instead of a total_batch_size (a multiple of seq_len) that world_size ranks' micro-batches do not
+    divide: the nearest total_batch_size below and above that micro_batch_size divides, and, where the step's rows
+    split over the ranks, the largest micro_batch_size below it that keeps total_batch_size.
+
+    GPT-2's 524,288 tokens of seq_len 1024 on 3 ranks with micro_batch_size 64: 393,216 or 589,824 (its 512 rows
+    do not split over 3 ranks, so no micro_batch_size keeps it).
+    """
+    step = micro_batch_size * seq_len * world_size
+    totals = nearest_multiples(total_batch_size, step)
+    ranks = f"{world_size} rank{'s' if world_size > 1 else ''}"
+    advice = (f"on {ranks} with micro_batch_size {micro_batch_size}, total_batch_size "
+              f"{' or '.join(str(t) for t in totals)} works "
+              f"(grad_accum_steps {' or '.join(str(t // step) for t in totals)})")
+    rows = total_batch_size // seq_len
+    if rows % world_size:
+        return advice + (f"; no micro_batch_size works for {total_batch_size} itself, whose {rows} rows of seq_len "
+                         f"{seq_len} do not split over {ranks}")
+    per_rank = rows // world_size
+    largest = max(b for b in range(1, micro_batch_size) if per_rank % b == 0)  # 1 always divides
+    return advice + (f"; or keep {total_batch_size} with micro_batch_size {largest} "
+                     f"(grad_accum_steps {per_rank // largest})")
+
+
+
+def nearest_multiples(value: int, unit: int) -> list[int]:
+    """The positive multiples of unit nearest to value (which is not one): below it (if positive) and above it."""
+    below = value // unit * unit
+    return [m for m in (below, below + unit) if m > 0]
 
 
 class TrainLoader:

@@ -52,10 +52,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: make `data` importable
+
+import common.startup  # noqa: E402,F401 - first: a Ctrl-C while the modules below load is one line
+
+import numpy as np  # noqa: E402
 
 from data.manifest import (  # noqa: E402
     MANIFEST_FORMAT, manifest_path, prep_files, progress_path, read_json, shard_record, write_json_atomic,

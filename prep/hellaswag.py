@@ -20,6 +20,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: make `training` importable
 
+import common.startup  # noqa: E402,F401 - first: a Ctrl-C while the modules below load is one line
+
 from common.errors import ArgumentParser, DataError, run_cli  # noqa: E402
 from evals.hellaswag import (  # noqa: E402
     DOWNLOAD_TIMEOUT_S, VAL_FILENAME, VAL_URL, HellaSwagDataError, default_cache_dir, download_val, read_examples,

@@ -23,6 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: make `data` importable
 
+import common.startup  # noqa: E402,F401 - first: a Ctrl-C while the modules below load is one line
+
 from data.manifest import prep_files, shard_record, write_manifest  # noqa: E402
 from data.shards import ShardWriter  # noqa: E402
 from data.tokenizer import BPE_RANKS_SHA256, tokenize_document  # noqa: E402

@@ -5,6 +5,7 @@
     or FAULT=spike, FAULT_POSITIONS=p1,p2,..., FAULT_FACTOR=f (default 1000; nan for a NaN loss)
     or FAULT=slow, FAULT_RANK=r, FAULT_SLEEP=seconds (default 0.2), FAULT_STEP=s (default: from the first step),
        FAULT_MARK=path (created as step s's pause begins: a signal sent once it exists lands inside step s)
+    or FAULT=slow_exit, FAULT_RANK=r, FAULT_SLEEP=seconds (default 60)
 
 The trainer runs unchanged; only the step function it is given differs, and only on rank r at
 optimizer step s (counted from the run's first step, 0):
@@ -19,6 +20,10 @@ signal, save and stop as a preemption does.
 slow: rank r sleeps before every step's work, as a slower GPU would compute: a straggler (with
 FAULT_STEP=s, before the work of step s and of every step after it).
 
+slow_exit: rank r's process-group teardown at the end lasts until a signal reaches it (at most
+FAULT_SLEEP s), as NCCL's teardown can take seconds: the other ranks end first, and torchrun
+then sends rank r SIGTERM while it is still tearing down.
+
 spike is a property of the data, as a real spike's cause would be: on every rank, the loss of
 the steps that read the batches of the given data positions (step + data_offset) is multiplied
 by f, and so are its gradients. A rollback that passes over those batches leaves the spike behind.
@@ -27,6 +32,7 @@ by f, and so are its gradients. A rollback that passes over those batches leaves
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import time
@@ -96,9 +102,29 @@ def with_fault(step):
     return faulty_step
 
 
+def slow_teardown(teardown):
+    """The trainer's process-group teardown, once a signal has come (at most FAULT_SLEEP s). A signal with a handler
+    wakes it through the wakeup file descriptor; one without kills the process, as it would any slow teardown."""
+    def slow():
+        woken, wake = os.pipe()
+        os.set_blocking(wake, False)
+        previous = signal.set_wakeup_fd(wake)
+        try:
+            select.select([woken], [], [], float(os.environ.get("FAULT_SLEEP", "60")))
+        finally:
+            signal.set_wakeup_fd(previous)
+            os.close(woken)
+            os.close(wake)
+        teardown()
+
+    return slow
+
+
 def main(argv: list[str]) -> int:
-    if FAULT not in ("nan", "batch", "hang", "signal", "spike", "slow"):
+    if FAULT not in ("nan", "batch", "hang", "signal", "spike", "slow", "slow_exit"):
         raise SystemExit(f"unknown FAULT {FAULT!r}")
+    if FAULT == "slow_exit" and ON_THIS_RANK:
+        train_gpt2.teardown_distributed = slow_teardown(train_gpt2.teardown_distributed)
     return train_gpt2.main(argv, wrap_step=with_fault)
 
 

@@ -50,12 +50,14 @@ def corrupt(d):
 
 
 # Under 2-rank torchrun: a problem one rank sees (here: token ranges are checked rank by rank,
-# dtypes on every rank) and the messages that depend on the world size.
+# dtypes on every rank), the messages that depend on the world size, and a configuration error, found
+# before the ranks connect. Each is printed once, by rank 0, for both.
 RANK_CASES = [
     (wrong_dtype, [], "tiny_train_000009.npy: token shards must be uint16, found int32"),
     (out_of_range, [], "tiny_train_000004.npy: token id 50304 at position 0 is out of range for vocab_size 512"),
-    (None, ["--total_batch_size", "448"], "total_batch_size: 448 is not divisible by micro_batch_size * seq_len * world_size = 4 * 32 * 2 = 256"),
+    (None, ["--total_batch_size", "448"], "total_batch_size: 448 is not divisible by micro_batch_size * seq_len * world_size = 4 * 32 * 2 = 256; on 2 ranks with micro_batch_size 4, total_batch_size 256 or 512 works"),
     (None, ["--total_batch_size", "32", "--micro_batch_size", "1"], "total_batch_size: a step of 32 tokens holds 1 rows of seq_len 32, fewer than the 2 ranks"),
+    (None, ["--n_layer", "x"], "n_layer: expected an integer or null, got 'x'"),
 ]
 # The same mechanism for the other problems, in this process (one rank): the message and exit code 2.
 IN_PROCESS_CASES = [
@@ -79,8 +81,7 @@ def test_bad_data_fails_cleanly_on_every_rank(tmp_path, damage, extra, message):
         damage(data)
     proc = run_trainer(base_args(data, tmp_path / "out") + extra, nproc=2, check=False, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2, proc.stderr[-3000:]  # one line per rank, the same line
-    assert errors[0] == errors[1] and message in errors[0], errors
+    assert len(errors) == 1 and message in errors[0], proc.stderr[-3000:]  # rank 0's line, for both ranks (issue 53)
     assert proc.exitcodes == [2, 2]
     assert "train_gpt2.py\", line" not in proc.stderr  # no traceback from the trainer
 
@@ -95,6 +96,153 @@ def test_bad_data_is_one_error_naming_the_file_or_key(tmp_path, damage, override
     with pytest.raises(ReproError) as raised:
         build_tiny_run(overrides.pop("data", data), tmp_path / "out", **overrides)
     assert message in str(raised.value) and raised.value.exit_code == 2
+
+
+@pytest.mark.parametrize("world_size,micro_batch_size", [(3, 64), (5, 64), (6, 64), (7, 64), (8, 48), (3, 16)])
+def test_an_indivisible_batch_names_the_nearest_batches_that_divide(world_size, micro_batch_size):
+    """GPT-2's 524,288-token batch on 3 or 6 GPUs: the error says which total_batch_size (and micro_batch_size)
+    works on that many ranks instead, each the nearest of its kind."""
+    import re
+
+    from common.errors import ConfigError
+    from data.loader import grad_accum_steps
+
+    total, seq_len = 524288, 1024
+    with pytest.raises(ConfigError) as raised:
+        grad_accum_steps(total, seq_len, micro_batch_size, world_size)
+    message = str(raised.value)
+    step = micro_batch_size * seq_len * world_size
+    totals = [int(t) for t in re.search(r"total_batch_size ([\d ]+(?:or \d+)?) works", message)[1].split(" or ")]
+    assert totals == [total // step * step, total // step * step + step]  # the nearest below and above
+    for suggested in totals:
+        grad_accum_steps(suggested, seq_len, micro_batch_size, world_size)  # they divide
+    kept = re.search(rf"or keep {total} with micro_batch_size (\d+)", message)
+    fitting = [b for b in range(1, micro_batch_size) if total % (b * seq_len * world_size) == 0]
+    assert (int(kept[1]) if kept else None) == (max(fitting) if fitting else None), message
+    if world_size == 3 and micro_batch_size == 64:
+        assert message == ("total_batch_size: 524288 is not divisible by micro_batch_size * seq_len * world_size = "
+                           "64 * 1024 * 3 = 196608; on 3 ranks with micro_batch_size 64, total_batch_size 393216 or "
+                           "589824 works (grad_accum_steps 2 or 3); no micro_batch_size works for 524288 itself, "
+                           "whose 512 rows of seq_len 1024 do not split over 3 ranks")
+
+
+def test_micro_batch_size_auto_names_the_nearest_batches_whose_rows_split_over_the_ranks():
+    """auto finds a micro-batch where the step's rows split over the ranks: 524,288 tokens on 3 do not."""
+    from common.errors import ConfigError
+    from training.core.context import Context
+    from training.core.logger import RunLogger
+    from training.core.process_group import DistEnv
+    from training.distributed.strategies import make_strategy
+    from training.train.config import parse_args
+    from training.train.micro_batch import choose_micro_batch_size
+
+    cfg = parse_args(["--micro_batch_size", "auto", "--device", "cpu"])  # GPT-2 124M's batch otherwise
+    runtime = cfg.runtime.make_runtime()
+    env = DistEnv(rank=0, local_rank=0, world_size=3, device=runtime.device, distributed=False)
+    with pytest.raises(ConfigError) as raised:
+        choose_micro_batch_size(Context(env, runtime, RunLogger(enabled=False)), make_strategy("ddp", env, runtime),
+                                cfg.data, cfg.model.model_config())
+    assert str(raised.value) == ("micro_batch_size: auto finds no micro-batch: total_batch_size 524288 does not split "
+                                 "into rows of seq_len 1024 over 3 ranks; total_batch_size 522240 or 525312 does")
+
+
+RANKS = {"RANK": "0", "LOCAL_RANK": "0"}
+
+
+@pytest.mark.parametrize("held_by,ranks,printed", [
+    (None, {"RANK": "1", "LOCAL_RANK": "1"}, True),  # this rank's own error
+    ("RANK", {"RANK": "0", "LOCAL_RANK": "0"}, True),  # shared with every rank: rank 0 prints it
+    ("RANK", {"RANK": "1", "LOCAL_RANK": "0"}, False),
+    ("LOCAL_RANK", {"RANK": "2", "LOCAL_RANK": "0"}, True),  # found alike by a node's ranks: its local rank 0
+    ("LOCAL_RANK", {"RANK": "1", "LOCAL_RANK": "1"}, False),
+    ("RANK", {}, True),  # no torchrun: one process
+])
+def test_an_error_ranks_hold_alike_is_printed_by_one_of_them_and_recorded_by_each(held_by, ranks, printed, tmp_path,
+                                                                                 capfd, monkeypatch):
+    """What every rank of a torchrun launch does with its error: the exit code, the line once for the ranks that
+    hold it alike, and the line in torchrun's error file, whose report shows it for each worker."""
+    import json
+
+    from common.errors import EVERY_RANK, NODE_RANKS, DataError, held_alike_by, run_cli
+
+    assert (EVERY_RANK, NODE_RANKS) == ("RANK", "LOCAL_RANK")
+    for key in RANKS:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in ranks.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+
+    def main(argv):
+        if held_by is None:
+            raise DataError("shards: no such directory")
+        with held_alike_by(held_by):
+            raise DataError("shards: no such directory")
+
+    assert run_cli(main, []) == 2
+    assert capfd.readouterr().err == ("error: shards: no such directory\n" if printed else "")
+    record = json.loads((tmp_path / "error.json").read_text())["message"]
+    assert record["message"] == "error: shards: no such directory" and int(record["extraInfo"]["timestamp"]) > 0
+
+
+@pytest.mark.parametrize("local_rank,printed", [(None, True), ("0", True), ("1", False)])
+def test_an_interrupt_is_one_line_once_per_node(local_rank, printed, capfd, monkeypatch):
+    """torchrun forwards a signal to each of its workers: one `interrupted` line per node, exit 130 on each."""
+    from common.errors import run_cli
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    if local_rank is not None:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+
+    def main(argv):
+        raise KeyboardInterrupt("a second SIGINT stops at once")
+
+    assert run_cli(main, []) == 130
+    assert capfd.readouterr().err == ("interrupted: a second SIGINT stops at once\n" if printed else "")
+
+
+ENTRY_SCRIPTS = ("train_gpt2.py", "sample.py", "eval_lm.py", "export_hf.py", "compare_runs.py", "plot_log.py",
+                 "consolidate_checkpoint.py", "prep/fineweb.py", "prep/hellaswag.py", "prep/shakespeare.py")
+# Stand-ins for what the entry scripts import first that takes time (torch takes seconds): each says it started
+# importing, then waits, so that a Ctrl-C lands inside the import every time
+SLOW_IMPORTS = ("torch", "numpy", "matplotlib", "statistics")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,local_rank", [(s, None) for s in ENTRY_SCRIPTS] + [("train_gpt2.py", "1")])
+def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, tmp_path):
+    """A Ctrl-C while the script still imports its modules (issue 52: a traceback from every rank). One
+    `interrupted` line, and the process ends by SIGINT (the shell's 130); under torchrun, which forwards the
+    signal to each worker, local rank 0 alone prints it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from slowness import guard
+
+    started = tmp_path / "importing"
+    for name in SLOW_IMPORTS:
+        (tmp_path / "slow" / name).mkdir(parents=True)
+        (tmp_path / "slow" / name / "__init__.py").write_text(
+            f"import time\nopen({str(started)!r}, 'w').close()\ntime.sleep(600)\n")
+    env = {key: value for key, value in os.environ.items() if key not in RANKS}
+    env["PYTHONPATH"] = str(tmp_path / "slow")  # ahead of the installed packages and the standard library
+    if local_rank is not None:
+        env.update(RANK=local_rank, LOCAL_RANK=local_rank)
+    proc = subprocess.Popen([sys.executable, str(REPO / script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + guard(30)
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert started.exists(), f"{script} imported none of {SLOW_IMPORTS}"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=guard(30))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", "interrupted\n" if local_rank is None else "")
 
 
 CONFIG_CASES = [
@@ -126,7 +274,7 @@ def test_unreadable_resume_checkpoint_fails_on_every_rank(tmp_path):
     bogus.write_bytes(b"not a checkpoint")
     proc = run_trainer(base_args(data, tmp_path / "out", resume=bogus), nproc=2, check=False, timeout=120)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2 and "step_00000003.pt: unreadable checkpoint" in errors[0], proc.stderr[-3000:]
+    assert len(errors) == 1 and "step_00000003.pt: unreadable checkpoint" in errors[0], proc.stderr[-3000:]
     assert proc.exitcodes == [2, 2]
 
 

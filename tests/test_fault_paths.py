@@ -228,7 +228,7 @@ def test_a_process_local_filesystem_is_refused_for_several_ranks(data, tmp_path)
     assert proc.exitcodes == [2, 2], proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert lines == ["error: checkpoint_dir: memory://ckpt/run is a filesystem inside each process, which the 2 ranks "
-                     "do not share: use a shared path or an object store URL"] * 2
+                     "do not share: use a shared path or an object store URL"]
 
 
 # --- float16, rollbacks, non-finite weights ---------------------------------------------------------------

@@ -176,7 +176,7 @@ def test_checkpoint_of_another_model_size_is_refused_by_name(data, straight, tmp
     proc = run_trainer(args, nproc=2, check=False)
     assert proc.returncode != 0
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 2  # one per rank
+    assert len(lines) == 1  # rank 0's, for both ranks
     assert "checkpoint has n_layer=2 but this run has n_layer=3" in lines[0]
     assert proc.exitcodes == [2, 2]
 
@@ -191,11 +191,17 @@ def test_full_disk_keeps_previous_checkpoint_and_the_run_resumes(data, straight,
     def small_files_only():  # files above 1 MB fail with EFBIG, as on a full disk
         resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 
-    proc = subprocess.run(torchrun_cmd(args), cwd=REPO, env=env_for_workers(), capture_output=True, text=True,
-                          timeout=guard(180), preexec_fn=small_files_only)
+    # rank 0, which prints the error for both, ends last (a slow teardown, until torchrun's SIGTERM after rank 1
+    # has ended): that SIGTERM must not keep it from printing (issue 53)
+    slow_exit = {"FAULT": "slow_exit", "FAULT_RANK": "0", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(torchrun_cmd(args, script="tests/inject_fault.py"), cwd=REPO,
+                          env={**env_for_workers(), **slow_exit}, capture_output=True, text=True, timeout=guard(180),
+                          preexec_fn=small_files_only)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2, proc.stderr[-3000:]
+    assert len(errors) == 1, proc.stderr[-3000:]  # rank 0's, for both workers
     assert "step_00000006.pt: could not write checkpoint (File too large); earlier checkpoints are intact" in errors[0]
+    # torchrun's failure report names each worker's error (its error file), and exits 1 itself
+    assert proc.returncode == 1 and proc.stderr.count(f"traceback : {errors[0]}") >= 1, proc.stderr[-3000:]
     assert (out / "checkpoints" / "step_00000003.pt").read_bytes() == before
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_00000003.pt"]  # no temp file left
     run_trainer(args, nproc=2)
@@ -209,7 +215,7 @@ def test_nan_loss_stops_before_the_update_and_keeps_the_last_good_checkpoint(dat
     proc = run_trainer(args, nproc=2, check=False, script="tests/inject_fault.py",
                        extra_env={"FAULT": "nan", "FAULT_STEP": "7", "FAULT_RANK": "1"})
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 2 and "step 7: loss nan" in errors[0], proc.stderr[-3000:]
+    assert len(errors) == 1 and "step 7: loss nan" in errors[0], proc.stderr[-3000:]
     assert proc.exitcodes == [3, 3]
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [3, 6]
     assert max(r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train") == 6
@@ -270,7 +276,7 @@ def test_resuming_past_max_steps_is_a_clear_message_not_a_hang(data, straight, t
     crashed_copy(straight, out, last_checkpoint=STEPS)
     below = run_trainer(base_args(data, out, **{**ARGS, "max_steps": 5}), nproc=2, check=False, timeout=60)
     errors = error_lines(below.stderr)
-    assert len(errors) == 2 and "max_steps: 5 is below step 12 of" in errors[0], below.stderr[-2000:]
+    assert len(errors) == 1 and "max_steps: 5 is below step 12 of" in errors[0], below.stderr[-2000:]
     assert below.exitcodes == [2, 2]
     at = run_trainer(base_args(data, out, **ARGS), nproc=2, timeout=60)  # a requeued job that had finished
     assert "nothing to do" in at.stdout
@@ -324,7 +330,7 @@ def test_a_fresh_start_never_mixes_with_the_run_in_out_dir(data, straight, tmp_p
     proc = run_trainer(base_args(data, out, **{**ARGS, "resume": "never", "checkpoint_interval": 2}),
                        nproc=2, check=False, timeout=60)
     errors = error_lines(proc.stderr)
-    assert len(errors) == 2 and "resume: " in errors[0] and "already holds a run" in errors[0], proc.stderr[-2000:]
+    assert len(errors) == 1 and "resume: " in errors[0] and "already holds a run" in errors[0], proc.stderr[-2000:]
     assert "--resume auto" in errors[0]
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [3, 6, 9] and (out / "log.jsonl").read_bytes() == log_before
 
@@ -379,7 +385,7 @@ def test_rank_zero_write_failures_reach_every_rank_as_one_line(data, tmp_path):
     blocker.write_text("not a folder")
     proc = run_trainer(base_args(data, blocker / "run", **ARGS), nproc=2, check=False, timeout=60)
     errors = error_lines(proc.stderr)
-    assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]
+    assert len(errors) == 1, proc.stderr[-3000:]
     assert f"out_dir: cannot create {blocker / 'run'} (Not a directory)" in errors[0]
     assert proc.exitcodes == [2, 2] and "train_gpt2.py\", line" not in proc.stderr
 
@@ -393,7 +399,7 @@ def test_rank_zero_write_failures_reach_every_rank_as_one_line(data, tmp_path):
     proc = subprocess.run(torchrun_cmd(base_args(data, out, **full_log)), cwd=REPO,
                           env=env_for_workers(), capture_output=True, text=True, timeout=guard(120), preexec_fn=small_files_only)
     errors = error_lines(proc.stderr)
-    assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]
+    assert len(errors) == 1, proc.stderr[-3000:]
     assert "log.jsonl: could not append a record (File too large)" in errors[0]
     assert "exitcode  : 1" in proc.stderr and "train_gpt2.py\", line" not in proc.stderr
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
@@ -476,7 +482,7 @@ def test_a_batch_one_rank_cannot_read_stops_every_rank_before_the_update(data, t
     proc = run_trainer(args, nproc=2, check=False, script="tests/inject_fault.py",
                        extra_env={"FAULT": "batch", "FAULT_STEP": "7", "FAULT_RANK": "1"})
     errors = error_lines(proc.stderr)
-    assert errors == ["error: injected: rank 1 could not read step 7"] * 2, proc.stderr[-3000:]
+    assert errors == ["error: injected: rank 1 could not read step 7"], proc.stderr[-3000:]  # rank 0 prints rank 1's
     assert proc.exitcodes == [2, 2] and "train_gpt2.py\", line" not in proc.stderr
     assert max(r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train") == 6
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [3, 6]  # the last good state (resuming from it: the NaN test)
@@ -567,5 +573,5 @@ def test_ctrl_c_twice_under_torchrun_stops_the_workers_at_once(data, tmp_path):
     assert proc.returncode == 1 and "SignalException" in stderr  # torchrun's own
     assert stderr.count("SIGINT received: saving a checkpoint after this step") == 1, stderr[-3000:]  # rank 0's
     assert stderr.count("interrupted: a second Ctrl-C (torchrun's SIGTERM after its SIGINT) stops at once: "
-                        "nothing was saved since the last checkpoint") == 2, stderr[-3000:]
+                        "nothing was saved since the last checkpoint") == 1, stderr[-3000:]  # local rank 0's
     assert checkpoint_steps(out) == [3]

@@ -437,7 +437,7 @@ def test_a_part_damaged_within_its_length_stops_the_resume_and_the_readers_with_
         part.write_bytes(bytes(part.stat().st_size))  # zeros: bit rot, or a copy that wrote holes
     proc = run_trainer(args(data, "ddp2", out, max_steps=9), nproc=2, check=False)
     errors = error_lines(proc.stderr)
-    assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]
+    assert len(errors) == 1, proc.stderr[-3000:]
     assert errors[0].startswith(f"error: {folder}: could not read the training state (")
     assert proc.exitcodes == [2, 2] and "Traceback" not in proc.stderr
     capfd.readouterr()
@@ -457,7 +457,7 @@ def test_a_commit_file_of_a_newer_format_is_refused_and_left_in_place(data, stra
     before, log_before = commit.read_bytes(), (out / "log.jsonl").read_bytes()
     proc = run_trainer(args(data, "ddp2", out, max_steps=9), nproc=2, check=False)
     errors = error_lines(proc.stderr)
-    assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]  # one line per rank
+    assert len(errors) == 1, proc.stderr[-3000:]  # rank 0's, for both ranks
     assert errors[0].startswith(f"error: {commit.parent}: checkpoint format_version 99 is newer than this code reads")
     assert proc.exitcodes == [2, 2]
     assert commit.read_bytes() == before and (out / "log.jsonl").read_bytes() == log_before
@@ -597,7 +597,7 @@ def test_a_failed_background_write_stops_every_rank_with_one_line_and_earlier_ch
     # reported when seen; the state of step 5 is then saved synchronously in its place, which fails too
     assert f"warning: {out / 'checkpoints' / 'step_00000004'}: could not write checkpoint (File too large)" in proc.stderr
     errors = error_lines(proc.stderr)
-    assert len(errors) == 2 and errors[0] == errors[1], proc.stderr[-3000:]  # one line per rank
+    assert len(errors) == 1, proc.stderr[-3000:]  # rank 0's, for both ranks
     assert errors[0] == (f"error: {out / 'checkpoints' / 'step_00000005'}: could not write checkpoint (File too large); "
                          f"earlier checkpoints are intact")
     assert proc.exitcodes == [1, 1]

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.errors import ConfigError, ReproError
+from data.loader import nearest_multiples
 from data.mixture import DataSettings
 from model import GPTConfig
 from training.core.process_group import DistEnv, as_repro_error, raise_first_error
@@ -160,8 +161,10 @@ def choose_micro_batch_size(ctx: Context, strategy: Strategy, data: DataSettings
     env, runtime, logger = ctx.env, ctx.runtime, ctx.logger
     candidates = candidate_sizes(data.total_batch_size, data.seq_len, strategy.dp_size)
     if not candidates:
+        fitting = nearest_multiples(data.total_batch_size, data.seq_len * strategy.dp_size)
         raise ConfigError(f"micro_batch_size: auto finds no micro-batch: total_batch_size {data.total_batch_size} "
-                          f"does not split into rows of seq_len {data.seq_len} over {strategy.dp_size} ranks")
+                          f"does not split into rows of seq_len {data.seq_len} over {strategy.dp_size} ranks; "
+                          f"total_batch_size {' or '.join(map(str, fitting))} does")
     if not probing_supported(runtime.device_type):
         fallback = data.micro_batch_size_fallback
         chosen = max(b for b in candidates if b <= fallback)  # 1 always is one
