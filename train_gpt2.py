@@ -30,6 +30,11 @@ past max_rollbacks rollbacks; 1 anything else
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (the launcher's parent-death signal is asked for before the imports, which take seconds)
+from training.core.launcher import stop_when_launcher_dies
+
+stop_when_launcher_dies()  # under torchrun: a launcher killed during the imports leaves no orphan behind
+
 import datetime
 import json
 import sys
