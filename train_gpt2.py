@@ -31,7 +31,11 @@ code, and the shell sees torchrun's own status, 1 (docs/OPERATIONS.md, "When thi
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (the launcher's parent-death signal is asked for before the imports, which take seconds)
 import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
+from training.core.launcher import stop_when_launcher_dies
+
+stop_when_launcher_dies()  # under torchrun: a launcher killed during the imports leaves no orphan behind
 
 import datetime
 import json

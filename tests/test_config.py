@@ -231,6 +231,37 @@ def test_yaml_keys_may_be_nested_under_their_section(tmp_path):
         assert str(caught.value).startswith(message), text
 
 
+@pytest.mark.parametrize("text,message", [
+    ("on: true\n", "on: unknown config key"),  # YAML reads on, yes, no (and null, 1) as no name: kept as written
+    ("yes: 1\n", "yes: unknown config key"),
+    ("1: 2\n", "1: unknown config key"),
+    ("null: 1\n", "null: unknown config key"),
+    ("'': 1\n", "'': unknown config key"),  # not every key as the one it may have meant
+    ("? [a, b]\n: 1\n", "config: {path} line 1: a key must be a name, not a list"),
+    ("max_lr: 1e-3\nmax_lr: 2e-3\n", "max_lr: set twice in {path} (lines 1 and 2)"),  # PyYAML keeps the last
+    ("schedule:\n  max_lr: 1e-3\n  max_lr: 2e-3\n", "max_lr: set twice in {path} (lines 2 and 3)"),
+    ("schedule: {max_lr: 1e-3}\nschedule: {min_lr: 1e-4}\n", "schedule: set twice in {path} (lines 1 and 2)"),
+    # model is a key and a section: either one silently dropped the other
+    ("model: custom\nmodel:\n  n_layer: 2\n", "model: set twice in {path} (lines 1 and 2); `model: VALUE` is the key "
+                                             "and `model:` with keys under it the section of that name: give the key "
+                                             "inside the section (model: {{model: VALUE, ...}})"),
+    ("model:\n  n_layer: 2\nmodel: custom\n", "model: set twice in {path} (lines 1 and 3); `model: VALUE` is the key"),
+], ids=["on", "yes", "1", "null", "empty", "a list", "flat twice", "nested twice", "a section twice", "model key, then section",
+        "model section, then key"])
+def test_a_yaml_key_that_is_no_name_or_is_given_twice_is_one_line_naming_it(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        parse_args(["--config", str(path)])
+    assert str(caught.value).startswith(message.format(path=path)) and "\n" not in str(caught.value)
+
+
+def test_names_in_a_yaml_mapping_value_are_kept_as_written(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("val_sets:\n  on: /x\n  2023: /y\nschedule:\n  <<: {max_lr: 1e-3, min_lr: 1e-4}\n  max_lr: 2e-3\n")
+    assert load_yaml(path) == {"val_sets": "on=/x,2023=/y", "max_lr": 2e-3, "min_lr": 1e-4}  # a merge's key overridden
+
+
 @pytest.mark.parametrize("argv,value", [
     (["--max-lr", "1e-3"], ("max_lr", 1e-3)),  # - or _ in a key
     (["--max-lr=1e-3"], ("max_lr", 1e-3)),

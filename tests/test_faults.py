@@ -14,14 +14,15 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import (GPT2_VOCAB, REPO, base_args, build_tiny_run, crashed_copy, load_weights, make_shards,
-                      run_trainer, start_trainer, train_losses)
+from conftest import (GPT2_VOCAB, LAUNCH_TOKEN, REPO, base_args, build_tiny_run, crashed_copy, kill_all,
+                      launched_processes, load_weights, make_shards, run_trainer, start_trainer, train_losses)
 from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint.folder import list_checkpoints, load_checkpoint
@@ -60,15 +61,18 @@ def torchrun_cmd(args: list[str], *torchrun_args: str, script: str = "train_gpt2
             str(REPO / script), *args]
 
 
-def start_torchrun(args: list[str], *torchrun_args: str, step_pause: float = 0.0) -> subprocess.Popen:
+def start_torchrun(args: list[str], *torchrun_args: str, step_pause: float = 0.0, token: str = "") -> subprocess.Popen:
     """A 2-rank torchrun of the trainer, running in the background, its output piped.
 
     step_pause: seconds rank 0 sleeps before every step (tests/inject_fault.py's FAULT=slow; the
     other rank waits for it in the step's all-reduce). A tiny run takes a few ms a step and can
     finish before a signal sent at step 3 reaches it; paused steps leave the signal time to land
-    mid-run, and change no bit of the training.
+    mid-run, and change no bit of the training. token: conftest's LAUNCH_TOKEN, which finds the
+    launch's processes (launched_processes) when torchrun is no longer their parent.
     """
     env, script = env_for_workers(), "train_gpt2.py"
+    if token:
+        env[LAUNCH_TOKEN] = token
     if step_pause:
         env.update(slow_steps(step_pause), PYTHONPATH=str(REPO))
         script = "tests/inject_fault.py"
@@ -105,6 +109,20 @@ def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float =
     wait_until(lambda: (out / "log.jsonl").exists() and any(
         r.get("kind") == "train" and r["step"] >= step for r in read_log(out / "log.jsonl")), proc, f"step {step}",
         timeout)
+
+
+def launcher_killed(proc: subprocess.Popen, token: str, sig: int) -> tuple[str, str]:
+    """Send torchrun sig, which ends it at once (SIGKILL, or a signal it does not handle); its workers must
+    end within seconds of it (they are found by the launch's token: they are no longer its children). Their
+    output. A worker still running fails the test, and is killed."""
+    proc.send_signal(sig)
+    deadline = time.time() + guard(10)
+    while launched_processes(token) and time.time() < deadline:
+        time.sleep(0.05)
+    left = launched_processes(token)
+    kill_all(left)
+    assert not left, f"workers {left} outlived their killed launcher"
+    return proc.communicate(timeout=guard(10))  # the pipes close when the workers are gone too
 
 
 def children(pid: int) -> list[int]:
@@ -429,26 +447,26 @@ def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path)
 
 
 @pytest.mark.slow
-def test_sigusr1_to_a_plain_torchrun_stops_the_orphaned_workers_with_a_checkpoint(data, straight, tmp_path):
-    out = tmp_path / "orphans"
+def test_a_torchrun_killed_at_start_up_or_mid_run_leaves_no_worker_running(data, straight, tmp_path):
+    """torchrun killed at once (kill -9, or a SIGUSR1 outside its --signals-to-handle: it forwards nothing
+    either way) leaves no worker running for more than seconds, whenever it comes. At start-up, while they
+    import (before the trainer handles SIGTERM), they end with nothing to save; mid-run they take their
+    parent-death signal (SIGTERM) for a preemption: the steps since the last checkpoint are saved, and the
+    same command resumes exactly."""
+    out, token = tmp_path / "orphans", uuid.uuid4().hex
     args = base_args(data, out, **PREEMPTIBLE)
-    proc = start_torchrun(args, step_pause=SIGNAL_PAUSE)
+    proc = start_torchrun(args, token=token)
+    deadline = time.time() + guard(60)
+    while len(children(proc.pid)) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(children(proc.pid)) == 2, proc.communicate()
+    launcher_killed(proc, token, signal.SIGKILL)  # the workers have just started
+    assert not (out / "checkpoints").exists()
+
+    proc = start_torchrun(args, step_pause=SIGNAL_PAUSE, token=token)
     wait_for_step(out, 3, proc)
-    workers = children(proc.pid)
-    proc.send_signal(signal.SIGUSR1)  # not in torchrun's default --signals-to-handle: it dies at once
-    stdout, stderr = proc.communicate(timeout=guard(120))  # the pipes close when the workers are gone too
-    assert proc.returncode == -signal.SIGUSR1
-
-    def running(pid: int) -> bool:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
-    deadline = time.time() + guard(30)
-    while any(map(running, workers)) and time.time() < deadline:  # the pipes close a moment before the exit
-        time.sleep(0.1)
-    assert not any(map(running, workers))
+    stdout, stderr = launcher_killed(proc, token, signal.SIGUSR1)
+    assert proc.returncode == -signal.SIGUSR1  # it died at once, forwarding nothing
     assert "SIGTERM received: saved step" in stdout, stdout[-2000:] + stderr[-2000:]
     (saved,) = [s for s, _ in list_checkpoints(out / "checkpoints")]
     assert 3 < saved < STEPS

@@ -8,12 +8,10 @@ collective that *every* rank must call; none of them may sit behind an `if maste
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import gc
 import os
-import signal
-import sys
+import socket
 import time
 import traceback
 import uuid
@@ -22,7 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from common.errors import ConfigError, ReproError
+from common.errors import ConfigError, ReproError, first_line
+from training.core.launcher import stop_when_launcher_dies
 
 
 @dataclass
@@ -43,27 +42,88 @@ class DistEnv:
 
 
 AGREEMENT = "gpt2-repro/attempt"  # the store keys with which the ranks name their launch attempt
+ARRIVED = "gpt2-repro/arrived"  # outside torchrun's agent store: how many ranks have reached the meeting
+MAX_POLL_S = 0.05  # a rank waiting for others polls the store at most this far apart
 
 
-def attempt_store(rank: int, world_size: int, timeout: datetime.timedelta):
-    """The store for the process group under torchrun's shared agent store: keys of this attempt only.
+def meeting_store(rank: int, world_size: int, timeout: datetime.timedelta) -> dist.Store:
+    """The store to make the process group with, returned once every rank of this launch attempt is there.
 
-    torchrun's agents keep one TCP store for the whole job, across restarts (--max-restarts),
-    and the process group's keys carry no attempt number: a restarted worker could read the
-    address its dead predecessor published and fail to connect. Nor can the restart count name
-    the attempt: an agent counts a restart only when its own worker failed ("membership changes
-    do not count"), so after one node's worker dies, its new worker has
+    Under torchrun's shared agent store (TORCHELASTIC_USE_AGENT_STORE): a client of it, with keys
+    of this attempt only. torchrun's agents keep one TCP store for the whole job, across restarts
+    (--max-restarts), and the process group's keys carry no attempt number: a restarted worker
+    could read the address its dead predecessor published and fail to connect. Nor can the
+    restart count name the attempt: an agent counts a restart only when its own worker failed
+    ("membership changes do not count"), so after one node's worker dies, its new worker has
     TORCHELASTIC_RESTART_COUNT 1 and the other nodes' new workers 0. So the ranks agree on a
-    number in the store itself (`agree_on_attempt`) and prefix every key with it. None (the
-    usual env:// init, where rank 0 hosts a store of this attempt's own) outside torchrun's
-    shared store.
+    number in the store itself (`agree_on_attempt`) and prefix every key with it. Outside
+    torchrun's shared store, as torch's env:// does it: rank 0 hosts a store of this attempt's
+    own, and every rank waits until all arrived.
+
+    Every wait polls the store and sleeps between polls, and a signal's handler runs in the sleep:
+    the store's own blocking calls (a connection retried, store.wait, a host waiting for its
+    clients) run none until they return, up to `timeout` (30 minutes at start-up), so ranks
+    waiting for a late one ignored Ctrl-C until torchrun killed them (30 s after the SIGINT it
+    forwarded, minutes under scripts/slurm.sbatch). Once all are there, init_process_group's own
+    waits through the store take milliseconds. A store that fails (its host died) is one line.
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=False, timeout=timeout)
-    attempt = agree_on_attempt(store, rank, world_size, timeout)
-    return dist.PrefixStore(f"{AGREEMENT}_{attempt}", store)
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        if agent_store:
+            store = connect_to_store(host, port, world_size, timeout, hosted_by_launcher=True)
+            attempt = agree_on_attempt(store, rank, world_size, timeout)
+            return dist.PrefixStore(f"{AGREEMENT}_{attempt}", store)
+        if rank == 0:
+            store = dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False, timeout=timeout,
+                                  multi_tenant=True)
+        else:
+            store = connect_to_store(host, port, world_size, timeout, hosted_by_launcher=False)
+        store.add(ARRIVED, 1)
+        wait_until(lambda: store.add(ARRIVED, 0) >= world_size, timeout,
+                   lambda: f"start-up: {world_size - store.add(ARRIVED, 0)} of {world_size} ranks did not arrive "
+                           f"within {timeout}")
+        return store
+    except dist.DistError as e:
+        raise ReproError(f"the store at {host}:{port} (MASTER_ADDR, MASTER_PORT) failed: {first_line(e)}") from None
+
+
+def connect_to_store(host: str, port: int, world_size: int, timeout: datetime.timedelta,
+                     hosted_by_launcher: bool) -> dist.TCPStore:
+    """A client of the TCPStore at host:port, made once the store listens (probed from here, where a signal's
+    handler runs: TCPStore's own connection retries for `timeout` without running any).
+
+    hosted_by_launcher: torchrun's agent store, which exists before any worker starts: a refused
+    connection means that whatever hosted it (the agent of the rendezvous' host, or a rendezvous
+    store) is gone, and no rank can ever meet through it. Otherwise rank 0 hosts the store, and
+    a refused connection means only that rank 0 is not listening yet.
+    """
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+        except ConnectionRefusedError:
+            if hosted_by_launcher:
+                raise ReproError(f"torchrun's store at {host}:{port} refuses connections: what hosted it (the "
+                                 f"launcher) is gone") from None
+        except OSError:  # no route yet, the name does not resolve yet, a connection timed out: try again
+            pass
+        if time.monotonic() > deadline:
+            raise ReproError(f"the store at {host}:{port} (MASTER_ADDR, MASTER_PORT) did not answer within {timeout}")
+        time.sleep(MAX_POLL_S)
+
+
+def wait_until(ready, timeout: datetime.timedelta, failure, poll_s: float = 0.001) -> None:
+    """Return once ready() is true; after `timeout`, raise ReproError(failure()). Polls from poll_s apart,
+    doubling to MAX_POLL_S, and sleeps between polls: a signal's handler runs in the sleep (a Ctrl-C raises
+    KeyboardInterrupt there)."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    while not ready():
+        if time.monotonic() > deadline:
+            raise ReproError(failure())
+        time.sleep(poll_s)
+        poll_s = min(2 * poll_s, MAX_POLL_S)
 
 
 def agree_on_attempt(store, rank: int, world_size: int, timeout: datetime.timedelta,
@@ -73,13 +133,15 @@ def agree_on_attempt(store, rank: int, world_size: int, timeout: datetime.timede
     Rank 0 draws the number from a counter (store.add is atomic, so it is new). Every other rank
     asks under a token it made up and waits for the answer keyed by that token, so it can never
     read an answer meant for a dead predecessor; rank 0 answers every ask it finds (a stale one
-    from a dead worker too, harmlessly) until all the others have acknowledged its number.
+    from a dead worker too, harmlessly) until all the others have acknowledged its number. Both
+    wait in polls a signal can interrupt (meeting_store).
     """
     if rank != 0:
         token = uuid.uuid4().hex
         answer = f"{AGREEMENT}/answer/{token}"
         store.set(f"{AGREEMENT}/ask/{rank}", token)
-        store.wait([answer], timeout)
+        wait_until(lambda: store.check([answer]), timeout,
+                   lambda: f"torchrun's launch attempt: rank 0 did not answer rank {rank} within {timeout}", poll_s)
         attempt = int(store.get(answer))
         store.add(f"{AGREEMENT}/joined/{attempt}", 1)
         return attempt
@@ -100,22 +162,6 @@ def agree_on_attempt(store, rank: int, world_size: int, timeout: datetime.timede
     return attempt
 
 
-def stop_when_launcher_dies() -> None:
-    """Under torchrun, ask Linux for a SIGTERM when the launcher dies (the parent-death signal).
-
-    torchrun forwards only the signals named in --signals-to-handle to its workers; any other
-    fatal signal (SIGUSR1 by default, a SIGKILL) ends the launcher at once and would leave its
-    workers training on as orphans, which a second launch into the same out_dir would then
-    race. With this, a worker whose launcher is gone gets SIGTERM, which the trainer treats
-    like a preemption: checkpoint at the next step, exit.
-    """
-    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
-        return
-    # (A launcher gone before this call leaves no store to join: init_process_group fails.)
-    pr_set_pdeathsig = 1  # from <linux/prctl.h>; a failure only loses the orphan protection
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 def local_rank() -> int:
     """This process's index on its node: torchrun's LOCAL_RANK, 0 for a plain process."""
     return int(os.environ.get("LOCAL_RANK", 0))
@@ -130,7 +176,7 @@ def setup_distributed(device: torch.device, timeout: datetime.timedelta) -> Dist
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    stop_when_launcher_dies()
+    stop_when_launcher_dies()  # the trainer asked before its imports; an entry point that did not asks here
     if distributed:
         if device.type == "mps":
             raise ConfigError("device: mps does not support multi-process training; run one process")
@@ -138,7 +184,7 @@ def setup_distributed(device: torch.device, timeout: datetime.timedelta) -> Dist
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
-            backend=backend, timeout=timeout, store=attempt_store(rank, world_size, timeout),
+            backend=backend, timeout=timeout, store=meeting_store(rank, world_size, timeout),
             rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None,
         )
     elif device.type == "cuda":

@@ -14,12 +14,8 @@ import os
 import signal
 import sys
 
+from training.core.launcher import under_torchrun
 from training.core.process_group import any_rank
-
-
-def under_torchrun() -> bool:
-    """A worker of torchrun's agent (the variable its agent sets, as process_group.stop_when_launcher_dies reads)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 class StopNow(KeyboardInterrupt):

@@ -185,9 +185,9 @@ def _base_types(key: str) -> tuple[type, ...]:
 def known_key(key: str) -> str:
     """key, or a ConfigError naming it with the keys it may have meant."""
     if key not in _FIELDS:
-        close = [k for k in _FIELDS if k.startswith(key[:4])]
+        close = [k for k in _FIELDS if key and k.startswith(key[:4])]
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ConfigError(f"{key}: unknown config key{hint}")
+        raise ConfigError(f"{key or repr(key)}: unknown config key{hint}")
     return key
 
 
@@ -248,6 +248,45 @@ def _type_name(key: str, accepted: tuple[type, ...]) -> str:
     return " or ".join(names[t] for t in accepted)
 
 
+class _ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, with each mapping's keys as written and each given once.
+
+    A key is a name: YAML's own reading of `on`, `yes`, `no`, `null` or `1` as a boolean, null
+    or number (which no key's name is) would turn it into something a message cannot name, or
+    fail on. PyYAML keeps the last of a key given twice in one mapping, silently dropping the
+    first; that is an error, naming the key and both lines. `path` names the file in messages.
+    """
+
+    path: Path
+
+    def construct_mapping(self, node, deep=False):
+        if not isinstance(node, yaml.MappingNode):
+            return super().construct_mapping(node, deep)
+        lines: dict[str, int] = {}
+        for key_node, _ in node.value:  # the keys as written (a merge's, `<<: *base`, may be overridden)
+            if key_node.tag != "tag:yaml.org,2002:merge":
+                key, line = self._name(key_node), key_node.start_mark.line + 1
+                if key in lines:
+                    raise ConfigError(f"{key}: set twice in {self.path} (lines {lines[key]} and {line})"
+                                      + _SECTION_HINT.get(key, ""))
+                lines[key] = line
+        self.flatten_mapping(node)  # the merged keys first, so that the mapping's own win
+        return {self._name(key_node): self.construct_object(value_node, deep=deep)
+                for key_node, value_node in node.value}
+
+    def _name(self, key_node) -> str:
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError(f"config: {self.path} line {key_node.start_mark.line + 1}: a key must be a name, "
+                              f"not a {'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'}")
+        return key_node.value
+
+
+# a key named like its section (`model: custom` beside `model: {n_layer: 2}`): say which is which
+_SECTION_HINT = {name: f"; `{name}: VALUE` is the key and `{name}:` with keys under it the section of that name: "
+                       f"give the key inside the section ({name}: {{{name}: VALUE, ...}})"
+                 for name in SECTION_NAMED if name in _FIELDS}
+
+
 def load_yaml(path: str | Path) -> dict:
     """The keys a YAML file sets, each checked against its field's type: flat (`max_lr: 6e-4`), or nested
     under its section's name (`schedule: {max_lr: 6e-4}`); a key set twice is an error."""
@@ -255,7 +294,12 @@ def load_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config: no such file {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        loader = _ConfigLoader(path.read_text())
+        loader.path = path
+        try:
+            data = loader.get_single_data() or {}
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         raise ConfigError(f"config: {path} is not valid YAML ({first_line(e)})") from None
     if not isinstance(data, dict):
