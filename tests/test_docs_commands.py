@@ -424,7 +424,8 @@ def test_the_demo_checkpoints_the_documents_name_are_those_the_demo_writes(monke
 # run, its plot), its comparison of seeds (three demo runs with an EMA, compare_runs.py on them), then what the
 # README shows a user doing with a run folder. Everything else is checked above.
 RUN = ("python prep/fineweb.py --input", "python train_gpt2.py --config configs/demo.yaml --data_dir",
-       "python train_gpt2.py --config configs/demo.yaml --ema_decay", "python compare_runs.py --a out/ema/",
+       "python train_gpt2.py --config configs/demo.yaml --ema_decay 0.98 --ema_start 0.5 --sample_interval 0 --seed",
+       "python compare_runs.py --a out/ema/",
        "python plot_log.py", "python sample.py --ckpt out/", "python export_hf.py out/")
 # How each is shrunk: arguments added after the documented ones (the last value of a key wins).
 SHRINK = {
