@@ -17,7 +17,7 @@ endif
 # keeping it mapped makes CPU training (the demo) about 1.7x faster.
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
 
-.PHONY: install demo pictures test test-fast test-slurm lint lock clean-demo
+.PHONY: install demo smoke pictures test test-fast test-slurm lint lock clean-demo
 
 # requirements.txt holds lower bounds; requirements.lock the exact versions CI passed with
 $(VENV)/.installed: requirements.txt requirements.lock
@@ -33,6 +33,26 @@ demo: install
 	$(CPU_MALLOC) $(PY) train_gpt2.py --config configs/demo.yaml
 	$(PY) sample.py --ckpt out/demo --prompt "ROMEO:" --max_new_tokens 120 --num_samples 1
 	$(PY) plot_log.py out/demo -o out/demo/curves.png
+
+# The documented GPT-2 124M launch (README, "Train GPT-2 124M"): torchrun, 2 ranks, configs/gpt2_124m.yaml as
+# it is, shrunk on the command line to check a machine's setup in about a minute on 2 CPU cores, on a small
+# data folder made here from the repository's own text (no network; prep in one process for its ~200 KB). What
+# it shrinks: the model (custom, 2 layers, 64 wide: one micro-batch of the 124M config is about 6 x 124M x
+# 65,536 = 4.9e13 FLOPs, minutes on a CPU); micro_batch_size 64 -> 1 and total_batch_size 524,288 -> 4,096, so
+# each rank still accumulates 2 micro-batches of the real seq_len 1,024 under no_sync, as on fewer than 8
+# GPUs; max_steps 19,073 -> 6 with warmup_steps 715 -> 2, so the lr warms up and its cosine runs; the val
+# loss and the checkpoints every 3 steps instead of 250 and 5,000 (val_tokens 4,096 of the small val
+# split), the samples at the end; HellaSwag off (its data comes from the network). Everything it writes is
+# in SMOKE_DIR, emptied first.
+SMOKE_DIR ?= out/smoke
+SMOKE_SHRINK := --model custom --n_layer 2 --n_head 2 --n_embd 64 --micro_batch_size 1 --total_batch_size 4096 \
+	--max_steps 6 --warmup_steps 2 --eval_interval 3 --val_tokens 4096 --sample_interval 6 --checkpoint_interval 3 \
+	--hellaswag_interval 0
+smoke: install
+	rm -rf $(SMOKE_DIR)
+	$(PY) prep/fineweb.py --input README.md docs/*.md *.py --out $(SMOKE_DIR)/data --val_size 8192 --num_proc 1
+	$(CPU_MALLOC) $(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_gpt2.py --config configs/gpt2_124m.yaml \
+		--data_dir $(SMOKE_DIR)/data --out_dir $(SMOKE_DIR)/run $(SMOKE_SHRINK)
 
 # Every shipped picture (docs/*.png) redrawn by plot_log.py from the runs it shows, kept small in
 # docs/pictures/ (the records it draws, config.yaml and the train data's unigram entropy), with what each

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check of docs/PERFORMANCE.md as one prepared script: CUDA correctness first, then speed.
 #
-#   bash scripts/gpu_check.sh [RESULTS_DIR] [PART...]         # RESULTS_DIR: $OUT if set, else bench_results/
+#   bash scripts/gpu_check.sh [RESULTS_DIR] [PART...]         # RESULTS_DIR: $OUT if set, else bench_results
 #   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh /tmp/dry    # every part's plumbing on the CPU, tiny models
-#   bash scripts/gpu_check.sh --report DIR RESULTS...         # one summary of several calls' results
+#   bash scripts/gpu_check.sh --report DIR RESULTS...         # one summary of several invocations' results
 #
 # Parts, most valuable first (the default is all twelve, in this order):
 #   tests      pytest -m gpu tests/test_gpu.py: compiled vs eager, fused loss, resume, HellaSwag under
@@ -19,7 +19,7 @@
 #   recipe     Muon's optimizer step for 124M and 1558M (scripts/bench_muon.py: Newton-Schulz of every
 #              matrix, the work that N GPUs share), then the faithful and the modern recipe, GPT-2
 #              124M, 300 steps of 65,536 tokens on the same Shakespeare tokens
-#              (scripts/compare_recipes.py --gpu; carry data/shakespeare)
+#              (scripts/compare_recipes.py --gpu; needs data/shakespeare: python prep/shakespeare.py)
 #   checkpoint scripts/bench_checkpoint.py on the GPU, 124M and 1558M: the file, a sharded save, an
 #              async sharded save (how long the loop is blocked, how long until complete), and the
 #              loads of the first two
@@ -34,36 +34,37 @@
 # Numerics (final losses after the same steps on the same tokens, across variants) come with
 # every summary. The variants themselves are listed in scripts/bench_gpu.sh.
 #
-# On a lent GPU (the device tool) a command stops after 10 minutes, so the check is two calls,
-# back to back in one lease, each returning its own RESULTS (under the call's files_at):
-#   run  command: bash scripts/gpu_check.sh "$OUT" tests speed                  carry: (none)
-#   run  command: bash scripts/gpu_check.sh "$OUT" reference presets fsdp levers  carry: [".ref"]
-# and, while device time is left, a third:  bash scripts/gpu_check.sh "$OUT" repro longrun recipe checkpoint
-#                                          carry: ["data/shakespeare"] (python prep/shakespeare.py here first)
-# and a fourth:  bash scripts/gpu_check.sh "$OUT" memory recompute   (memory: 12 short runs, estimated, not measured, at
-#                0.5-1 min each; what the budget skips is listed, and GPU_CHECK_MEMORY_MODELS="gpt2-large
-#                gpt2-xl" reruns only those presets)
-# then, on the session's own machine:  bash scripts/gpu_check.sh --report DIR FILES_AT_1 FILES_AT_2
+# On a GPU machine, from a clone of this repository with `make install` done:
+#   git clone https://github.com/karpathy/build-nanogpt .ref/build-nanogpt   # the reference loop (git-ignored)
+#   python prep/shakespeare.py                                               # the recipe part's tokens
+#   GPU_CHECK_BUDGET_S=0 bash scripts/gpu_check.sh bench_results/gpu         # every part, in order
+# then read bench_results/gpu/summary.md (printed last). Without .ref/ or data/shakespeare the parts
+# that need them are skipped and listed. The parts can also run in several invocations, each into its
+# own RESULTS_DIR (say, on machines rented by the hour), merged afterwards by --report:
+#   bash scripts/gpu_check.sh bench_results/a tests speed
+#   bash scripts/gpu_check.sh bench_results/b reference presets fsdp levers
+#   bash scripts/gpu_check.sh bench_results/c repro longrun recipe checkpoint
+#   bash scripts/gpu_check.sh bench_results/d memory recompute   (memory: 12 short runs; GPU_CHECK_MEMORY_MODELS=
+#                "gpt2-large gpt2-xl" reruns only those presets)
+#   bash scripts/gpu_check.sh --report bench_results/gpu bench_results/a bench_results/b bench_results/c bench_results/d
 #
-# Budget, estimated for one H100 before any was measured (the first run's part and variant
-# seconds in summary.md replace these figures): tests ~3.5 min (three cold compiles of 124M at
-# B=8, four short eager trainer runs); each 124M speed variant ~1.5 min (startup and cold compile
-# ~1 min, 30 steps of ~1 s); reference ~1.5 min; presets ~1.5, 2 and 3 min (compilation grows
-# with depth; each runs 3-6 steps); fsdp ~1.5 min per 124M variant and ~3 min for 1558M; levers
-# ~1 min (eager B=64), ~1.5 min per CUDA-graphs variant, several minutes for max-autotune; checkpoint
-# ~0.5 min for 124M and ~5 min for 1558M (three saves and two loads of 19 GB). So call 1 is ~9.5
-# min and call 2 ~16, which its 560 s budget cuts short: what is left is listed as skipped (levers
-# last), for a third call if device time remains.
-# GPU_CHECK_BUDGET_S (default 560, 0 for none) caps one invocation: a part or variant that would
-# start with less than 90 s left is skipped and listed, so a call ends inside the tool's limit.
-# What was skipped can go into a third call while device time is left, BENCH_ONLY naming the
-# labels (glob patterns) to run:  BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash ... speed presets
+# Time, estimated for one H100 before any was measured (the first run's part and variant seconds in
+# summary.md replace these figures): tests ~3.5 min (three cold compiles of 124M at B=8, four short
+# eager trainer runs); each 124M speed variant ~1.5 min (startup and cold compile ~1 min, 30 steps of
+# ~1 s); reference ~1.5 min; presets ~1.5, 2 and 3 min (compilation grows with depth; each runs 3-6
+# steps); fsdp ~1.5 min per 124M variant and ~3 min for 1558M; levers ~1 min (eager B=64), ~1.5 min per
+# CUDA-graphs variant, several minutes for max-autotune; checkpoint ~0.5 min for 124M and ~5 min for
+# 1558M (three saves and two loads of 19 GB). So the first two invocations above take ~9.5 and ~16 min.
+# GPU_CHECK_BUDGET_S (default 560, 0 for none) caps one invocation at about that many seconds: a part or
+# variant that would start with less than 90 s left is skipped and listed as skipped, and the next
+# invocation can run it, BENCH_ONLY naming the labels (glob patterns) to run:
+#   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash ... speed presets
 # and GPU_CHECK_TESTS (a pytest -k expression) the tests part's tests:  GPU_CHECK_TESTS=resume bash ... tests
 #
-# Results, flat, rewritten after every part (a call stopped midway keeps what it did): summary.md,
+# Results, flat, rewritten after every part (an invocation stopped midway keeps what it did): summary.md,
 # results.json (every row, test, failure and part), numerics.json, gpu_check.log (the console) and
-# details.tar.gz (each variant's scripts/bench.py JSON and log, pytest's junit XML and log). Five files:
-# the device tool brings back at most eight.
+# details.tar.gz (each variant's scripts/bench.py JSON and log, pytest's junit XML and log): five files,
+# so a results folder is quick to copy off the machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
@@ -362,7 +363,7 @@ part_reference() {  # $1: seconds left
     return $status
 }
 
-part_recipe() {  # $1: seconds left. Muon's step, then both recipes on the Shakespeare shards (carried along)
+part_recipe() {  # $1: seconds left. Muon's step, then both recipes on the Shakespeare shards (data/shakespeare)
     local model muon=(--device cuda --variants replicated,whole) models=(gpt2 gpt2-xl)
     [ "$DRY_RUN" = 1 ] && muon=(--device cpu --dry_run) models=(gpt2)
     for model in "${models[@]}"; do
@@ -371,7 +372,7 @@ part_recipe() {  # $1: seconds left. Muon's step, then both recipes on the Shake
         grep '^{' "$BENCH/muon-$model.log" >> "$BENCH/muon.jsonl"
     done
     if ! ls data/shakespeare/*_val_*.npy > /dev/null 2>&1; then
-        printf 'recipe\tno data/shakespeare (python prep/shakespeare.py, then carry it)\n' >> "$BENCH/skipped.txt"
+        printf 'recipe\tno data/shakespeare (python prep/shakespeare.py first)\n' >> "$BENCH/skipped.txt"
         return $SKIPPED
     fi
     local args=(--gpu) status

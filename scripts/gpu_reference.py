@@ -4,15 +4,13 @@
     python scripts/gpu_reference.py --dry_run                  # the same plumbing on the CPU, tiny model, 3 steps
 
 build-nanogpt (github.com/karpathy/build-nanogpt) is the compiled PyTorch GPT-2 loop whose
-468K tokens/s on one H100 docs/PERFORMANCE.md compares against. Timing it in the same lease as
-scripts/bench.py gives the ratio from one machine. Its code is not part of this repository and must
-never be committed here; a GPU session brings it along in the git-ignored folder .ref/:
+468K tokens/s on one H100 docs/PERFORMANCE.md compares against. Timed on the same machine as
+scripts/bench.py, it gives the ratio from one machine. Its code is not part of this repository and
+is never committed here: clone it into the git-ignored folder .ref/ on the GPU machine first,
 
-    1. the session's fetch tool on github:karpathy/build-nanogpt, which answers with a git
-       directory such as /work/.mirror/karpathy+build-nanogpt/repo
-    2. mkdir -p .ref/build-nanogpt && git --git-dir=/work/.mirror/karpathy+build-nanogpt/repo \\
-           show HEAD:train_gpt2.py > .ref/build-nanogpt/train_gpt2.py
-    3. the device tool's run with carry [".ref"]: bash scripts/gpu_check.sh "$OUT" reference ...
+    git clone https://github.com/karpathy/build-nanogpt .ref/build-nanogpt
+
+(--ref names a copy elsewhere). scripts/gpu_check.sh runs this script as its part `reference`.
 
 That train_gpt2.py is a script: importing it would start training on FineWeb shards. So only
 its definitions are loaded, from its syntax tree: the top-level imports (not `hellaswag`), classes

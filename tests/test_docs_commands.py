@@ -46,9 +46,8 @@ PROGRAMS = ("python", "torchrun", "bash", "make", "pip", "sbatch", "source", "lm
 # (exact tokens; a list of several tokens, or none).
 PLACEHOLDERS = {
     "ARGS": [],  # "any trainer arguments" (PERFORMANCE.md)
-    "DIR": ["{tmp}/dir"], "OUT": ["{tmp}/out"], "$OUT": ["{tmp}/out"], "OUT.pt": ["{tmp}/out.pt"],
+    "DIR": ["{tmp}/dir"], "OUT": ["{tmp}/out"], "OUT.pt": ["{tmp}/out.pt"],
     "CHECKPOINT_FOLDER": ["{tmp}/step_00000001"],
-    "FILES_AT_1": ["{tmp}/a"], "FILES_AT_2": ["{tmp}/b"],
     "$HEAD_NODE:29500": ["localhost:29500"], "--rdzv_endpoint=$HEAD_NODE:29500": ["--rdzv_endpoint=localhost:29500"],
     "STRATEGY": ["fsdp"], "SETTING": ["full"], "M": ["gpt2"],
     "--max-restarts=N": ["--max-restarts=3"],
@@ -58,7 +57,6 @@ PLACEHOLDERS = {
 TEXT_PLACEHOLDERS = {
     "--config ...": "--config configs/gpt2_124m.yaml",  # README: "one GPU, a Mac or a CPU: python train_gpt2.py --config ..."
     "configs/NAME.yaml": "configs/gpt2_124m.yaml",  # the CONFIGURATION.md synopsis
-    "$seed": "1",  # the body of PERFORMANCE.md's `for seed in 1 2 3` loop
 }
 # Fragments a document shows as a synopsis rather than a command: `[--key value | --key=value ...]` and
 # `...` alone stand for "more of the same"; they are dropped. Other `[...]` parts are optional arguments:
@@ -69,9 +67,8 @@ SYNOPSIS = re.compile(r"\[[^\[\]]*(?:\.\.\.|\|)[^\[\]]*\]|(?<!\S)\.\.\.(?!\S)")
 EXCEPTIONS = {
     # lm-evaluation-harness's own CLI (`lm_eval --model hf ...` on an export): tests/test_lm_eval.py runs it
     "lm_eval": "lm-evaluation-harness's own command line, run by tests/test_lm_eval.py on an export",
-    # the recipe of an old prep benchmark (PERFORMANCE.md): a commit of the history, and a reference script
-    # outside the repository
-    "git archive": "a past benchmark's recipe: an old commit and a reference script outside the repository",
+    # build-nanogpt, cloned for the GPU check's reference loop (PERFORMANCE.md, scripts/gpu_reference.py)
+    "git clone": "another repository, cloned over the network for the GPU check's reference loop",
     # make install's probe of PyTorch's CPU wheel index (standard library only, before anything is installed):
     # no argument parser, its one argument a URL it asks over the network
     "python scripts/torch_index.py": "make install's network probe: no parser, its argument is a URL it asks",
@@ -152,8 +149,9 @@ def inline_commands(path: Path) -> list[Command]:
 
 
 def indented_commands(path: Path) -> list[Command]:
-    """Commands of indented code blocks (a loop's body in PERFORMANCE.md): lines indented 4 spaces or more
-    outside ```-blocks that start with a program, with their continuation lines."""
+    """Commands of indented code blocks (the documents use ```bash blocks, but a command written indented is
+    checked too): lines indented 4 spaces or more outside ```-blocks that start with a program, with their
+    continuation lines."""
     numbered, in_fence, continued = [], False, False
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         in_fence = in_fence != line.startswith("```")
@@ -423,8 +421,11 @@ def test_the_demo_checkpoints_the_documents_name_are_those_the_demo_writes(monke
 # --- the shrunk runs -----------------------------------------------------------------------------------------
 
 # The commands run for real, in the order the documents show them: the README's mixture example (two preps, a
-# run, its plot), then what the README shows a user doing with a run folder. Everything else is checked above.
+# run, its plot), its comparison of seeds (three demo runs with an EMA, compare_runs.py on them), then what the
+# README shows a user doing with a run folder. Everything else is checked above.
 RUN = ("python prep/fineweb.py --input", "python train_gpt2.py --config configs/demo.yaml --data_dir",
+       "python train_gpt2.py --config configs/demo.yaml --ema_decay 0.98 --ema_start 0.5 --sample_interval 0 --seed",
+       "python compare_runs.py --a out/ema/",
        "python plot_log.py", "python sample.py --ckpt out/", "python export_hf.py out/")
 # How each is shrunk: arguments added after the documented ones (the last value of a key wins).
 SHRINK = {
@@ -432,6 +433,9 @@ SHRINK = {
     "train_gpt2.py": ["--max_steps", "2"],  # 2 steps of the demo model, and the val loss after the last
     "sample.py": ["--max_new_tokens", "4", "--num_samples", "1"],
 }
+# The demo's data (data/shakespeare, which `make demo` prepares from a download) for a run that reads it: the
+# prose folder the mixture example prepared, and a val window that folder holds.
+DEMO_DATA = ["--data_dir", "data/prose", "--val_tokens", "2048"]
 # The documents' run folders: the one small run trained here stands in for each (the demo's, the 124M run's).
 RUN_FOLDERS = {"out/demo": "out/mix", "out/gpt2_124m": "out/mix"}
 
@@ -462,18 +466,23 @@ def runnable_commands() -> list[Command]:
 @pytest.mark.slow
 def test_the_commands_a_user_runs_on_a_cpu_run_as_shown(tmp_path):
     """The README's mixture example (prep of the repository's prose and code, a demo-model run on both,
-    plot_log.py), then plot_log.py, sample.py and export_hf.py on that run folder, each launched as a user
-    would (forked from a warm process: tests/launch.py), shrunk by SHRINK."""
+    plot_log.py), its three seeds compared live against EMA (issue 53: its example needed a 35-minute script's
+    runs), then plot_log.py, sample.py and export_hf.py on that run folder, each launched as a user would
+    (forked from a warm process: tests/launch.py), shrunk by SHRINK."""
     commands = runnable_commands()
     assert [c.text.split()[1] for c in commands][:4] == ["prep/fineweb.py", "prep/fineweb.py", "train_gpt2.py",
                                                           "plot_log.py"], commands  # the README's order
-    assert {c.text.split()[1] for c in commands} >= {"sample.py", "export_hf.py"}
+    assert {c.text.split()[1] for c in commands} >= {"sample.py", "export_hf.py", "compare_runs.py"}
     for command in commands:
         _, words = words_of(command, tmp_path)
         script, args = words[1], in_workspace(words[2:], tmp_path)
+        if script == "train_gpt2.py" and "--data_dir" not in args:
+            args += in_workspace(DEMO_DATA, tmp_path)
         target = script.removesuffix(".py").replace("/", ".") + ":main"
         proc = launch([*args, *SHRINK.get(script, [])], target=target, timeout=180)
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        if script == "compare_runs.py":
+            assert "paired t-test" in proc.stdout and "final val loss" in proc.stdout, proc.stdout
     assert (tmp_path / "out" / "mix" / "curves.png").is_file() and (tmp_path / "curves.png").is_file()
     assert (tmp_path / "hf" / "gpt2-124m" / "config.json").is_file()
 
@@ -485,6 +494,6 @@ def test_the_readme_has_the_reader_use_the_environment_make_made_before_any_pyth
     readme = [c for c in doc_commands() if c.where.startswith("README.md:")]
     line = {id(c): int(c.where.split(":")[1]) for c in readme}
     uses_env = [line[id(c)] for c in readme if c.text.split()[0] in ("python", "torchrun", "pip")]
-    (activate,) = [line[id(c)] for c in readme if c.text == "source .venv/bin/activate" and line[id(c)] < 30]
+    activate = min(line[id(c)] for c in readme if c.text == "source .venv/bin/activate")  # the Quick start's
     assert uses_env and activate < min(uses_env)
     assert not [c for c in doc_commands() if re.search(r"(^|\s)(python3|\.venv/bin/python)\s", c.text)]

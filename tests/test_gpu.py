@@ -1,10 +1,10 @@
 """Every CUDA path, checked on GPT-2 124M in bf16 on real tokens (pytest marker `gpu`).
 
-scripts/gpu_check.sh runs them first on a lent GPU (about 3 minutes on one H100, most of it
+scripts/gpu_check.sh runs them first on a GPU machine (about 3 minutes on one H100, most of it
 compilation); each test stays well under a minute once the first compile is cached. Without CUDA
 (CI), or with GPU_CHECK_DRY_RUN=1, they run on the CPU instead, with conftest's tiny model and the
-same assertions: a rehearsal, in every `make test`, that proves the tests themselves before a GPU
-lease is spent on them.
+same assertions: a rehearsal, in every `make test`, that proves the tests themselves before GPU
+time is spent on them.
 
 Real tokens: the repository's own text (README, docs, code), tokenized with data/tokenizer.py
 into shards by write_corpus_shards, which scripts/gpu_check.sh also uses for its benchmarks.
@@ -321,7 +321,7 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     setting.
 
     CI has no GPU and the dry runs replace the model and device, so a renamed key or a new rule
-    between keys would otherwise first fail on a lent GPU. World size 1, as gpu_check runs them.
+    between keys would otherwise first fail on a GPU. World size 1, as gpu_check runs them.
     """
     sys.path.insert(0, str(REPO / "scripts"))
     import bench
@@ -395,9 +395,9 @@ raise SystemExit("the reference's top-level training code ran")
 """
 
 
-# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the parts in four calls, grouped as a lent GPU's
-# calls are (docs/PERFORMANCE.md), each into its own results folder, and one test per part; then a budget
-# that skips every part, and --report merging them all. The `gpu` tests above run in this suite itself
+# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the parts in four invocations, grouped as its header
+# splits them, each into its own results folder, and one test per part; then a budget that skips every part,
+# and --report merging them all. The `gpu` tests above run in this suite itself
 # (their CPU form, without CUDA): the tests part runs one of them (GPU_CHECK_TESTS), which proves the part's
 # own plumbing (its pytest command, the junit XML read into results.json) without running them twice.
 DRY_RUN_SPEED = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the part short
@@ -406,7 +406,7 @@ DRY_RUN_TEST = "test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients
 DRY_RUN_CALLS = {"call1": ("tests", "speed"), "call2": ("reference",), "call3": ("recipe", "checkpoint"),
                  "call4": ("memory", "recompute")}  # results folder: its call's parts
 # recipe's comparison of two recipes needs data/shakespeare (`make demo` makes it), and is skipped without it
-RECIPE_WITHOUT_DATA = ("recipe", "no data/shakespeare (python prep/shakespeare.py, then carry it)")
+RECIPE_WITHOUT_DATA = ("recipe", "no data/shakespeare (python prep/shakespeare.py first)")
 
 
 @pytest.fixture(scope="module")
