@@ -15,8 +15,8 @@ LAYERS = [
     {"hf_interop"},
     {"training"},
     {"evals"},
-    {"train_gpt2", "sample", "eval_lm", "export_hf", "consolidate_checkpoint", "plot_log", "compare_runs", "prep",
-     "scripts"},
+    {"train_gpt2", "sample", "eval_lm", "export_hf", "consolidate_checkpoint", "plot_log", "compare_runs", "ladder",
+     "prep", "scripts"},
 ]
 LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}
 # Inside training/, its sub-packages, bottom to top: a floor imports only the floors below it (README).

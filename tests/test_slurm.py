@@ -189,3 +189,42 @@ def test_a_failed_node_makes_slurm_requeue_and_the_job_resumes_bitwise(cluster, 
     # the batch script did not try to requeue what Slurm had requeued already, nor fail on it
     assert not [line for line in text.splitlines() if line.startswith("error:") or "pending execution" in line], text
     assert_same_run(out, straight)
+
+
+def test_a_ladder_trains_two_rungs_as_an_array_job(cluster, data, tmp_path):
+    """ladder.py --launch slurm: its two rungs as one array job, a task each (CONFIG=.../%a.yaml, a rendezvous port
+    each), on the two nodes at once; the same command again, once the job has ended, reads them and submits nothing."""
+    import json
+    import subprocess
+
+    import yaml
+
+    from slowness import guard
+
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({
+        "data_dir": str(data), "vocab_size": TINY_VOCAB, "block_size": 32, "seq_len": 32, "micro_batch_size": 16,
+        "total_batch_size": 512, "max_steps": 20, "warmup_steps": 2, "eval_interval": 0, "val_tokens": 512,
+        "hellaswag_interval": 0, "sample_interval": 0, "dtype": "float32", "log_interval": 1}))
+    out = tmp_path / "ladder"
+    command = [sys.executable, str(REPO / "ladder.py"), "--config", str(base), "--depths", "1", "2", "--flops",
+               "1.6e9", "2.9e10", "--out", str(out), "--launch", "slurm",
+               "--sbatch_args=--nodes=1 --gpus-per-node=0 --cpus-per-task=1"]
+    env = {**cluster.env, "GPUS_PER_NODE": "1", "OMP_NUM_THREADS": "1", "RDZV_PORT": str(free_port()),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+    first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=guard(120))
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    (job,) = json.loads((out / "slurm" / "jobs.json").read_text())
+    assert job["rungs"] == ["d1_faithful_s1337", "d2_faithful_s1337"], job
+    for task, rung in enumerate(job["rungs"]):
+        state = cluster.wait_for_job(f"{job['job']}_{task}", {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 180)
+        output = (out / "slurm" / "1" / f"{job['job']}_{task}.out").read_text(errors="replace")
+        assert state["JobState"] == "COMPLETED", (state, output[-4000:])
+        assert "preflight: 1 node(s)" in output and "Traceback" not in output, output[-3000:]
+        assert steps_logged(out / rung) == list(range((6, 20)[task])), output[-3000:]
+
+    again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=guard(120))
+    assert again.returncode == 0 and "submitted" not in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    rungs = json.loads((out / "ladder.json").read_text())["rungs"]
+    assert [r["name"] for r in rungs if r["final"]] == job["rungs"]  # both read; the law needs a third budget
+    assert "No fit" in (out / "ladder.md").read_text()
