@@ -62,6 +62,9 @@ class Evaluator:
 
     def __init__(self, interval: int):
         self.interval = interval  # every N steps, and after the last step; 0: only after the last
+        # why this launch cannot run it (its data could not be had), the same on every rank; None: it runs.
+        # evals/periodic.py logs it as the launch's skip_eval record of this evaluation
+        self.skip_reason: str | None = None
 
     @classmethod
     def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer,

@@ -17,6 +17,7 @@ import torch
 
 from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
 from training.core.metrics import model_flops_utilization, peak_flops_for
+from common.log_fields import RECORD_FIELDS
 from training.core.logger import LOG_ONLY_KINDS, RunLogger, read_log
 
 
@@ -131,7 +132,7 @@ def numbers_of_the_log(path: Path) -> dict[str, list[tuple[int, float]]]:
         if r["kind"] in LOG_ONLY_KINDS:  # log.jsonl's own bookkeeping
             continue
         for key, value in r.items():
-            if key not in ("kind", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key not in RECORD_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):
                 found.setdefault(f"{r['kind']}/{key}", []).append((r["step"], value))
     return found
 
@@ -427,3 +428,39 @@ def test_the_val_loss_and_hellaswag_in_the_loop_report_their_progress_on_rank_0(
     HellaSwag.from_settings(settings, ctx, run.strategy, get_tokenizer(), seed).evaluate(run)
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].startswith("step      0 | hellaswag: 1/1 batches (100%)"), lines
+
+
+def test_a_hellaswag_that_cannot_be_fetched_is_a_record_of_the_launch_besides_its_warning(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """log.jsonl says why a run has no HellaSwag curve: one skip_eval record at the launch's first step (not one per
+    step it was due), with the reason the warning gives; a rollback's rewind keeps it, as it keeps the startup record."""
+    import urllib.error
+    import urllib.request
+
+    from conftest import build_tiny_run
+    from data.tokenizer import get_tokenizer
+    from evals.periodic import PeriodicEvaluation
+
+    def no_network(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.setenv("GPT2_REPRO_CACHE", str(tmp_path / "empty_cache"))
+    data = make_shards(tmp_path / "shards", vocab=GPT2_VOCAB)
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "out", vocab_size=GPT2_VOCAB, hellaswag_interval=1,
+                                   eval_interval=0)
+    ctx.logger.enabled = True
+    ctx.logger.open_run_folder(tmp_path / "out", 0, {})
+    evaluation = PeriodicEvaluation(cfg.evaluation, ctx, run.strategy, get_tokenizer(), cfg.runtime.seed)
+    for _ in range(2):  # HellaSwag is due at both calls
+        assert not evaluation.run_due(run, last_step=False, agree_to_stop=lambda: False)
+    ctx.logger.rewind(0)
+    ctx.logger.close()
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    (record,) = read_log(tmp_path / "out" / "log.jsonl")
+    assert {k: record[k] for k in ("kind", "step", "tokens", "eval")} == {"kind": "skip_eval", "step": 0, "tokens": 0,
+                                                                         "eval": "hellaswag"}
+    assert record["reason"].startswith("could not fetch ") and "Temporary failure in name resolution" in record["reason"]
+    assert warning == f"warning: hellaswag eval skipped: {record['reason']}; run `python prep/hellaswag.py` where " \
+                      f"there is internet, or set hellaswag_path"
+    assert isinstance(record["time"], float)
