@@ -33,7 +33,9 @@ exactly as the trainer's in-loop HellaSwag does (see that module for why). Resul
 lm_eval downloads each task's data from the Hugging Face Hub on first use, into the datasets
 cache (HF_DATASETS_CACHE); on an offline node fill the cache elsewhere. Where the Hub cannot be
 reached, eval_lm.py says so in one line and reads the cache alone (no retries); a task whose data
-is not there is then one error line. Long evaluations print a progress line about every 30
+is not there is then one error line. The model is evaluated in the precision its run trained in
+(the checkpoint config's dtype; `auto` as the trainer resolves it on this device; --dtype chooses
+another). Long evaluations print a progress line about every 30
 seconds, and the card a line per task. `--include_path DIR` adds task YAML files of your own, such as
 tests/fixtures/lm_eval/ (HellaSwag-format data from a local file, and the trainer's
 token-normalised acc_norm as an lm_eval metric).
@@ -97,9 +99,10 @@ def main(argv: list[str]) -> int:
                              "model the trainer's default, 10,485,760)")
     parser.add_argument("--batch_size", type=int, default=16, help="rows per forward pass (default 16)")
     parser.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"],
-                        help="auto: as the trainer picks it (bfloat16 autocast on CUDA and on CPUs with native "
-                             "bf16, float32 elsewhere); float32 to compare with an in-loop eval run in float32")
+    parser.add_argument("--dtype", default=None, choices=["auto", "bfloat16", "float16", "float32", "float64"],
+                        help="default: the run's own (its config's dtype, so the figures are those its run logs; "
+                             "auto for a Hugging Face model); auto: as the trainer picks it on this device "
+                             "(bfloat16 autocast on CUDA and on CPUs with native bf16, float32 elsewhere)")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N examples of each task")
     parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
     parser.add_argument("--include_path", default=None, help="a folder of extra task YAML files")
@@ -138,12 +141,13 @@ def main(argv: list[str]) -> int:
 
     task_manager = task_manager_for(tasks, args.include_path, TaskManager)
     check_tasks(tasks, task_manager.all_tasks)
-    runtime = resolve_runtime(args.device, args.dtype, compile=False, loss_chunk_size=0)
     model, state, path = read_model(args.ckpt, "eval_lm.py", args.weights)
     state.pop("model", None)  # the model holds the weights now
     if model.config.vocab_size < GPT2_VOCAB_SIZE:
         raise CheckpointError(f"{path}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
                               f"tokenized with GPT-2's tokenizer, which needs {GPT2_VOCAB_SIZE}")
+    runtime = resolve_runtime(args.device, eval_dtype(args.dtype, state.get("config")), compile=False,
+                              loss_chunk_size=0)
     model.to(runtime.device, dtype=runtime.weights_dtype)
     lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast(),
                progress=ProgressLine(", ".join(tasks)))
@@ -217,6 +221,14 @@ def hub_offline() -> bool:
     print(f"note: {endpoint.hostname} cannot be reached ({reason}): task data comes from the datasets cache alone",
           flush=True)
     return True
+
+
+def eval_dtype(requested: str | None, config: dict | None) -> str:
+    """The precision to evaluate in: --dtype, else the run's own (its config's dtype: what its logged figures were
+    computed in; `auto` resolves as the trainer resolves it, for this device), else auto (a Hugging Face model)."""
+    if requested is not None:
+        return requested
+    return (config or {}).get("dtype", "auto")
 
 
 def evaluate_tasks(lm_eval, lm, tasks: list[str], task_manager, limit: int | None, num_fewshot: int | None,
@@ -339,7 +351,7 @@ def report_card(args) -> int:
         raise CheckpointError(f"{args.ckpt}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
                               f"tokenized with GPT-2's tokenizer, which needs {GPT2_VOCAB_SIZE} (--tasks none: the "
                               f"val figures alone)")
-    runtime = resolve_runtime(args.device, args.dtype, compile=False, loss_chunk_size=0)
+    runtime = resolve_runtime(args.device, eval_dtype(args.dtype, config), compile=False, loss_chunk_size=0)
     model.to(runtime.device, dtype=runtime.weights_dtype).eval()
     print(f"# report card of {described['name']} ({runtime.device}, {runtime.dtype})", flush=True)
 

@@ -370,6 +370,31 @@ def test_the_card_refuses_a_metric_the_task_lacks_and_writes_nothing(evaluated_r
     assert not (tmp_path / "card").exists()
 
 
+@pytest.mark.slow
+def test_the_card_evaluates_in_the_runs_own_dtype_unless_told(evaluated_run, tmp_path, capfd, monkeypatch):
+    """Issue 52: on a CPU with native bf16 (made so here) `auto` meant bfloat16, and the card of a float32 run
+    differed from the run's logged val loss in the fifth decimal. By default the card takes the checkpoint
+    config's dtype: its val loss is the logged one bitwise (the same weights, rows and batches of 4 rows, each
+    row's loss summed into its own float64 slot, the slots added in the same order: evals/val_loss.py). An
+    explicit --dtype still wins."""
+    from eval_lm import main
+    from training.core import runtime
+
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
+    out = evaluated_run[0]
+    (logged,) = [r for r in read_log(out / "log.jsonl") if r["kind"] == "val" and r["step"] == 2]
+    for dtype, folder in ((None, tmp_path / "own"), ("bfloat16", tmp_path / "bf16")):
+        argv = [str(out), "--card", "--tasks", "none", "--device", "cpu", "--batch_size", "4", "--out_dir",
+                str(folder)] + (["--dtype", dtype] if dtype else [])
+        assert run_cli(main, argv) == 0, capfd.readouterr().err
+        card = json.loads((folder / "report.json").read_text())
+        if dtype is None:
+            assert card["settings"]["dtype"] == "float32"  # the run's (tests' base_args: dtype float32)
+            assert card["val"][0]["loss"]["value"] == logged["loss"] and card["val"][0]["bpb"]["value"] == logged["bpb"]
+        else:
+            assert card["settings"]["dtype"] == "bfloat16" and card["val"][0]["loss"]["value"] != logged["loss"]
+
+
 def test_card_arguments_that_cannot_work_are_one_error_line(tmp_path, capfd):
     from eval_lm import card_tasks, main
 
