@@ -39,7 +39,7 @@ trained in (the checkpoint config's dtype; `auto` as the trainer resolves it on 
 --dtype chooses another). Long evaluations print a progress line about every 30 seconds, and the
 card a line per task; progress bars (lm_eval's, the datasets library's) only where stderr is a
 terminal. A card cut short (Ctrl-C, a task that fails as it is scored) is written with what it
-has, naming the tasks it lacks. `--include_path DIR` adds task YAML files of your own, such as
+has, naming the figures it lacks. `--include_path DIR` adds task YAML files of your own, such as
 tests/fixtures/lm_eval/ (HellaSwag-format data from a local file, and the trainer's
 token-normalised acc_norm as an lm_eval metric).
 """
@@ -407,7 +407,9 @@ def report_card(args) -> int:
                   f"({format_duration(time.monotonic() - start)})", flush=True)
     except BaseException:  # a task that fails as it is scored, or Ctrl-C: the figures made so far are kept
         if val or scored:
-            not_scored = [task for task in tasks if task not in scored]
+            done = {figures["set"] for figures in val}
+            not_scored = [("val" if s == "val" else f"val {s}") for s in sets if s not in done] + \
+                [task for task in tasks if task not in scored]
             written = write_card(build_card(described, settings, val, scored, not_scored), out_dir, name)
             print(f"partial card written, without {', '.join(not_scored)}: {written}.md, {written}.json",
                   flush=True)

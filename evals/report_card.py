@@ -70,8 +70,8 @@ def task_figure(task: str, metric: str, entry: dict) -> dict:
 
 def build_card(model: dict, settings: dict, val: list[dict], tasks: dict[str, dict],
                not_scored: list[str] = ()) -> dict:
-    """report.json: what was scored (model), how (settings), the figures, and the tasks of the suite left without
-    one (a card cut short: a task that failed, or Ctrl-C)."""
+    """report.json: what was scored (model), how (settings), the figures, and the figures left out of a card cut
+    short (a task that failed, or Ctrl-C): each task's name, `val` or `val <set>`."""
     return {"model": model, "settings": {**settings, "confidence": CONFIDENCE, "num_fewshot": 0}, "val": val,
             "tasks": tasks, "not_scored": list(not_scored)}
 
