@@ -416,18 +416,18 @@ def test_the_val_loss_and_hellaswag_in_the_loop_report_their_progress_on_rank_0(
     monkeypatch.setattr(Progress, "EVERY_S", 0.0)  # a line a batch
     data = make_shards(tmp_path / "shards", vocab=GPT2_VOCAB)
     cfg, ctx, run = build_tiny_run(data, tmp_path / "out", vocab_size=GPT2_VOCAB, val_tokens=512,
-                                   hellaswag_path=hellaswag_fixture(tmp_path / "hs.jsonl"), hellaswag_interval=5)
+                                   hellaswag_path=hellaswag_fixture(tmp_path / "hs.jsonl", n=33), hellaswag_interval=5)
     ctx.logger.enabled = True
     settings, seed = cfg.evaluation, cfg.runtime.seed
     assert ValLoss.from_settings(settings, ctx, run.strategy, None, seed).evaluate(run)
     lines = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"step      0 \| val loss: 1/4 batches \(25%\) \| elapsed \d+s \| eta \d+s", lines[0]), lines
-    assert lines[-1].startswith("step      0 | val loss: 4/4 batches (100%)") and len(lines) == 4
+    assert lines[-1].startswith("step      0 | val loss: 3/4 batches (75%)") and len(lines) == 3  # no line once done
     from data.tokenizer import get_tokenizer
 
     HellaSwag.from_settings(settings, ctx, run.strategy, get_tokenizer(), seed).evaluate(run)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].startswith("step      0 | hellaswag: 1/1 batches (100%)"), lines
+    assert lines[-1].startswith("step      0 | hellaswag: 2/3 batches (67%)") and len(lines) == 2, lines  # 16 a batch
 
 
 def test_a_hellaswag_that_cannot_be_fetched_is_a_record_of_the_launch_besides_its_warning(tmp_path, monkeypatch,
