@@ -298,10 +298,12 @@ def test_train_records_carry_throughput_and_mfu_with_a_peak_override(tmp_path):
     proc = run_trainer(base_args(data, tmp_path / "out", max_steps=2, peak_flops=1e12))  # warmup_steps 2
     # the console (issue 44): where the run is, its time so far and to go (from the second step: the first one
     # compiles), and one warning for a schedule that never leaves its warmup
-    lines = [line for line in proc.stdout.splitlines() if re.match(r"step \d+/", line)]
+    # (issue 53) one step count: the line after the 2nd update says step 2, as the val loss of the model it made does
+    lines = [line for line in proc.stdout.splitlines() if re.match(r"step +\d+[/ ]", line)]
     figures = r"\| loss \d+\.\d{4} \| lr [\d.e+-]+ \| norm +[\d.]+ \| +[\d.]+ ms \| +[\d,]+ tok/s \| mfu +[\d.]+%"
-    assert re.fullmatch(rf"step 0/2 \( 50\.0%\) {figures} \| elapsed \d+s", lines[0]), lines
-    assert re.fullmatch(rf"step 1/2 \(100\.0%\) {figures} \| elapsed \d+s \| eta 0s", lines[1]), lines
+    assert lines[0].startswith("step      0 | val loss ") and lines[3].startswith("step      2 | val loss "), lines
+    assert re.fullmatch(rf"step 1/2 \( 50\.0%\) {figures} \| elapsed \d+s", lines[1]), lines
+    assert re.fullmatch(rf"step 2/2 \(100\.0%\) {figures} \| elapsed \d+s \| eta 0s", lines[2]), lines
     assert [line for line in proc.stderr.splitlines() if line.startswith("warning:")] == [
         "warning: warmup_steps 2 >= max_steps 2: the schedule never leaves its warmup; the lr goes from 1.500e-03 at "
         "step 0 to 3.000e-03 at the last step (max_lr 0.003) and never decays; lower warmup_steps"]
@@ -363,8 +365,10 @@ def test_the_step_line_says_where_the_run_is_its_peak_memory_and_its_time():
     record = {"step": 1199, "loss": 4.18734, "lr": 6e-4, "grad_norm": 0.412, "step_ms": 1105.3,
               "tokens_per_sec": 474350.0, "mfu": 0.413, "peak_mem_gb": 31.24}
     assert format_train_line(record, 19073, 3725, 61234.0) == (
-        "step  1199/19073 (  6.3%) | loss 4.1873 | lr 6.000e-04 | norm  0.412 |   1105.3 ms |    474,350 tok/s | "
+        "step  1200/19073 (  6.3%) | loss 4.1873 | lr 6.000e-04 | norm  0.412 |   1105.3 ms |    474,350 tok/s | "
         "mfu  41.3% | mem  31.2 GiB | elapsed 1h02m | eta 17h00m")
+    # (issue 53) updates done, as the evaluations after them count: the last record, step 19072, is the 19,073rd update
+    assert format_train_line({**record, "step": 19072}, 19073, 3725, 0.0).startswith("step 19073/19073 (100.0%) | ")
     cpu = {k: v for k, v in record.items() if k not in ("mfu", "peak_mem_gb")}  # no peak to measure against
     assert format_train_line(cpu, 19073, 59.4, None).endswith("474,350 tok/s | elapsed 59s")
     assert [format_duration(s) for s in (0, 59.4, 60, 725, 3725, 90000)] == ["0s", "59s", "1m00s", "12m05s",
