@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from common.log_fields import val_set_names
 from training.core.logger import RunLogger, read_log
 
 
@@ -41,6 +42,7 @@ def test_every_record_carries_the_time_it_was_written_and_the_sinks_their_own(tm
     assert untimed(records) == [train(0, 6.5), {"kind": "val", "step": 1, "loss": 6.0, "bpb": 2.5},
                                 {"kind": "checkpoint", "step": 1, "path": "checkpoints/step_00000001.pt"}]
     assert sorted(scalars(tmp_path / "tensorboard")) == ["train/loss", "val/bpb", "val/loss"]
+    assert val_set_names(records[1]) == []  # a field of every record, no val set (plot_log.py, compare_runs.py)
 
 
 def test_a_rollbacks_rewind_keeps_the_rollback_records_a_resume_drops_them(tmp_path):
