@@ -32,9 +32,14 @@ exactly as the trainer's in-loop HellaSwag does (see that module for why). Resul
 
 lm_eval downloads each task's data from the Hugging Face Hub on first use, into the datasets
 cache (HF_DATASETS_CACHE); on an offline node fill the cache elsewhere. Where the Hub cannot be
-reached, eval_lm.py says so in one line and reads the cache alone (no retries); a task whose data
-is not there is then one error line. Long evaluations print a progress line about every 30
-seconds, and the card a line per task. `--include_path DIR` adds task YAML files of your own, such as
+reached, eval_lm.py says so in one line and reads the cache alone (no retries). Every task's data
+is loaded before anything is scored (the card: before its val figures): the tasks whose data is
+not there are one error line naming them all. The model is evaluated in the precision its run
+trained in (the checkpoint config's dtype; `auto` as the trainer resolves it on this device;
+--dtype chooses another). Long evaluations print a progress line about every 30 seconds, and the
+card a line per task; progress bars (lm_eval's, the datasets library's) only where stderr is a
+terminal. A card cut short (Ctrl-C, a task that fails as it is scored) is written with what it
+has, naming the figures it lacks. `--include_path DIR` adds task YAML files of your own, such as
 tests/fixtures/lm_eval/ (HellaSwag-format data from a local file, and the trainer's
 token-normalised acc_norm as an lm_eval metric).
 """
@@ -45,6 +50,7 @@ import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below lo
 
 import datetime
 import difflib
+import functools
 import json
 import math
 import os
@@ -66,7 +72,7 @@ from model import PRESETS
 from training.core import storage
 from training.checkpoint.folder import CHECKPOINT_DIR, WEIGHTS, read_model
 from training.core.process_group import DistEnv
-from training.core.logger import write_text_file
+from training.core.logger import format_duration, write_text_file
 from training.train.config import parse_args as trainer_defaults
 from training.core.runtime import resolve_runtime
 
@@ -99,9 +105,10 @@ def main(argv: list[str]) -> int:
                              "model the trainer's default, 10,485,760)")
     parser.add_argument("--batch_size", type=int, default=16, help="rows per forward pass (default 16)")
     parser.add_argument("--device", default="auto", help="auto, cuda, cuda:N, mps or cpu")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float64"],
-                        help="auto: as the trainer picks it (bfloat16 autocast on CUDA and on CPUs with native "
-                             "bf16, float32 elsewhere); float32 to compare with an in-loop eval run in float32")
+    parser.add_argument("--dtype", default=None, choices=["auto", "bfloat16", "float16", "float32", "float64"],
+                        help="default: the run's own (its config's dtype, so the figures are those its run logs; "
+                             "auto for a Hugging Face model); auto: as the trainer picks it on this device "
+                             "(bfloat16 autocast on CUDA and on CPUs with native bf16, float32 elsewhere)")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N examples of each task")
     parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
     parser.add_argument("--include_path", default=None, help="a folder of extra task YAML files")
@@ -140,18 +147,21 @@ def main(argv: list[str]) -> int:
 
     task_manager = task_manager_for(tasks, args.include_path, TaskManager)
     check_tasks(tasks, task_manager.all_tasks)
-    runtime = resolve_runtime(args.device, args.dtype, compile=False, loss_chunk_size=0)
     model, state, path = read_model(args.ckpt, "eval_lm.py", args.weights)
     state.pop("model", None)  # the model holds the weights now
     if model.config.vocab_size < GPT2_VOCAB_SIZE:
         raise CheckpointError(f"{path}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
                               f"tokenized with GPT-2's tokenizer, which needs {GPT2_VOCAB_SIZE}")
+    runtime = resolve_runtime(args.device, eval_dtype(args.dtype, state.get("config")), compile=False,
+                              loss_chunk_size=0)
     model.to(runtime.device, dtype=runtime.weights_dtype)
-    lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast(),
-               progress=ProgressLine(", ".join(tasks)))
     print(f"# evaluating step {state['step']} of {path} on {', '.join(tasks)} ({runtime.device}, {runtime.dtype})",
           flush=True)
-    results = evaluate_tasks(lm_eval, lm, tasks, task_manager, args.limit, args.num_fewshot, hub_offline())
+    loaded = load_tasks({name: name for name in tasks}, task_manager, hub_offline())
+    lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast(),
+               progress=ProgressLine(", ".join(tasks)))
+    results = evaluate_tasks(lm_eval, lm, [task for name in tasks for task in loaded[name]], task_manager,
+                             args.limit, args.num_fewshot)
     settings = eval_settings(args, runtime)
     entries = task_entries(results, settings)
     if args.weights == "ema":  # beside the live weights' figures in the same file and W&B run, never over them
@@ -221,33 +231,49 @@ def hub_offline() -> bool:
     return True
 
 
-def evaluate_tasks(lm_eval, lm, tasks: list[str], task_manager, limit: int | None, num_fewshot: int | None,
-                   offline: bool, hint: str = "") -> dict:
-    """lm_eval.simple_evaluate on tasks, with a task whose data cannot be had as one DataError line (ending
-    in hint)."""
-    try:
-        return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, limit=limit,
-                                       num_fewshot=num_fewshot, log_samples=False)
-    except ConnectionError as e:  # datasets' "Couldn't reach ... on the Hub": offline, and not in the cache
+def eval_dtype(requested: str | None, config: dict | None) -> str:
+    """The precision to evaluate in: --dtype, else the run's own (its config's dtype: what its logged figures were
+    computed in; `auto` resolves as the trainer resolves it, for this device), else auto (a Hugging Face model)."""
+    if requested is not None:
+        return requested
+    return (config or {}).get("dtype", "auto")
+
+
+def load_tasks(tasks: dict[str, str], task_manager, offline: bool, spare: str = "") -> dict[str, list]:
+    """Each task's lm_eval objects with their data loaded, before anything is scored: {name: [Task or Group]}.
+
+    tasks: {name: how --tasks writes it}. Loading a task loads its data (from the datasets cache alone where
+    offline). Every task whose data cannot be had is named in one DataError line, which ends with what still
+    works: the --tasks of the others, and spare (the card's "--tasks none")."""
+    loaded, uncached, problems, reason = {}, [], [], ""
+    for name in tasks:
+        try:
+            found = task_manager.load([name])
+        except ConnectionError as e:  # datasets' "Couldn't reach ... on the Hub": offline, and not in the cache
+            uncached.append(name)
+            reason = reason or first_line(e, 120)
+        except FileNotFoundError as e:  # a task YAML's data_files that do not resolve (from the working directory)
+            problems.append(f"{name}: data file not found ({e}); a relative data_files path in a task YAML is read "
+                            f"from the working directory ({Path.cwd()})")
+        else:  # a group stays one (its own figures aggregate its tasks'); a task or a tag's tasks, each
+            loaded[name] = [found["groups"][name]] if name in found["groups"] else list(found["tasks"].values())
+    if uncached:
         cache = os.environ.get("HF_DATASETS_CACHE") or "the datasets cache"
         where = "the Hugging Face Hub cannot be reached" if offline else "it could not be downloaded"
-        raise DataError(f"--tasks: {', '.join(tasks)}: the task's data is not in {cache} and {where} "
-                        f"({first_line(e, 120)}); run once where the Hub is reachable to fill the cache, then "
-                        f"HF_DATASETS_OFFLINE=1 works{hint}") from None
-    except FileNotFoundError as e:  # a task YAML's data_files that do not resolve (from the working directory)
-        task = task_missing_data(tasks, task_manager) or ", ".join(tasks)
-        raise DataError(f"--tasks: {task}: data file not found ({e}); a relative data_files path in a task YAML "
-                        f"is read from the working directory ({Path.cwd()})") from None
+        data = "the task's data is" if len(uncached) == 1 else "their data is"
+        problems.insert(0, f"{', '.join(uncached)}: {data} not in {cache} and {where} ({reason}); run once where "
+                           f"the Hub is reachable to fill the cache, then HF_DATASETS_OFFLINE=1 works")
+    if problems:
+        instead = ([f"--tasks {','.join(tasks[name] for name in loaded)} scores the others"] if loaded else []) + \
+            ([spare] if spare else [])
+        raise DataError("--tasks: " + "; ".join(problems + ([", ".join(instead)] if instead else [])))
+    return loaded
 
 
-def duration(seconds: float) -> str:
-    """45s, 3m07s, 2h05m."""
-    seconds = round(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+def evaluate_tasks(lm_eval, lm, tasks: list, task_manager, limit: int | None, num_fewshot: int | None) -> dict:
+    """lm_eval.simple_evaluate on loaded tasks (load_tasks): their data is there already."""
+    return lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=task_manager, limit=limit,
+                                   num_fewshot=num_fewshot, log_samples=False)
 
 
 class ProgressLine:
@@ -264,8 +290,9 @@ class ProgressLine:
             return
         self.last = now
         elapsed = now - self.start
-        self.out(f"{self.label}: {done:,} of {total:,} requests scored ({done / total:.0%}), {duration(elapsed)} "
-                 f"so far, about {duration(elapsed * (total - done) / done)} left", flush=True)
+        self.out(f"{self.label}: {done:,} of {total:,} requests scored ({done / total:.0%}), "
+                 f"{format_duration(elapsed)} so far, about {format_duration(elapsed * (total - done) / done)} left",
+                 flush=True)
 
 
 def card_tasks(text: str | None) -> dict[str, str]:
@@ -341,55 +368,80 @@ def report_card(args) -> int:
         raise CheckpointError(f"{args.ckpt}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
                               f"tokenized with GPT-2's tokenizer, which needs {GPT2_VOCAB_SIZE} (--tasks none: the "
                               f"val figures alone)")
-    runtime = resolve_runtime(args.device, args.dtype, compile=False, loss_chunk_size=0)
+    if tasks:  # every task's data and metric before the val pass: a missing one is one line before any scoring
+        specs = {task: task if metric == SUITE.get(task, DEFAULT_METRIC) else f"{task}:{metric}"
+                 for task, metric in tasks.items()}
+        loaded = load_tasks(specs, task_manager, hub_offline(), spare="--tasks none the card's val figures alone")
+        for task, metric in tasks.items():
+            check_metric(task, metric, loaded[task])
+    runtime = resolve_runtime(args.device, eval_dtype(args.dtype, config), compile=False, loss_chunk_size=0)
     model.to(runtime.device, dtype=runtime.weights_dtype).eval()
     print(f"# report card of {described['name']} ({runtime.device}, {runtime.dtype})", flush=True)
-
-    val = []
-    env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
-    for name, data in sets.items():
-        start = time.monotonic()
-        loader = ValLoader(data, seq_len, val_tokens, args.batch_size)
-        rows = val_row_losses(model, loader, env, runtime.autocast())
-        figures = val_figures(name, str(data), rows, seq_len, loader.target_bytes(token_byte_lengths()))
-        val.append(figures)
-        bpb, took = figures["bpb"]["value"], duration(time.monotonic() - start)
-        print(f"val{'' if name == 'val' else ' ' + name}: loss {figures['loss']['value']:.4f}"
-              + ("" if bpb is None else f", {bpb:.4f} bpb")
-              + f" over {figures['rows']:,} rows of {seq_len:,} tokens ({took})", flush=True)
-
     settings = eval_settings(args, runtime)
-    scored = {}
-    if tasks:
-        offline = hub_offline()  # probed only now: a problem found before costs no network round trip
-        lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast())
+    name = REPORT + ("_ema" if args.weights == "ema" else "")
+
+    val, scored = [], {}
+    try:
+        env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
+        for set_name, data in sets.items():
+            start = time.monotonic()
+            loader = ValLoader(data, seq_len, val_tokens, args.batch_size)
+            rows = val_row_losses(model, loader, env, runtime.autocast())
+            figures = val_figures(set_name, str(data), rows, seq_len, loader.target_bytes(token_byte_lengths()))
+            val.append(figures)
+            bpb, took = figures["bpb"]["value"], format_duration(time.monotonic() - start)
+            print(f"val{'' if set_name == 'val' else ' ' + set_name}: loss {figures['loss']['value']:.4f}"
+                  + ("" if bpb is None else f", {bpb:.4f} bpb")
+                  + f" over {figures['rows']:,} rows of {seq_len:,} tokens ({took})", flush=True)
+        lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size,
+                   autocast=runtime.autocast()) if tasks else None
         for i, (task, metric) in enumerate(tasks.items(), 1):
             label, start = f"[{i}/{len(tasks)}] {task}", time.monotonic()
-            print(f"{label}: scoring", flush=True)
             lm.progress = ProgressLine(label)
-            results = evaluate_tasks(lm_eval, lm, [task], task_manager, args.limit, 0, offline,
-                                     hint="; --tasks none: the card's val figures alone")
-            entries = task_entries(results, settings)
+            entries = task_entries(evaluate_tasks(lm_eval, lm, loaded[task], task_manager, args.limit, 0), settings)
             entry = entries.get(task) or next(iter(entries.values()))
-            if metric not in entry["metrics"]:
+            if metric not in entry["metrics"]:  # a group's, or a filter's name: known once scored
                 names = ", ".join(m for m in entry["metrics"] if "_stderr" not in m)
                 raise ConfigError(f"--tasks: {task} has no metric {metric!r} (it has {names})")
             figure = scored[task] = task_figure(task, metric, entry)
             interval = "" if figure["ci95"] is None else f" ({figure['ci95'][0]:.4f}-{figure['ci95'][1]:.4f})"
             print(f"{label}: {metric} {figure['value']:.4f}{interval} on {figure['n']} examples "
-                  f"({duration(time.monotonic() - start)})", flush=True)
-
+                  f"({format_duration(time.monotonic() - start)})", flush=True)
+    except BaseException:  # a task that fails as it is scored, or Ctrl-C: the figures made so far are kept
+        if val or scored:
+            done = {figures["set"] for figures in val}
+            not_scored = [("val" if s == "val" else f"val {s}") for s in sets if s not in done] + \
+                [task for task in tasks if task not in scored]
+            written = write_card(build_card(described, settings, val, scored, not_scored), out_dir, name)
+            print(f"partial card written, without {', '.join(not_scored)}: {written}.md, {written}.json",
+                  flush=True)
+        raise
     card = build_card(described, settings, val, scored)
-    markdown = card_markdown(card)
-    name = REPORT + ("_ema" if args.weights == "ema" else "")
+    written = write_card(card, out_dir, name)
+    print(card_markdown(card) + f"\nwritten: {written}.md, {written}.json")
+    return 0
+
+
+def write_card(card: dict, out_dir: Path, name: str) -> Path:
+    """OUT_DIR/NAME.json and OUT_DIR/NAME.md; OUT_DIR/NAME."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise WriteError(f"{out_dir}: cannot create ({e.strerror or e})") from None
     write_text_file(out_dir / f"{name}.json", json.dumps(card, indent=2) + "\n")
-    write_text_file(out_dir / f"{name}.md", markdown)
-    print(markdown + f"\nwritten: {out_dir / name}.md, {out_dir / name}.json")
-    return 0
+    write_text_file(out_dir / f"{name}.md", card_markdown(card))
+    return out_dir / name
+
+
+def check_metric(task: str, metric: str, loaded: list) -> None:
+    """A card metric that a task does not compute is one line before anything is scored. (Only a task's metrics
+    are known before it is scored: a group's or a tag's are checked once scored.)"""
+    from lm_eval.api.task import Task
+
+    if len(loaded) == 1 and isinstance(loaded[0], Task):
+        names = list(loaded[0].aggregation())  # lm_eval's metric names; a filter's "name/filter" ends in one
+        if metric.partition("/")[0] not in names:
+            raise ConfigError(f"--tasks: {task} has no metric {metric!r} (it has {', '.join(names)})")
 
 
 def import_lm_eval():
@@ -398,7 +450,19 @@ def import_lm_eval():
         import lm_eval
     except ImportError:
         raise ConfigError("eval_lm.py needs lm-evaluation-harness: pip install 'lm_eval>=0.4'") from None
+    progress_bars_on_terminal_only()
     return lm_eval
+
+
+def progress_bars_on_terminal_only() -> None:
+    """tqdm's bars (lm_eval's as it builds a task's requests, the datasets library's as it loads data) drawn only
+    where stderr is a terminal: a log file keeps every carriage-return redraw of a bar as a line of its own, even
+    for a task that takes under a second. disable=None is tqdm's own rule for that (prep/fineweb.py's bar passes
+    it); the libraries pass no `disable`, so it becomes the default of tqdm's constructor in this process, as a
+    TQDM_DISABLE variable would (tqdm reads those only when it is imported, which torch does first)."""
+    from tqdm import std
+
+    std.tqdm.__init__ = functools.partialmethod(std.tqdm.__init__, disable=None)
 
 
 def task_manager_for(tasks: list[str], include_path: str | None, task_manager_class):
@@ -422,18 +486,6 @@ def check_tasks(tasks: list[str], known: list[str]) -> None:
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"did you mean {', '.join(close)}?" if close else "`lm-eval ls tasks` lists them"
         raise ConfigError(f"--tasks: unknown task {name!r} ({hint})")
-
-
-def task_missing_data(tasks: list[str], task_manager) -> str | None:
-    """The first task whose data files cannot be found (after a load of them all failed for that reason)."""
-    for name in tasks:
-        try:
-            task_manager.load_task_or_group([name])
-        except FileNotFoundError:
-            return name
-        except Exception:  # noqa: BLE001 - another problem of another task: not the one being named
-            continue
-    return None
 
 
 def run_folder(ckpt: Path) -> Path:

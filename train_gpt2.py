@@ -282,7 +282,8 @@ class StepRecords:
             # from here on a collective that waits long is a hang: it surfaces in minutes
             set_collective_timeout(env, datetime.timedelta(minutes=cfg.runtime.hang_timeout_minutes))
             self.first = False
-        if record["step"] % cfg.logging.log_interval == 0 or run.step == max_steps:
+        # after every log_interval-th update (the steps evaluations print too), the launch's first and the last
+        if run.step % cfg.logging.log_interval == 0 or self.steps_taken == 1 or run.step == max_steps:
             logger.console(format_train_line(record, max_steps, time.time() - process_start_time(), self.eta()))
 
 

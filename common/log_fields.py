@@ -21,10 +21,13 @@ from __future__ import annotations
 EMA_PREFIX = "ema_"  # of the fields an evaluation of the EMA weights adds to its record (evals/periodic.py)
 BPB = "bpb"  # the val record's bits per byte of its first set (evals/val_loss.py)
 BPB_PREFIX = "bpb_"  # of each named set's bits per byte
-VAL_RECORD_FIELDS = ("kind", "step", "tokens", "loss", BPB)  # a val record's own fields (evals/val_loss.py)
+# the fields of every record that are not figures: what it is, its step, and when it was written (unix seconds, float;
+# added by training/core/logger.py)
+RECORD_FIELDS = ("kind", "step", "time")
+VAL_RECORD_FIELDS = (*RECORD_FIELDS, "tokens", "loss", BPB)  # a val record's own fields (evals/val_loss.py)
 VAL_SET_PREFIXES = (EMA_PREFIX, BPB_PREFIX)  # prefixes of the fields made from a val set's name
 # a train record's own fields (train_gpt2.py's StepRecords), besides tokens_<source>
-TRAIN_RECORD_FIELDS = ("kind", "step", "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "step_ms", "skipped",
+TRAIN_RECORD_FIELDS = (*RECORD_FIELDS, "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "step_ms", "skipped",
                        "mfu", "peak_mem_gb")
 SOURCE_TOKENS_PREFIX = "tokens_"  # a mixture source's train tokens: tokens_<source>
 

@@ -62,6 +62,9 @@ class Evaluator:
 
     def __init__(self, interval: int):
         self.interval = interval  # every N steps, and after the last step; 0: only after the last
+        # why this launch cannot run it (its data could not be had), the same on every rank; None: it runs.
+        # evals/periodic.py logs it as the launch's skip_eval record of this evaluation
+        self.skip_reason: str | None = None
 
     @classmethod
     def from_settings(cls, settings: EvalSettings, ctx: Context, strategy: Strategy, tokenizer,
@@ -107,8 +110,9 @@ def in_lockstep(items: Iterable, rounds: int, idle_forward: Callable[[], None] |
 
 class Progress:
     """Progress lines for an evaluation that takes a while (val loss over a large window, HellaSwag's 10,042
-    examples): none for one that ends within `after_s` seconds, then one every `every_s` seconds, through
-    `console` (rank 0's logger: a no-op on the other ranks).
+    examples): none for one that ends within `after_s` seconds, then one every `every_s` seconds while batches
+    are left (the last one's line would only precede the result's), through `console` (rank 0's logger: a
+    no-op on the other ranks).
 
     Host-side only: no collective and no synchronisation with the device. On a GPU the host runs ahead
     by the batches it has queued, so the count is of batches queued, and the lines start once the host
@@ -127,7 +131,8 @@ class Progress:
         """done of total batches are through."""
         now = self.clock()
         elapsed = now - self.started
-        if elapsed < self.AFTER_S or (self.said is not None and now - self.said < self.EVERY_S) or not done:
+        if elapsed < self.AFTER_S or (self.said is not None and now - self.said < self.EVERY_S) \
+                or not 0 < done < self.total:
             return
         self.said = now
         left = elapsed / done * (self.total - done)

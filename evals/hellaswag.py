@@ -358,8 +358,9 @@ class HellaSwag(Evaluator):
         failure = first_error(failure, env)  # every rank gets the same verdict
         if failure is None:
             return path
+        self.skip_reason = f"could not fetch {url} into {path} ({failure})"
         if env.master_process:
-            self.warn(f"hellaswag eval skipped: could not fetch {url} into {path} ({failure}); "
+            self.warn(f"hellaswag eval skipped: {self.skip_reason}; "
                       f"run `python prep/hellaswag.py` where there is internet, or set hellaswag_path")
         return None
 

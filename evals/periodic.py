@@ -37,6 +37,7 @@ class PeriodicEvaluation:
         self.settings = settings
         self.evaluators = [e for cls in EVALUATORS
                            if (e := cls.from_settings(settings, ctx, strategy, tokenizer, seed))]
+        self.unlogged_skips = [e for e in self.evaluators if e.skip_reason]  # logged at the launch's first step
 
     def run_due(self, run, last_step: bool, agree_to_stop: Callable[[], bool]) -> bool:
         """Each evaluation due at run.step, unless the ranks agree to stop; whether they did.
@@ -46,6 +47,10 @@ class PeriodicEvaluation:
         At the last step they do not agree after the last one: no step follows, and with every
         final evaluation logged the run is finished (a stop then only waits for the final save).
         """
+        for evaluator in self.unlogged_skips:  # a record beside the launch's warning: the log says why
+            self.logger.log({"kind": "skip_eval", "step": run.step, "tokens": run.tokens_seen, "eval": evaluator.kind,
+                             "reason": evaluator.skip_reason})
+        self.unlogged_skips = []
         due = [e for e in self.evaluators if e.due(run.step, last_step)]
         for evaluator in due:
             if agree_to_stop():

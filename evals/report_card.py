@@ -68,10 +68,12 @@ def task_figure(task: str, metric: str, entry: dict) -> dict:
     return {"metric": metric, "value": value, "ci95": interval, "n": n, "interval": method, **entry}
 
 
-def build_card(model: dict, settings: dict, val: list[dict], tasks: dict[str, dict]) -> dict:
-    """report.json: what was scored (model), how (settings), and the figures."""
+def build_card(model: dict, settings: dict, val: list[dict], tasks: dict[str, dict],
+               not_scored: list[str] = ()) -> dict:
+    """report.json: what was scored (model), how (settings), the figures, and the figures left out of a card cut
+    short (a task that failed, or Ctrl-C): each task's name, `val` or `val <set>`."""
     return {"model": model, "settings": {**settings, "confidence": CONFIDENCE, "num_fewshot": 0}, "val": val,
-            "tasks": tasks}
+            "tasks": tasks, "not_scored": list(not_scored)}
 
 
 def _value(x: float | None, digits: int = 4) -> str:
@@ -91,6 +93,8 @@ def card_markdown(card: dict) -> str:
         what[:1] = [f"zero-shot tasks, {CONFIDENCE:.0%} intervals", f"lm_eval {settings['lm_eval_version']}"]
     if settings.get("limit"):
         what.insert(1, f"at most {settings['limit']} examples per task (a partial card)")
+    if card.get("not_scored"):
+        what.insert(1, f"a partial card: {', '.join(card['not_scored'])} not scored")
     lines += [", ".join(what), "", "| figure | value | 95% interval | n |", "| --- | ---: | --- | ---: |"]
     for v in card["val"]:
         where = f"{v['set']}: {v['rows']:,} rows of {v['seq_len']:,} tokens from {v['data']}"

@@ -571,8 +571,9 @@ def prepare(source, out: Path, prefix: str, settings: dict, num_proc: int, overw
                          on_shard=on_shard)
     resume_at, max_tokens = done, settings["max_tokens"]
     offset = done - record["skip"]  # stream offset of the first token of the first piece read
+    # disable=None: tqdm draws only where stderr is a terminal; a log file would keep each redraw
     bar = tqdm(desc=f"tokenizing into {out}", unit="tok", unit_scale=True, initial=done, dynamic_ncols=True,
-               disable=not show_progress)
+               disable=None if show_progress else True)
     try:
         # closing(): an error stops the worker processes before it is reported
         with bar, contextlib.closing(source.read(record["position"] or source.start(), num_proc)) as pieces:

@@ -9,6 +9,7 @@ The fixture tasks find their data file beside their YAML, from any working direc
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -189,6 +190,8 @@ def test_eval_lm_on_a_run_folder_agrees_with_the_trainers_hellaswag_and_writes_j
     assert tasks["hellaswag_fixture"]["lm_eval_version"] == metadata.version("lm_eval")
     assert {tasks[t]["n"] for t in TASKS} == {20} and tasks["hellaswag_fixture"]["limit"] is None
     assert f"| hellaswag_fixture | acc | {in_loop['acc']:.4f} |" in proc.stdout
+    # (issue 53) no progress bar (lm_eval's, the datasets library's) where stderr is no terminal: tqdm's time stamp
+    assert not re.search(r"\[\d\d:\d\d", proc.stderr), proc.stderr[-3000:]
 
 
 @pytest.mark.slow
@@ -366,20 +369,117 @@ def test_the_card_of_a_run_equals_a_direct_computation(evaluated_run, tmp_path, 
     assert card["model"]["step"] == 2 and card["settings"]["num_fewshot"] == 0
     report = (tmp_path / "report.md").read_text()
     assert report in printed and report.startswith(f"# Report card: step 2 of {out / 'checkpoints'}")
-    assert "[1/2] hellaswag_fixture: scoring" in printed and "[2/2] hellaswag_fixture_tokens: acc_norm_tokens" in printed
+    assert "[1/2] hellaswag_fixture: acc " in printed and "[2/2] hellaswag_fixture_tokens: acc_norm_tokens" in printed
 
 
 @pytest.mark.slow
 def test_the_card_refuses_a_metric_the_task_lacks_and_writes_nothing(evaluated_run, tmp_path, capfd, offline):
+    """Before the val pass (issue 53): the task's metrics are known once it is loaded."""
     from eval_lm import main
 
     argv = [str(evaluated_run[0]), "--card", "--tasks", "hellaswag_fixture:accuracy", "--include_path", str(FIXTURES),
             "--device", "cpu", "--dtype", "float32", "--out_dir", str(tmp_path / "card")]
     assert run_cli(main, argv) == 2
-    err = capfd.readouterr().err  # lm_eval's progress bars too
+    out, err = capfd.readouterr()
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         "error: --tasks: hellaswag_fixture has no metric 'accuracy' (it has acc, acc_norm)"]
-    assert not (tmp_path / "card").exists()
+    assert "val:" not in out and not (tmp_path / "card").exists()
+
+
+def uncached_task(folder: Path, name: str) -> None:
+    """A task YAML in folder whose data is a Hugging Face Hub dataset that no datasets cache holds."""
+    (folder / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: nobody/{name}_data\noutput_type: multiple_choice\nvalidation_split: validation\n"
+        "doc_to_text: '{{ctx}}'\ndoc_to_choice: endings\ndoc_to_target: label\n")
+
+
+@pytest.mark.slow
+def test_the_card_offline_names_every_task_whose_data_is_not_cached_before_the_val_pass(evaluated_run, tmp_path,
+                                                                                        capfd, monkeypatch, offline):
+    """Issue 53: the card spent its val pass, then failed on the first task whose data was not cached, and the
+    val figures were lost. Every task's data is loaded first: the missing ones are named in one line, with the
+    --tasks of the ones that are there (the fixture, its data beside its YAML) and --tasks none; nothing was
+    scored, nothing is written."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    from eval_lm import main
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("hellaswag_fixture.yaml", "hellaswag_fixture.jsonl", "utils.py"):
+        shutil.copy(FIXTURES / name, tasks / name)
+    uncached_task(tasks, "uncached_a")
+    uncached_task(tasks, "uncached_b")
+    cache = tmp_path / "hf"
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    # as the variables make them when the libraries are imported (in this process, maybe before the fixture set them)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    argv = [str(evaluated_run[0]), "--card", "--tasks", "uncached_a,hellaswag_fixture:acc_norm,uncached_b",
+            "--include_path", str(tasks), "--device", "cpu", "--out_dir", str(tmp_path / "card")]
+    assert run_cli(main, argv) == 2
+    out, err = capfd.readouterr()
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: --tasks: uncached_a, uncached_b: their data is not in {cache} and the Hugging "
+                           f"Face Hub cannot be reached (Couldn't reach 'nobody/uncached_a_data'"), line
+    assert line.endswith("then HF_DATASETS_OFFLINE=1 works; --tasks hellaswag_fixture:acc_norm scores the others, "
+                         "--tasks none the card's val figures alone"), line
+    assert "Traceback" not in err and "val:" not in out and not (tmp_path / "card").exists()
+
+
+@pytest.mark.slow
+def test_a_card_cut_short_keeps_the_figures_it_made(evaluated_run, tmp_path, capfd, monkeypatch, offline):
+    """Ctrl-C (or a failure) while the second task is scored: the card so far is written, naming the task it
+    lacks, then the interruption is reported as usual."""
+    import eval_lm
+
+    scored = []
+
+    def interrupted_at_the_second(*args, **kwargs):
+        if scored:
+            raise KeyboardInterrupt
+        scored.append(True)
+        return evaluate(*args, **kwargs)
+
+    evaluate = eval_lm.evaluate_tasks
+    monkeypatch.setattr(eval_lm, "evaluate_tasks", interrupted_at_the_second)
+    argv = [str(evaluated_run[0]), "--card", "--tasks", "hellaswag_fixture,hellaswag_fixture_tokens:acc_norm_tokens",
+            "--include_path", str(FIXTURES), "--device", "cpu", "--out_dir", str(tmp_path)]
+    assert run_cli(eval_lm.main, argv) == 130
+    out, err = capfd.readouterr()
+    card = json.loads((tmp_path / "report.json").read_text())
+    assert len(card["val"]) == 1 and list(card["tasks"]) == ["hellaswag_fixture"]
+    assert card["not_scored"] == ["hellaswag_fixture_tokens"]
+    assert "a partial card: hellaswag_fixture_tokens not scored" in (tmp_path / "report.md").read_text()
+    assert f"partial card written, without hellaswag_fixture_tokens: {tmp_path / 'report'}.md" in out
+    assert err.splitlines()[-1] == "interrupted"
+
+
+@pytest.mark.slow
+def test_the_card_evaluates_in_the_runs_own_dtype_unless_told(evaluated_run, tmp_path, capfd, monkeypatch):
+    """Issue 52: on a CPU with native bf16 (made so here) `auto` meant bfloat16, and the card of a float32 run
+    differed from the run's logged val loss in the fifth decimal. By default the card takes the checkpoint
+    config's dtype: its val loss is the logged one bitwise (the same weights, rows and batches of 4 rows, each
+    row's loss summed into its own float64 slot, the slots added in the same order: evals/val_loss.py). An
+    explicit --dtype still wins."""
+    from eval_lm import main
+    from training.core import runtime
+
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
+    out = evaluated_run[0]
+    (logged,) = [r for r in read_log(out / "log.jsonl") if r["kind"] == "val" and r["step"] == 2]
+    for dtype, folder in ((None, tmp_path / "own"), ("bfloat16", tmp_path / "bf16")):
+        argv = [str(out), "--card", "--tasks", "none", "--device", "cpu", "--batch_size", "4", "--out_dir",
+                str(folder)] + (["--dtype", dtype] if dtype else [])
+        assert run_cli(main, argv) == 0, capfd.readouterr().err
+        card = json.loads((folder / "report.json").read_text())
+        if dtype is None:
+            assert card["settings"]["dtype"] == "float32"  # the run's (tests' base_args: dtype float32)
+            assert card["val"][0]["loss"]["value"] == logged["loss"] and card["val"][0]["bpb"]["value"] == logged["bpb"]
+        else:
+            assert card["settings"]["dtype"] == "bfloat16" and card["val"][0]["loss"]["value"] != logged["loss"]
 
 
 def test_card_arguments_that_cannot_work_are_one_error_line(tmp_path, capfd):

@@ -247,7 +247,7 @@ def test_a_mixture_trains_resumes_on_another_world_size_and_logs_each_source_and
         assert record.keys() - {"tokens_edu", "tokens_code"} <= set(TRAIN_RECORD_FIELDS)  # what names are checked by
     vals = {name: [r for r in log if r["kind"] == "val"] for name, log in logs.items()}
     assert [sorted(r) for r in vals["straight"]][0] == ["bpb", "bpb_code", "bpb_edu", "code", "edu", "kind", "loss",
-                                                        "step", "tokens"]
+                                                        "step", "time", "tokens"]
     for a, b in zip(vals["straight"], vals["resumed"]):  # step 3 on 1 process and on 2 ranks: the same figures
         assert a["step"] == b["step"] and a["loss"] == a["edu"] and abs(a["code"] - b["code"]) <= 1e-12 * a["code"]
     run = (resumed / "run.json").read_text()

@@ -17,6 +17,7 @@ import torch
 
 from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
 from training.core.metrics import model_flops_utilization, peak_flops_for
+from common.log_fields import RECORD_FIELDS
 from training.core.logger import LOG_ONLY_KINDS, RunLogger, read_log
 
 
@@ -131,7 +132,7 @@ def numbers_of_the_log(path: Path) -> dict[str, list[tuple[int, float]]]:
         if r["kind"] in LOG_ONLY_KINDS:  # log.jsonl's own bookkeeping
             continue
         for key, value in r.items():
-            if key not in ("kind", "step") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key not in RECORD_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool):
                 found.setdefault(f"{r['kind']}/{key}", []).append((r["step"], value))
     return found
 
@@ -297,10 +298,12 @@ def test_train_records_carry_throughput_and_mfu_with_a_peak_override(tmp_path):
     proc = run_trainer(base_args(data, tmp_path / "out", max_steps=2, peak_flops=1e12))  # warmup_steps 2
     # the console (issue 44): where the run is, its time so far and to go (from the second step: the first one
     # compiles), and one warning for a schedule that never leaves its warmup
-    lines = [line for line in proc.stdout.splitlines() if re.match(r"step \d+/", line)]
+    # (issue 53) one step count: the line after the 2nd update says step 2, as the val loss of the model it made does
+    lines = [line for line in proc.stdout.splitlines() if re.match(r"step +\d+[/ ]", line)]
     figures = r"\| loss \d+\.\d{4} \| lr [\d.e+-]+ \| norm +[\d.]+ \| +[\d.]+ ms \| +[\d,]+ tok/s \| mfu +[\d.]+%"
-    assert re.fullmatch(rf"step 0/2 \( 50\.0%\) {figures} \| elapsed \d+s", lines[0]), lines
-    assert re.fullmatch(rf"step 1/2 \(100\.0%\) {figures} \| elapsed \d+s \| eta 0s", lines[1]), lines
+    assert lines[0].startswith("step      0 | val loss ") and lines[3].startswith("step      2 | val loss "), lines
+    assert re.fullmatch(rf"step 1/2 \( 50\.0%\) {figures} \| elapsed \d+s", lines[1]), lines
+    assert re.fullmatch(rf"step 2/2 \(100\.0%\) {figures} \| elapsed \d+s \| eta 0s", lines[2]), lines
     assert [line for line in proc.stderr.splitlines() if line.startswith("warning:")] == [
         "warning: warmup_steps 2 >= max_steps 2: the schedule never leaves its warmup; the lr goes from 1.500e-03 at "
         "step 0 to 3.000e-03 at the last step (max_lr 0.003) and never decays; lower warmup_steps"]
@@ -362,8 +365,10 @@ def test_the_step_line_says_where_the_run_is_its_peak_memory_and_its_time():
     record = {"step": 1199, "loss": 4.18734, "lr": 6e-4, "grad_norm": 0.412, "step_ms": 1105.3,
               "tokens_per_sec": 474350.0, "mfu": 0.413, "peak_mem_gb": 31.24}
     assert format_train_line(record, 19073, 3725, 61234.0) == (
-        "step  1199/19073 (  6.3%) | loss 4.1873 | lr 6.000e-04 | norm  0.412 |   1105.3 ms |    474,350 tok/s | "
+        "step  1200/19073 (  6.3%) | loss 4.1873 | lr 6.000e-04 | norm  0.412 |   1105.3 ms |    474,350 tok/s | "
         "mfu  41.3% | mem  31.2 GiB | elapsed 1h02m | eta 17h00m")
+    # (issue 53) updates done, as the evaluations after them count: the last record, step 19072, is the 19,073rd update
+    assert format_train_line({**record, "step": 19072}, 19073, 3725, 0.0).startswith("step 19073/19073 (100.0%) | ")
     cpu = {k: v for k, v in record.items() if k not in ("mfu", "peak_mem_gb")}  # no peak to measure against
     assert format_train_line(cpu, 19073, 59.4, None).endswith("474,350 tok/s | elapsed 59s")
     assert [format_duration(s) for s in (0, 59.4, 60, 725, 3725, 90000)] == ["0s", "59s", "1m00s", "12m05s",
@@ -415,15 +420,51 @@ def test_the_val_loss_and_hellaswag_in_the_loop_report_their_progress_on_rank_0(
     monkeypatch.setattr(Progress, "EVERY_S", 0.0)  # a line a batch
     data = make_shards(tmp_path / "shards", vocab=GPT2_VOCAB)
     cfg, ctx, run = build_tiny_run(data, tmp_path / "out", vocab_size=GPT2_VOCAB, val_tokens=512,
-                                   hellaswag_path=hellaswag_fixture(tmp_path / "hs.jsonl"), hellaswag_interval=5)
+                                   hellaswag_path=hellaswag_fixture(tmp_path / "hs.jsonl", n=33), hellaswag_interval=5)
     ctx.logger.enabled = True
     settings, seed = cfg.evaluation, cfg.runtime.seed
     assert ValLoss.from_settings(settings, ctx, run.strategy, None, seed).evaluate(run)
     lines = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"step      0 \| val loss: 1/4 batches \(25%\) \| elapsed \d+s \| eta \d+s", lines[0]), lines
-    assert lines[-1].startswith("step      0 | val loss: 4/4 batches (100%)") and len(lines) == 4
+    assert lines[-1].startswith("step      0 | val loss: 3/4 batches (75%)") and len(lines) == 3  # no line once done
     from data.tokenizer import get_tokenizer
 
     HellaSwag.from_settings(settings, ctx, run.strategy, get_tokenizer(), seed).evaluate(run)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].startswith("step      0 | hellaswag: 1/1 batches (100%)"), lines
+    assert lines[-1].startswith("step      0 | hellaswag: 2/3 batches (67%)") and len(lines) == 2, lines  # 16 a batch
+
+
+def test_a_hellaswag_that_cannot_be_fetched_is_a_record_of_the_launch_besides_its_warning(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """log.jsonl says why a run has no HellaSwag curve: one skip_eval record at the launch's first step (not one per
+    step it was due), with the reason the warning gives; a rollback's rewind keeps it, as it keeps the startup record."""
+    import urllib.error
+    import urllib.request
+
+    from conftest import build_tiny_run
+    from data.tokenizer import get_tokenizer
+    from evals.periodic import PeriodicEvaluation
+
+    def no_network(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.setenv("GPT2_REPRO_CACHE", str(tmp_path / "empty_cache"))
+    data = make_shards(tmp_path / "shards", vocab=GPT2_VOCAB)
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "out", vocab_size=GPT2_VOCAB, hellaswag_interval=1,
+                                   eval_interval=0)
+    ctx.logger.enabled = True
+    ctx.logger.open_run_folder(tmp_path / "out", 0, {})
+    evaluation = PeriodicEvaluation(cfg.evaluation, ctx, run.strategy, get_tokenizer(), cfg.runtime.seed)
+    for _ in range(2):  # HellaSwag is due at both calls
+        assert not evaluation.run_due(run, last_step=False, agree_to_stop=lambda: False)
+    ctx.logger.rewind(0)
+    ctx.logger.close()
+    (warning,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    (record,) = read_log(tmp_path / "out" / "log.jsonl")
+    assert {k: record[k] for k in ("kind", "step", "tokens", "eval")} == {"kind": "skip_eval", "step": 0, "tokens": 0,
+                                                                         "eval": "hellaswag"}
+    assert record["reason"].startswith("could not fetch ") and "Temporary failure in name resolution" in record["reason"]
+    assert warning == f"warning: hellaswag eval skipped: {record['reason']}; run `python prep/hellaswag.py` where " \
+                      f"there is internet, or set hellaswag_path"
+    assert isinstance(record["time"], float)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -136,7 +137,9 @@ def folder_bytes(out) -> dict[str, bytes]:
 def test_local_files_become_shards_identical_to_direct_tokenization(tmp_path, num_proc):
     inputs, docs = write_inputs(tmp_path / "in")
     out = tmp_path / f"out{num_proc}"
-    run_prep(inputs, out, "--shard_size", "300", "--val_size", "200", "--num_proc", str(num_proc))
+    proc = run_prep(inputs, out, "--shard_size", "300", "--val_size", "200", "--num_proc", str(num_proc))
+    # (issue 53) no progress bar where stderr is no terminal (a pipe here): none of tqdm's time stamps
+    assert not re.search(r"\[\d\d:\d\d", proc.stderr), proc.stderr[-3000:]
     val, train = find_shards(out, "val"), find_shards(out, "train")
     assert [p.name for p in val] == ["local_val_000000.npy"]
     assert train[0].name == "local_train_000001.npy"

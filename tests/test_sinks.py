@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from common.log_fields import val_set_names
 from training.core.logger import RunLogger, read_log
 
 
@@ -13,6 +16,33 @@ def train(step: int, loss: float) -> dict:
 
 def rollback(step: int, from_step: int) -> dict:
     return {"kind": "rollback", "step": step, "from_step": from_step, "reason": "2 spikes in a row"}
+
+
+def untimed(records: list[dict]) -> list[dict]:
+    """The records less the time each was written (the one field two runs of the same steps never share)."""
+    return [{k: v for k, v in r.items() if k != "time"} for r in records]
+
+
+def test_every_record_carries_the_time_it_was_written_and_the_sinks_their_own(tmp_path):
+    """log.jsonl's `time`, unix seconds, added by the logger to every kind of record; TensorBoard (and W&B, which
+    gets the same numbers) keeps its own clock, so no `*/time` series."""
+    from test_tensorboard import scalars
+
+    logger = RunLogger(enabled=True)
+    logger.open_run_folder(tmp_path, 0, {})
+    logger.start_tensorboard(tmp_path / "tensorboard", 0)
+    times = [time.time()]
+    for record in (train(0, 6.5), {"kind": "val", "step": 1, "loss": 6.0, "bpb": 2.5},
+                   {"kind": "checkpoint", "step": 1, "path": "checkpoints/step_00000001.pt"}):
+        logger.log(record)
+        times.append(time.time())
+    logger.close()
+    records = read_log(tmp_path / "log.jsonl")
+    assert all(isinstance(r["time"], float) and times[i] <= r["time"] <= times[i + 1] for i, r in enumerate(records))
+    assert untimed(records) == [train(0, 6.5), {"kind": "val", "step": 1, "loss": 6.0, "bpb": 2.5},
+                                {"kind": "checkpoint", "step": 1, "path": "checkpoints/step_00000001.pt"}]
+    assert sorted(scalars(tmp_path / "tensorboard")) == ["train/loss", "val/bpb", "val/loss"]
+    assert val_set_names(records[1]) == []  # a field of every record, no val set (plot_log.py, compare_runs.py)
 
 
 def test_a_rollbacks_rewind_keeps_the_rollback_records_a_resume_drops_them(tmp_path):
@@ -31,13 +61,13 @@ def test_a_rollbacks_rewind_keeps_the_rollback_records_a_resume_drops_them(tmp_p
     logger.log(rollback(6, 8))
     logger.log(train(6, 30.0))
     logger.close()
-    records = read_log(tmp_path / "log.jsonl")
+    records = untimed(read_log(tmp_path / "log.jsonl"))
     assert records == [train(s, 10.0 - s) for s in range(6)] + [rollback(6, 8), rollback(6, 8), train(6, 30.0)]
 
     resumed = RunLogger(enabled=True)
     resumed.open_run_folder(tmp_path, 6, {})
     resumed.close()
-    assert read_log(tmp_path / "log.jsonl") == [train(s, 10.0 - s) for s in range(6)]
+    assert untimed(read_log(tmp_path / "log.jsonl")) == [train(s, 10.0 - s) for s in range(6)]
 
 
 @pytest.mark.slow

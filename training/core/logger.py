@@ -5,7 +5,8 @@ here is a collective. A record that cannot be written (disk full) does not raise
 middle of a step: the logger keeps the WriteError in `failure` and writes nothing more, and
 the trainer shares it with every rank at the step's all-reduce, so all stop with one line.
 
-log.jsonl has one JSON object per event (`kind` = train, val, hellaswag, sample, ...). When a
+log.jsonl has one JSON object per event (`kind` = train, val, hellaswag, sample, ...), each with the
+wall-clock time it was written (`time`, unix seconds), added here for every record. When a
 run resumes from the checkpoint of step s, the records of step >= s are dropped first: they
 describe work after that checkpoint which will now be redone, so the log ends up with
 exactly one record of each kind per step. A rollback to that checkpoint drops them the same
@@ -26,21 +27,23 @@ import json
 import math
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from common.atomic_file import atomic_write
 from common.errors import ConfigError, WriteError, print_warning
+from common.log_fields import RECORD_FIELDS
 from common.settings import Settings, option, require
 
 LOG_NAME = "log.jsonl"
 # Records of something that happened (not of a step's state): a rollback's rewind keeps them, so a second
-# rollback to the same checkpoint leaves the first one's record, and the launch keeps its one startup record
-# (see RunLogger.rewind)
-EVENT_KINDS = ("rollback", "startup")
+# rollback to the same checkpoint leaves the first one's record, and the launch keeps its one startup record and
+# its record of each evaluation it cannot run (see RunLogger.rewind)
+EVENT_KINDS = ("rollback", "startup", "skip_eval")
 # Records for log.jsonl alone: which checkpoints were saved, and where (what a relaunch checks, see
-# training/checkpoint/run_folder.py), is bookkeeping, not a curve
-LOG_ONLY_KINDS = ("checkpoint",)
+# training/checkpoint/run_folder.py), is bookkeeping, not a curve; an evaluation skipped has its reason, no figure
+LOG_ONLY_KINDS = ("checkpoint", "skip_eval")
 TENSORBOARD_MISSING = "tensorboard: needs the tensorboard package (pip install tensorboard), or set --tensorboard false"
 WANDB_STEP = "trainer/step"  # the x-axis of every W&B chart of the trainer's records (W&B's own step counts rows)
 
@@ -193,12 +196,13 @@ class RunLogger:
 
     # --- records --------------------------------------------------------------------------------
     def log(self, record: dict) -> None:
-        """Append one event to log.jsonl and send its numbers to W&B under `kind/name`."""
+        """Append one event to log.jsonl, with the time now, and send its numbers to W&B under `kind/name`
+        (W&B and TensorBoard keep their own time)."""
         if not self.enabled:
             return
         if self.failure is not None:
             return
-        record = {k: _finite_or_none(v) for k, v in record.items()}
+        record = {**{k: _finite_or_none(v) for k, v in record.items()}, "time": time.time()}
         try:
             self._jsonl.write(json.dumps(record) + "\n")
         except OSError as e:
@@ -208,7 +212,7 @@ class RunLogger:
         kind, step = record["kind"], record["step"]
         if kind in LOG_ONLY_KINDS:
             return
-        numbers = {f"{kind}/{k}": v for k, v in record.items() if k not in ("kind", "step") and _is_number(v)}
+        numbers = {f"{kind}/{k}": v for k, v in record.items() if k not in RECORD_FIELDS and _is_number(v)}
         if self.tensorboard is not None:
             try:
                 for name, value in numbers.items():
@@ -321,14 +325,16 @@ class RunLogger:
 
 
 def format_train_line(r: dict, max_steps: int, elapsed_s: float, eta_s: float | None) -> str:
-    """The console line of a train record: where the run is (`step 1200/19073 (6.3%)`: record step s is update
-    s + 1 of max_steps), the step's figures, the peak memory on a GPU, this launch's time so far, and the time
-    to max_steps (eta_s; None until a launch has a rate: its first step compiles)."""
+    """The console line of a train record: where the run is (`step 1200/19073 (6.3%)`: 1,200 of max_steps updates
+    done, the count an evaluation of the model they made prints, `step 1200 | val loss ...`; the train record of
+    the 1,200th update has step 1199), the step's figures, the peak memory on a GPU, this launch's time so far,
+    and the time to max_steps (eta_s; None until a launch has a rate: its first step compiles)."""
     width = len(str(max_steps))
+    done = r["step"] + 1
     mfu = f" | mfu {100 * r['mfu']:5.1f}%" if "mfu" in r else ""
     memory = f" | mem {r['peak_mem_gb']:5.1f} GiB" if "peak_mem_gb" in r else ""
     eta = f" | eta {format_duration(eta_s)}" if eta_s is not None else ""
-    return (f"step {r['step']:{width}d}/{max_steps} ({100 * (r['step'] + 1) / max_steps:5.1f}%) | "
+    return (f"step {done:{width}d}/{max_steps} ({100 * done / max_steps:5.1f}%) | "
             f"loss {r['loss']:.4f} | lr {r['lr']:.3e} | norm {r['grad_norm']:6.3f} | {r['step_ms']:8.1f} ms | "
             f"{r['tokens_per_sec']:10,.0f} tok/s{mfu}{memory} | elapsed {format_duration(elapsed_s)}{eta}")
 
