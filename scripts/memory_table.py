@@ -1,4 +1,4 @@
-"""Activations per sequence and the largest micro-batch per GPU for each GPT-2 preset (README, "Bigger models").
+"""Activations per sequence and the largest micro-batch per GPU for each GPT-2 preset (docs/PERFORMANCE.md, "Memory").
 
     python scripts/memory_table.py [--seq_len 1024] [--every 2] [--state]
 
