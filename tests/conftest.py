@@ -336,6 +336,11 @@ def crashed_copy(run: Path, out: Path, last_checkpoint: int) -> Path:
     return Path(out)
 
 
+def untimed(records) -> list[dict]:
+    """log.jsonl records less the time each was written (the one field two runs of the same steps never share)."""
+    return [{k: v for k, v in r.items() if k != "time"} for r in records]
+
+
 def train_losses(out_dir: Path) -> dict[int, float]:
     from training.core.logger import read_log
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, base_args, build_tiny_run, crashed_copy, load_weights, make_shards, run_trainer, train_losses
+from conftest import REPO, base_args, build_tiny_run, crashed_copy, load_weights, make_shards, run_trainer, train_losses, untimed
 from common.errors import CheckpointError, ConfigError
 from data.loader import Prefetcher
 from slowness import guard
@@ -196,7 +196,7 @@ def averages(out_dir: Path, step: int) -> dict[str, torch.Tensor]:
 
 def val_records(out_dir: Path) -> list[dict]:
     """The run's val records, less the time each was written (which two runs of the same steps never share)."""
-    return [{k: v for k, v in r.items() if k != "time"} for r in read_log(out_dir / "log.jsonl") if r["kind"] == "val"]
+    return untimed(r for r in read_log(out_dir / "log.jsonl") if r["kind"] == "val")
 
 
 @pytest.mark.slow

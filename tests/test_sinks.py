@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from conftest import untimed
 from common.log_fields import val_set_names
 from training.core.logger import RunLogger, read_log
 
@@ -16,11 +17,6 @@ def train(step: int, loss: float) -> dict:
 
 def rollback(step: int, from_step: int) -> dict:
     return {"kind": "rollback", "step": step, "from_step": from_step, "reason": "2 spikes in a row"}
-
-
-def untimed(records: list[dict]) -> list[dict]:
-    """The records less the time each was written (the one field two runs of the same steps never share)."""
-    return [{k: v for k, v in r.items() if k != "time"} for r in records]
 
 
 def test_every_record_carries_the_time_it_was_written_and_the_sinks_their_own(tmp_path):
