@@ -73,7 +73,7 @@ from training.core import storage
 from training.checkpoint.folder import CHECKPOINT_DIR, WEIGHTS, read_model
 from training.core.process_group import DistEnv
 from training.core.logger import format_duration, write_text_file
-from training.train.config import parse_args as trainer_defaults
+from launch.config import parse_args as trainer_defaults
 from training.core.runtime import resolve_runtime
 
 RESULTS_DIR = "lm_eval"  # inside the run folder

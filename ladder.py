@@ -76,7 +76,7 @@ from evals.stats import format_p
 from model import GPT, PRESETS, GPTConfig
 from training.core.logger import LOG_NAME, read_log, write_text_file
 from training.core.metrics import PEAK_BF16_FLOPS, peak_flops_for
-from training.train.config import TrainConfig, coerce, config_yaml, known_key, load_yaml
+from launch.config import TrainConfig, coerce, config_yaml, known_key, load_yaml
 
 REPO = Path(__file__).resolve().parent
 TRAINER = REPO / "train_gpt2.py"

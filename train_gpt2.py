@@ -10,13 +10,13 @@ collective (the step's all-reduce, val loss, HellaSwag, checkpoint agreement) is
 all ranks, and an error that only one rank can see is shared with the others before they go
 on, so every rank stops with the same one-line message instead of hanging.
 
-The pieces: training/train/build.py builds the run (data, model, optimizer), and
-training/train/resume.py continues it from the checkpoint it resumes (which one, what it loads,
-what a changed setting means); training/train/step.py is one optimizer step's math, and
-training/train/lockstep.py the ranks' agreement around it. The loop below calls components that
-decide their own timing: evals/ (val loss, HellaSwag, samples, each at its interval),
+The pieces: launch/build.py builds the run (data, model, optimizer), and launch/resume.py
+continues it from the checkpoint it resumes (which one, what it loads, what a changed setting
+means); training/run/step.py is one optimizer step's math, and training/run/lockstep.py the ranks'
+agreement around it; launch/components.py makes each component below from its own settings
+section. The loop below calls components that decide their own timing: evals/ (val loss, HellaSwag, samples, each at its interval),
 training/checkpoint/checkpointer.py (when a checkpoint is due, saves in the background, a failed
-save's retry), training/distributed/preemption.py (the stop vote), training/train/recovery.py
+save's retry), training/distributed/preemption.py (the stop vote), launch/recovery.py
 (the data feed, and rollbacks), training/observe/diagnostics.py (profiler, memory snapshots,
 rank timings); training/core/logger.py is rank 0's console, files, W&B and TensorBoard. Here the
 configuration is split: each component is made from its own settings section, and any key of
@@ -38,36 +38,31 @@ from training.core.launcher import stop_when_launcher_dies
 stop_when_launcher_dies()  # under torchrun: a launcher killed during the imports leaves no orphan behind
 
 import datetime
-import json
 import sys
-import time
-from pathlib import Path
 
 import torch
 
 from data.tokenizer import get_tokenizer
-from common.errors import EVERY_RANK, NODE_RANKS, ConfigError, ReproError, held_alike_by, run_cli
-from evals.periodic import PeriodicEvaluation
+from common.errors import EVERY_RANK, NODE_RANKS, ReproError, held_alike_by, run_cli
 from training.checkpoint.folder import checkpoints_folder
-from training.checkpoint.checkpointer import Checkpointer
-from training.train.config import TrainConfig, config_yaml, parse_args, usage, wants_help
+from launch.config import TrainConfig, config_yaml, parse_args, usage, wants_help
 from training.core.context import Context
 from training.observe.diagnostics import Diagnostics
 from training.core.process_group import (barrier, local_rank, run_on_all_ranks,
-                                  set_collective_timeout, setup_distributed, teardown_distributed)
-from training.train.lockstep import Lockstep, StepResult
-from training.core.metrics import model_flops_utilization, process_start_time
-from training.distributed.strategies import Strategy, local_state_bytes, make_strategy
+                                  setup_distributed, teardown_distributed)
+from training.distributed.strategies import make_strategy
 from training.distributed.preemption import PreemptionFlag, StopVote
 from training.observe.provenance import provenance
-from training.train.recovery import Recovery
-from training.train.build import build_run
-from training.train.run import Run
+from launch.recovery import Recovery
+from launch.build import build_run
+from launch.components import (StepRecords, check_optional_packages, describe_launch, make_checkpointer,
+                               make_evaluation, make_lockstep, open_run_folder, resume_hint)
+from training.run.run import Run
 from training.checkpoint.run_folder import claim_run_folder, release_all
-from training.core.logger import TENSORBOARD_MISSING, RunLogger, format_train_line
+from training.core.logger import RunLogger
 from training.core.runtime import deterministic_kernels
 from training.optim.spikes import RollbackRequested
-from training.core.storage import filesystem, is_url, require_shared
+from training.core.storage import require_shared
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first evals: ranks wait on each other
 
@@ -126,28 +121,6 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
             preemption.restore()  # before run_cli has printed the error the others left to it (until here: a flag)
 
 
-def open_run_folder(cfg: TrainConfig, ctx: Context, run: Run, record: dict) -> None:
-    """Rank 0 creates out_dir, config.yaml, run.json and log.jsonl (and the W&B run); a failure stops every rank."""
-    env, logger, out_dir, logging = ctx.env, ctx.logger, cfg.run.out_dir, cfg.logging
-
-    def open_files() -> None:
-        logger.open_run_folder(out_dir, run.start_step, {
-            "config.yaml": config_yaml(cfg),
-            "run.json": json.dumps(record, indent=2) + "\n",
-        })
-
-    run_on_all_ranks(env, open_files)
-    if logging.wandb:  # network or credentials trouble is seen by rank 0 alone
-        run_on_all_ranks(env, lambda: logger.start_wandb(
-            logging.wandb_project, logging.wandb_run_name, logging.wandb_mode, {**cfg.to_dict(), "provenance": record},
-            logging.wandb_tags, run.wandb_run_id, out_dir),
-            describe=lambda e: ConfigError(f"wandb: could not start the run ({type(e).__name__}: {e}); "
-                                           f"use --wandb_mode offline or --wandb false"))
-        run.wandb_run_id = logger.wandb_run_id  # on rank 0, which writes the checkpoints
-    if logging.tensorboard:
-        run_on_all_ranks(env, lambda: logger.start_tensorboard(Path(out_dir) / "tensorboard", run.start_step))
-
-
 def train(cfg: TrainConfig, ctx: Context, run: Run, preemption: PreemptionFlag, record: dict, wrap_step=None) -> None:
     """The loop: at the top of each iteration the model has had run.step updates. Each component
     decides its own timing (evaluations, checkpoints, the stop vote); every rank runs this alike."""
@@ -190,123 +163,6 @@ def train(cfg: TrainConfig, ctx: Context, run: Run, preemption: PreemptionFlag, 
         recovery.close()
         diagnostics.close()  # a profile window or memory recording still open is written
         checkpointer.close()  # after a failure: a background save that finishes still counts
-
-
-# --- the loop's components that tests make too, each from its own sections ---------------------------------
-
-def make_evaluation(cfg: TrainConfig, ctx: Context, strategy: Strategy, tokenizer) -> PeriodicEvaluation:
-    """The evaluations (the evaluation section), their samples drawn from the runtime section's seed."""
-    return PeriodicEvaluation(cfg.evaluation, ctx, strategy, tokenizer, seed=cfg.runtime.seed)
-
-
-def make_checkpointer(cfg: TrainConfig, ctx: Context, strategy: Strategy, record: dict) -> Checkpointer:
-    """The checkpointer (the checkpoint section) of the run folder, storing the whole configuration (flat) and
-    the launch's record with every checkpoint."""
-    return Checkpointer(cfg.checkpoint, ctx, cfg.run.out_dir, cfg.to_dict(), record,
-                        strategy_format=strategy.default_checkpoint_format,
-                        hang_timeout_minutes=cfg.runtime.hang_timeout_minutes,
-                        rollback_on_nonfinite=cfg.long_run.rollback_on_nonfinite)
-
-
-def make_lockstep(cfg: TrainConfig, ctx: Context, save_failed=lambda: False) -> Lockstep:
-    """The step (the schedule and long_run sections, the data section's batch geometry), with the other keys it
-    applies: the optimizer's grad_clip, and the runtime's seed where the model has dropout."""
-    dropout_base_seed = cfg.runtime.seed if cfg.model.dropout > 0 else None
-    return Lockstep(ctx, cfg.schedule, cfg.long_run, cfg.data, grad_clip=cfg.optimizer.grad_clip,
-                    dropout_base_seed=dropout_base_seed, out_dir=cfg.run.out_dir, save_failed=save_failed)
-
-
-def describe_launch(cfg: TrainConfig, ctx: Context, run: Run) -> None:
-    env, runtime = ctx.env, ctx.runtime
-    ctx.logger.console(
-        f"model {cfg.model.model}: {run.model.num_params():,} parameters | world size {env.world_size} | "
-        f"device {runtime.device} | {runtime.dtype} | compile {runtime.compile} | {cfg.runtime.strategy} | "
-        + (f"activation checkpointing {cfg.runtime.activation_checkpointing_label()} | "
-           if runtime.recompute_every else "") +
-        (f"micro_batch_size {cfg.data.micro_batch_size} (auto: {run.micro_batch['how']}) | "
-         if run.micro_batch else "") +
-        f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.summary()}"
-        + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
-    schedule_warning = cfg.schedule.warning()
-    if schedule_warning:
-        ctx.logger.warn(schedule_warning)
-
-
-class StepRecords:
-    """The train record of each step (and skip records), the console line, and what the launch's first step
-    settles. The line's times are the host's clock, read after the step's one host synchronisation."""
-
-    def __init__(self, cfg: TrainConfig, ctx: Context, run: Run):
-        self.cfg, self.ctx, self.run = cfg, ctx, run
-        self.flops_per_token = run.model.estimate_flops_per_token(cfg.data.seq_len)
-        self.first = True
-        self.steps_taken = 0  # by this launch (a rollback's redone steps count: they take time too)
-        self.rate_from = 0.0  # perf_counter at the end of the launch's first step (which compiles)
-
-    def eta(self) -> float | None:
-        """Seconds to max_steps at this launch's pace since its first step (evaluations and checkpoints
-        included), None before there is one."""
-        if self.steps_taken < 2:
-            return None
-        per_step = (time.perf_counter() - self.rate_from) / (self.steps_taken - 1)
-        return per_step * (self.cfg.schedule.max_steps - self.run.step)
-
-    def log(self, result: StepResult) -> None:
-        cfg, env, runtime, logger, run = self.cfg, self.ctx.env, self.ctx.runtime, self.ctx.logger, self.run
-        max_steps = cfg.schedule.max_steps
-        tokens_per_sec = cfg.data.total_batch_size / result.seconds  # all ranks together
-        record = {"kind": "train", "step": run.step - 1, "loss": result.loss, "lr": result.lr,
-                  "grad_norm": result.grad_norm, "tokens": run.tokens_seen, "tokens_per_sec": tokens_per_sec,
-                  "step_ms": result.seconds * 1000}
-        for source, tokens in run.train_loader.tokens_by_source(run.step).items():  # a mixture's sources
-            record[f"tokens_{source}"] = tokens
-        if result.skipped:
-            record["skipped"] = True  # float16 overflow: no update (the scaler lowered its scale)
-        mfu = model_flops_utilization(self.flops_per_token, tokens_per_sec, env.world_size, runtime.peak_flops)
-        if mfu is not None:
-            record["mfu"] = mfu
-        if runtime.device_type == "cuda":
-            record["peak_mem_gb"] = torch.cuda.max_memory_allocated(runtime.device) / 2**30
-        logger.log(record)
-        self.steps_taken += 1
-        if self.steps_taken == 1:
-            self.rate_from = time.perf_counter()
-        if result.spike:
-            logger.log({"kind": "skip", "step": record["step"], "tokens": run.tokens_seen, "loss": result.loss,
-                        "grad_norm": result.grad_norm, "reason": result.spike})
-            logger.warn(f"step {record['step']}: loss spike, the update was not applied ({result.spike})")
-        if self.first:  # the launch's first step (not a rollback's): compiled, and the ranks in step
-            logger.log({"kind": "startup", "step": record["step"], "compile": runtime.compile,
-                        "seconds_to_first_step": time.time() - process_start_time(),
-                        "state_gib_per_rank": local_state_bytes(run.model, run.optimizer) / 2**30})
-            # from here on a collective that waits long is a hang: it surfaces in minutes
-            set_collective_timeout(env, datetime.timedelta(minutes=cfg.runtime.hang_timeout_minutes))
-            self.first = False
-        # after every log_interval-th update (the steps evaluations print too), the launch's first and the last
-        if run.step % cfg.logging.log_interval == 0 or self.steps_taken == 1 or run.step == max_steps:
-            logger.console(format_train_line(record, max_steps, time.time() - process_start_time(), self.eta()))
-
-
-def resume_hint(resume: str, last_step: bool) -> str:
-    """The command that continues this run (resume: the checkpoint section's; a fresh start would refuse a used
-    out_dir); at the last step, what is left of it is its final evaluations."""
-    what = "run the final evaluations" if last_step else "resume"
-    if resume == "never":
-        return f"run the same command with --resume auto to {what}"
-    return f"run the same command again to {what}"
-
-
-def check_optional_packages(cfg: TrainConfig) -> None:
-    """Fail up front, on every rank, when the config asks for a package that is not installed."""
-    import importlib.util
-
-    logging, checkpoint_dir = cfg.logging, cfg.checkpoint.checkpoint_dir
-    if logging.wandb and logging.wandb_mode != "disabled" and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("wandb: the wandb package is not installed (pip install wandb), or set --wandb false")
-    if logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError(TENSORBOARD_MISSING)
-    if is_url(checkpoint_dir):
-        filesystem(checkpoint_dir)  # a ConfigError naming the package a URL's scheme needs (s3fs, gcsfs)
 
 
 def cli(argv: list[str]) -> int:

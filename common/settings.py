@@ -9,7 +9,7 @@ docs/CONFIGURATION.md (tests/test_config.py checks that every key has both).
 
 A section sits beside the component it configures (training/optim/optimizers.py's
 OptimizerSettings, data/mixture.py's DataSettings, ...), and that component is handed the section
-itself, not the whole configuration. TrainConfig (training/train/config.py) holds every section as
+itself, not the whole configuration. TrainConfig (launch/config.py) holds every section as
 a field named for it (cfg.schedule.max_lr) and holds the rules that span sections. The keys users
 type stay flat (--max_lr, `max_lr:` in YAML, each declared by the one section it belongs to). The
 kit lives in common/, the lowest layer, so that a section can sit in any layer above it.
@@ -27,7 +27,7 @@ from common.errors import ConfigError
 
 
 # What another value of a key does to a run resumed with it: every field declares one (option's on_resume), and
-# the resume warning names the keys whose change makes the steps differ (training/train/resume.py's
+# the resume warning names the keys whose change makes the steps differ (launch/resume.py's
 # warn_on_changed_settings). Beside these two, a field may declare a function of the resumed run's configuration
 # (its keys, flat, as users type them) that says whether it does: a key whose effect depends on other settings
 # (a feature's settings do nothing while the feature is off; dropout_on below).

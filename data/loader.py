@@ -268,7 +268,7 @@ class TrainLoader:
 
     def step_start(self, step: int, rows_per_step: int | None = None) -> tuple[int, int]:
         """(epoch, first row within that epoch) of a step's R rows; rows_per_step: another R than this loader's
-        (where a run of another total_batch_size stood: training/train/resume.py)."""
+        (where a run of another total_batch_size stood: launch/resume.py)."""
         rows = rows_per_step or self.rows_per_step
         epoch, step_in_epoch = divmod(step, self.stream.num_rows // rows)
         return epoch, step_in_epoch * rows

@@ -1,7 +1,7 @@
 """What an evaluation is to the trainer: a name, when it runs, the records it logs, what it plots.
 
 An evaluation is one `Evaluator` subclass plus its keys in the evaluation section (EvalSettings,
-training/train/config.py), listed in evals/periodic.py's EVALUATORS. Every rank builds the same
+evals/settings.py), listed in evals/periodic.py's EVALUATORS. Every rank builds the same
 evaluators from those settings and calls `evaluate` at the same steps, so an evaluation may
 contain collectives (every rank reaches them); under FSDP every forward is one, so a rank with
 less to do joins the others' forwards (`in_lockstep`). Evaluations run on the unwrapped,
@@ -21,7 +21,7 @@ from training.core.logger import format_duration
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
-    from training.train.config import EvalSettings
+    from evals.settings import EvalSettings
     from training.core.context import Context
 
 

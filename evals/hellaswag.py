@@ -38,7 +38,7 @@ from training.core.process_group import DistEnv, all_reduce_sum, barrier, first_
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
-    from training.train.config import EvalSettings
+    from evals.settings import EvalSettings
     from training.core.context import Context
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"

@@ -1,7 +1,7 @@
 """The trainer's periodic evaluations: the registry, and the runner the training loop calls each step.
 
 Adding an evaluation is one Evaluator subclass (evals/base.py) with its keys in the evaluation
-section (EvalSettings, training/train/config.py), listed here: the runner schedules it, logs its
+section (EvalSettings, evals/settings.py), listed here: the runner schedules it, logs its
 records, keeps its figure for checkpoints, and plot_log.py draws its series.
 
 With an EMA of the weights (training/optim/ema.py), an evaluator whose `averaged` is set runs again on
@@ -18,7 +18,7 @@ from evals.hellaswag import HellaSwag
 from evals.samples import Samples
 from evals.val_loss import ValLoss
 from training.distributed.strategies import Strategy
-from training.train.config import EvalSettings
+from evals.settings import EvalSettings
 from training.core.context import Context
 
 EVALUATORS: tuple[type[Evaluator], ...] = (ValLoss, HellaSwag, Samples)  # in the order they run at a step

@@ -14,7 +14,7 @@ from training.core.process_group import DistEnv, run_on_all_ranks
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
-    from training.train.config import EvalSettings
+    from evals.settings import EvalSettings
     from training.core.context import Context
 
 

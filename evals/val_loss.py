@@ -29,7 +29,7 @@ from training.core.process_group import DistEnv, all_reduce_sum
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
-    from training.train.config import EvalSettings
+    from evals.settings import EvalSettings
     from training.core.context import Context
 
 def bits_per_byte(loss_sum: float, n_bytes: int) -> float | None:

@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
     args, trainer_args = split_args(argv)
 
     import train_gpt2
-    from training.train.config import parse_args
+    from launch.config import parse_args
 
     rank = int(os.environ.get("RANK", 0))
     work = Path(tempfile.mkdtemp(prefix=f"gpt2-bench-rank{rank}-"))

@@ -16,7 +16,7 @@ in one process), and its AdamW state (one step on zero gradients), then goes thr
 trainer's own code: a save is `Checkpointer.save` then `Checkpointer.wait`
 (training/checkpoint/checkpointer.py) of checkpoint step 1 into --dir (a temp folder, deleted afterwards,
 when not given); `--load PATH` builds a fresh model and optimizer and times
-`load_compatible_checkpoint` + `load_state` (training/train/resume.py), on whatever number of ranks it is launched.
+`load_compatible_checkpoint` + `load_state` (launch/resume.py), on whatever number of ranks it is launched.
 Each invocation is its own processes, so the peak resident memory (ru_maxrss) is that method's.
 Rank 0 prints one JSON line: blocking_s (until `save` returns: the whole save, except for
 `--async`, where it is the copy to host memory), total_s (until written and committed), the bytes
@@ -45,12 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import GPT, PRESETS  # noqa: E402
 from training.checkpoint.folder import FORMATS  # noqa: E402
-from training.train.config import TrainConfig  # noqa: E402
+from launch.config import TrainConfig  # noqa: E402
 from training.core.context import Context  # noqa: E402
 from training.core.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
 from training.distributed.strategies import STRATEGIES, make_strategy  # noqa: E402
-from training.train.resume import load_compatible_checkpoint, load_state  # noqa: E402
-from training.train.run import Run  # noqa: E402
+from launch.resume import load_compatible_checkpoint, load_state  # noqa: E402
+from training.run.run import Run  # noqa: E402
 from training.core.logger import RunLogger  # noqa: E402
 from training.core.runtime import resolve_runtime  # noqa: E402
 from train_gpt2 import make_checkpointer  # noqa: E402

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script: our model (FLOPs per token) and metrics
 
 from model import GPT as OurGPT, GPTConfig as OurConfig  # noqa: E402
-from training.train.config import TrainConfig  # noqa: E402
+from launch.config import TrainConfig  # noqa: E402
 from training.core.metrics import detect_peak_flops, process_start_time  # noqa: E402
 
 DEFAULT_REF = REPO / ".ref" / "build-nanogpt" / "train_gpt2.py"

@@ -26,8 +26,9 @@ import pytest
 import torch
 
 import slowness
+from common.errors import run_cli
 from data.shards import shard_name, write_shard
-from launch import Started, launch, start
+from forked_ranks import Started, launch, start
 from slowness import guard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -209,13 +210,13 @@ def trainer_env(extra_env: dict | None = None) -> dict:
 
 
 def target_of(script: str) -> str:
-    """tests/launch.py's target for a script: "train_gpt2.py" -> "train_gpt2:main"."""
+    """tests/forked_ranks.py's target for a script: "train_gpt2.py" -> "train_gpt2:main"."""
     return script.removeprefix("tests/").removesuffix(".py").replace("/", ".") + ":main"
 
 
 def start_trainer(args: list[str], nproc: int | None = None, script: str = "train_gpt2.py",
                   extra_env: dict | None = None) -> Started:
-    """run_trainer's forked launch, returned while its ranks run (tests/launch.py's Started: poll, send_signal,
+    """run_trainer's forked launch, returned while its ranks run (tests/forked_ranks.py's Started: poll, send_signal,
     communicate), for a test that signals them as torchrun's agent would forward a signal."""
     return start(list(map(str, args)), nproc, target=target_of(script), extra_env=trainer_env(extra_env))
 
@@ -225,7 +226,7 @@ def run_trainer(args: list[str], nproc: int | None = None, check: bool = True, t
                 cwd: Path = REPO, torchrun: bool = False, grace: float | None = None):
     """Run the trainer (or another entry point) as a user would: one process, or nproc ranks.
 
-    By default the ranks are forked from a warm process with torchrun's environment (tests/launch.py:
+    By default the ranks are forked from a warm process with torchrun's environment (tests/forked_ranks.py:
     the same trainer code, without seconds of imports per process); torchrun=True, or any
     torchrun_args, runs `python -m torch.distributed.run` itself (its agent, restarts, signals and
     failure report are then part of what is tested). Either way the result has returncode,
@@ -336,6 +337,22 @@ def crashed_copy(run: Path, out: Path, last_checkpoint: int) -> Path:
     return Path(out)
 
 
+def train_here(argv: list[str], wrap_step=None) -> int:
+    """`python train_gpt2.py ARGV` in this process (one rank): its exit status, the error convention included.
+    wrap_step(step) -> step wraps the loop's step (tests inject faults). The one place tests reach the entry
+    script; the components it is made of come from launch/components.py."""
+    import train_gpt2
+
+    return run_cli(lambda args: train_gpt2.main(args, wrap_step=wrap_step), [str(a) for a in argv])
+
+
+def train_loop(cfg, ctx, run, preemption, record: dict) -> None:
+    """train_gpt2.py's loop over a run a test built (build_tiny_run), in this process."""
+    import train_gpt2
+
+    train_gpt2.train(cfg, ctx, run, preemption, record)
+
+
 def untimed(records) -> list[dict]:
     """log.jsonl records less the time each was written (the one field two runs of the same steps never share)."""
     return [{k: v for k, v in r.items() if k != "time"} for r in records]
@@ -354,8 +371,8 @@ def build_tiny_run(data_dir: Path, out_dir: Path, **overrides):
     from training.core.logger import RunLogger
     from training.core.process_group import DistEnv
     from training.distributed.strategies import make_strategy
-    from training.train.config import parse_args
-    from training.train.build import build_run
+    from launch.config import parse_args
+    from launch.build import build_run
 
     cfg = parse_args(base_args(data_dir, out_dir, **overrides))
     runtime = cfg.runtime.make_runtime()

@@ -1,4 +1,4 @@
-"""What tests/launch.py's forkserver imports once, before it forks any rank.
+"""What tests/forked_ranks.py's forkserver imports once, before it forks any rank.
 
 The modules every rank would otherwise import itself (seconds each: torch, then torch._dynamo,
 which torch.optim imports on first use), and the GPT-2 tokenizer the trainer builds at start-up.

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from conftest import kill_all, processes_whose_environment
-from launch import free_port
+from forked_ranks import free_port
 from slowness import guard
 
 HERE = Path(__file__).resolve().parent

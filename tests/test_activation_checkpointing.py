@@ -15,7 +15,7 @@ import torch
 
 from conftest import REPO, base_args, build_tiny_run, load_weights, make_shards, run_trainer, train_losses
 from model import GPT, GPTConfig
-from training.train.config import parse_args
+from launch.config import parse_args
 from common.errors import ConfigError
 
 DROPOUT = dict(dropout=0.1)  # masks drawn in every block: a recomputation with other masks would show

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import REPO, base_args, build_tiny_run, make_shards, run_trainer
+from conftest import REPO, base_args, build_tiny_run, make_shards, run_trainer, train_here
 from data.shards import shard_name, write_shard
 
 
@@ -133,8 +133,8 @@ def test_micro_batch_size_auto_names_the_nearest_batches_whose_rows_split_over_t
     from training.core.logger import RunLogger
     from training.core.process_group import DistEnv
     from training.distributed.strategies import make_strategy
-    from training.train.config import parse_args
-    from training.train.micro_batch import choose_micro_batch_size
+    from launch.config import parse_args
+    from training.run.micro_batch import choose_micro_batch_size
 
     cfg = parse_args(["--micro_batch_size", "auto", "--device", "cpu"])  # GPT-2 124M's batch otherwise
     runtime = cfg.runtime.make_runtime()
@@ -259,10 +259,8 @@ CONFIG_CASES = [
 @pytest.mark.parametrize("extra,message", CONFIG_CASES, ids=[c[1][7:40] for c in CONFIG_CASES])
 def test_bad_config_is_one_line_and_exit_code_2(tmp_path, extra, message, capfd):
     """`python train_gpt2.py ARGS` in this process: main through run_cli, as its __main__ does."""
-    import train_gpt2
-    from common.errors import run_cli
 
-    assert run_cli(train_gpt2.main, base_args(tmp_path, tmp_path / "out") + extra) == 2
+    assert train_here(base_args(tmp_path, tmp_path / "out") + extra) == 2
     stderr = capfd.readouterr().err
     assert stderr.strip().splitlines() == [message] or stderr.strip().startswith(message), stderr
 
@@ -320,7 +318,7 @@ def tiny_checkpoint(tmp_path, drop: str | None, checkpoint_format: str = "file")
 
     import torch
 
-    from train_gpt2 import make_checkpointer
+    from launch.components import make_checkpointer
 
     data = make_shards(tmp_path / "shards")
     cfg, ctx, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
@@ -346,11 +344,9 @@ def tiny_checkpoint(tmp_path, drop: str | None, checkpoint_format: str = "file")
                                                     ("model_args", "file"), ("tokens_seen", "sharded"),
                                                     ("model_args", "sharded")])
 def test_resuming_a_checkpoint_without_an_entry_names_the_file_and_the_entry(tmp_path, drop, checkpoint_format, capfd):
-    import train_gpt2
-    from common.errors import run_cli
 
     data, path = tiny_checkpoint(tmp_path, drop, checkpoint_format)
-    assert run_cli(train_gpt2.main, base_args(data, tmp_path / "out", resume=path)) == 2
+    assert train_here(base_args(data, tmp_path / "out", resume=path)) == 2
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and f"error: {path}: checkpoint has no '{drop}' entry" in err, err
 

@@ -47,7 +47,7 @@ def test_bench_reports_what_runs_on_the_cpu_of_a_gpu_machine(monkeypatch):
 
     from scripts import bench
     from training.core import runtime
-    from training.train.config import parse_args
+    from launch.config import parse_args
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import build_tiny_run, make_shards
-from train_gpt2 import make_evaluation
+from launch.components import make_evaluation
 from data.loader import ValLoader
 from data.shards import shard_name, write_shard
 from data.tokenizer import EOT_TOKEN, get_tokenizer, token_byte_lengths

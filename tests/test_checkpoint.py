@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from training.checkpoint import folder as ckpt
-from training.train import resume
+from launch import resume
+from conftest import train_here
 def state(step: int, n_layer: int = 2) -> dict:
     return {"model": {"w": torch.full((3,), float(step))}, "optimizer": {"state": {}, "param_groups": []},
             "step": step, "tokens_seen": step * 10, "config": {"seed": 1, "tags": ["a"]},
@@ -131,7 +132,7 @@ def test_a_run_resumed_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tmp_path)
     import gc
 
     from conftest import build_tiny_run, make_shards
-    from train_gpt2 import make_checkpointer
+    from launch.components import make_checkpointer
 
     data, out = make_shards(tmp_path / "shards"), tmp_path / "out"
     cfg, ctx, run = build_tiny_run(data, out, checkpoint_format="file")
@@ -157,7 +158,7 @@ def test_the_final_evaluations_of_a_launch_that_ran_them_alone_are_recorded_in_i
     alone: finishing, it amends that checkpoint in place with their figures and finished_at, and nothing else of
     it changes (its tensors, its id); no temp file is left."""
     from conftest import build_tiny_run, make_shards
-    from train_gpt2 import make_checkpointer
+    from launch.components import make_checkpointer
 
     data, out = make_shards(tmp_path / "shards"), tmp_path / "out"
     cfg, ctx, run = build_tiny_run(data, out, checkpoint_format=checkpoint_format, max_steps=1)
@@ -185,7 +186,7 @@ def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd
     import sample
     from common.errors import run_cli
     from model import GPT, GPTConfig
-    from training.train.weights import load_initial_weights
+    from training.run.weights import load_initial_weights
 
     path = ckpt.checkpoint_path(tmp_path / "checkpoints", 1)
     ckpt.save_checkpoint(state(1), path)
@@ -215,7 +216,7 @@ def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd
 def test_a_run_with_a_relative_checkpoint_dir_is_found_from_another_folder(checkpoint_dir, tmp_path, monkeypatch):
     """sample.py, export_hf.py and eval_lm.py --ckpt RUN_FOLDER read config.yaml's checkpoint_dir; a relative one
     was resolved against the tool's working directory, not the trainer's."""
-    from training.train.config import config_yaml, parse_args
+    from launch.config import config_yaml, parse_args
 
     launched, elsewhere = tmp_path / "launched", tmp_path / "elsewhere"
     launched.mkdir()
@@ -264,14 +265,11 @@ def test_a_checkpoint_of_format_2_keyed_by_index_is_converted_on_read_and_resume
     """Files written before format_version 3 keep loading: resumed (the trainer), read whole (export,
     consolidation), read for the weights (sample.py, eval_lm.py, init_from), with no difference."""
     import shutil
-
-    import train_gpt2
     from conftest import base_args, make_shards, train_losses
-    from common.errors import run_cli
 
     data, straight, legacy = make_shards(tmp_path / "shards"), tmp_path / "straight", tmp_path / "legacy"
     settings = dict(optimizer=optimizer, max_steps=6, checkpoint_interval=3, eval_interval=0, val_tokens=64)
-    assert run_cli(train_gpt2.main, base_args(data, straight, **settings)) == 0  # checkpoints 3 and 6
+    assert train_here(base_args(data, straight, **settings)) == 0  # checkpoints 3 and 6
     shutil.copytree(straight, legacy)
     ckpt.delete_checkpoint(ckpt.checkpoint_path(legacy / "checkpoints", 6))  # as if it had died after step 5
     path = ckpt.checkpoint_path(legacy / "checkpoints", 3)
@@ -296,7 +294,7 @@ def test_a_checkpoint_of_format_2_keyed_by_index_is_converted_on_read_and_resume
     assert all(torch.equal(value, current["model"][key]) for key, value in model.state_dict().items())
 
     # resumed by the trainer: the same steps, bitwise, and the same final state as the uninterrupted run
-    assert run_cli(train_gpt2.main, base_args(data, legacy, **settings)) == 0
+    assert train_here(base_args(data, legacy, **settings)) == 0
     assert train_losses(legacy) == train_losses(straight)
     final = [ckpt.read_full_state(ckpt.checkpoint_path(out / "checkpoints", 6)) for out in (legacy, straight)]
     assert all(torch.equal(value, final[1]["model"][key]) for key, value in final[0]["model"].items())

@@ -13,11 +13,9 @@ import typing
 import pytest
 import yaml
 
-from conftest import REPO
-import train_gpt2
-from common.errors import run_cli
+from conftest import REPO, train_here
 from training.distributed.runtime_settings import MAX_HANG_TIMEOUT_MINUTES
-from training.train.config import (SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
+from launch.config import (SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
                              parse_args, usage)
 from training.optim.optimizers import OptimizerSettings
 from training.core.logger import LoggingSettings
@@ -313,10 +311,10 @@ def test_no_float_key_takes_a_non_finite_value(key, value, tmp_path):
 
 def test_a_hang_timeout_that_would_overflow_is_one_line_at_start_up(capfd):
     """It used to pass, then crash every rank after the first step: timedelta(minutes=1e300) overflows."""
-    assert run_cli(train_gpt2.main, ["--hang_timeout_minutes", "1e300"]) == 2
+    assert train_here(["--hang_timeout_minutes", "1e300"]) == 2
     assert capfd.readouterr().err == (f"error: hang_timeout_minutes: must be positive and at most "
                                       f"{MAX_HANG_TIMEOUT_MINUTES} (a year), got 1e+300\n")
-    assert run_cli(train_gpt2.main, ["--hang_timeout_minutes", "inf"]) == 2
+    assert train_here(["--hang_timeout_minutes", "inf"]) == 2
     assert capfd.readouterr().err == "error: hang_timeout_minutes: must be a finite number, got inf\n"
     with pytest.raises(ConfigError, match="hang_timeout_minutes: must be positive and at most"):
         parse_args(["--hang_timeout_minutes", str(MAX_HANG_TIMEOUT_MINUTES + 1)])
@@ -345,7 +343,7 @@ def test_every_key_is_classified_by_what_it_does_to_a_resumed_run():
     """A new key must say whether it changes the training math (the resume warning tells users which did): always,
     never, or as a function of the other settings, which reads only keys there are."""
     from common.settings import ON_RESUME, changes_training_math
-    from training.train.config import ON_RESUME_OF
+    from launch.config import ON_RESUME_OF
 
     assert ON_RESUME_OF.keys() == set(TrainConfig.keys())
     config = TrainConfig().to_dict()
@@ -365,7 +363,7 @@ class Warnings:
 
 
 def resume_warnings(saved: dict, **now) -> list[str]:
-    from training.train.resume import warn_on_changed_settings
+    from launch.resume import warn_on_changed_settings
 
     logger = Warnings()
     warn_on_changed_settings(TrainConfig(**now), TrainConfig(**saved).to_dict(), logger.warn)
@@ -430,16 +428,14 @@ def test_keys_that_change_the_math_only_with_another_setting(saved, now, math):
                                   ["--max_lr", "1e-3", "-h", "--seed", "1"]])
 def test_help_anywhere_in_the_command_prints_the_usage(argv, capfd):
     """Before: only as the first argument (`--config configs/demo.yaml --help` was `error: help: unknown config key`)."""
-    import train_gpt2
-    from common.errors import run_cli
 
-    assert run_cli(train_gpt2.main, argv) == 0
+    assert train_here(argv) == 0
     out, err = capfd.readouterr()
     assert out.startswith("usage: train_gpt2.py") and not err
 
 
 def test_a_key_whose_value_is_minus_h_is_not_a_help_request():
-    from training.train.config import wants_help
+    from launch.config import wants_help
 
     assert not wants_help(["--sample_prompt", "-h"]) and wants_help(["--sample_prompt", "x", "-h"])
 

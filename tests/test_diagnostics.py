@@ -1,6 +1,6 @@
 """training/observe/diagnostics.py: the profiler window, CUDA memory snapshots, the ranks' timings and stragglers.
 
-In-process on one CPU rank, then two forked gloo ranks (tests/launch.py) without the trainer.
+In-process on one CPU rank, then two forked gloo ranks (tests/forked_ranks.py) without the trainer.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from launch import launch
-from training.train.config import TrainConfig
+from forked_ranks import launch
+from launch.config import TrainConfig
 from training.core.context import Context
 from training.observe.diagnostics import Diagnostics, MemorySnapshot, ProfileWindow, RankStats
 from training.core.process_group import DistEnv

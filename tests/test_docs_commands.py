@@ -37,7 +37,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from launch import launch
+from forked_ranks import launch
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 PROGRAMS = ("python", "torchrun", "bash", "make", "pip", "sbatch", "source", "lm_eval", "git")
@@ -320,13 +320,13 @@ def check_python(words: list[str], tmp: Path, monkeypatch, capsys) -> None:
     if script in HELP_ONLY:
         help_text(script, monkeypatch, capsys)
     elif script == "train_gpt2.py":  # the whole configuration, validated (config files read, keys checked)
-        from training.train.config import parse_args, wants_help
+        from launch.config import parse_args, wants_help
 
         wants_help(args) or parse_args(args)
     else:
         extras = parse_only(script, args, monkeypatch)
         if extras:  # scripts/bench.py: its own arguments, then the trainer's
-            from training.train.config import parse_args
+            from launch.config import parse_args
 
             parse_args(extras)
 
@@ -468,7 +468,7 @@ def test_the_commands_a_user_runs_on_a_cpu_run_as_shown(tmp_path):
     """The README's mixture example (prep of the repository's prose and code, a demo-model run on both,
     plot_log.py), its three seeds compared live against EMA (issue 53: its example needed a 35-minute script's
     runs), then plot_log.py, sample.py and export_hf.py on that run folder, each launched as a user would
-    (forked from a warm process: tests/launch.py), shrunk by SHRINK."""
+    (forked from a warm process: tests/forked_ranks.py), shrunk by SHRINK."""
     commands = runnable_commands()
     assert [c.text.split()[1] for c in commands][:4] == ["prep/fineweb.py", "prep/fineweb.py", "train_gpt2.py",
                                                           "plot_log.py"], commands  # the README's order

@@ -18,8 +18,8 @@ from data.loader import Prefetcher
 from slowness import guard
 from training.checkpoint.folder import list_checkpoints, read_full_state, read_model
 from training.core.logger import read_log
-from training.train.config import parse_args
-from train_gpt2 import make_evaluation, make_lockstep
+from launch.config import parse_args
+from launch.components import make_evaluation, make_lockstep
 
 DECAY = 0.9
 
@@ -56,7 +56,7 @@ def test_bad_values_are_one_line_naming_the_key(key, value, message):
 def test_the_keys_never_change_the_training_math():
     cfg = parse_args([])
     from common.settings import changes_training_math
-    from training.train.config import ON_RESUME_OF
+    from launch.config import ON_RESUME_OF
 
     assert cfg.ema.ema_decay == 0
     assert not any(changes_training_math(ON_RESUME_OF[key], cfg.to_dict()) for key in ("ema_decay", "ema_start"))

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import train_gpt2
-from conftest import base_args, make_shards, run_trainer, train_losses
-from common.errors import run_cli
+from launch import components
+from conftest import base_args, make_shards, run_trainer, train_losses, train_here
 from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
 from training.core.logger import read_log
@@ -41,7 +39,7 @@ def straight(data, tmp_path_factory) -> Path:
 
 
 def train(data: Path, out: Path, wrap_step=None, **overrides) -> int:
-    return run_cli(lambda argv: train_gpt2.main(argv, wrap_step=wrap_step), base_args(data, out, **{**RUN, **overrides}))
+    return train_here(base_args(data, out, **{**RUN, **overrides}), wrap_step=wrap_step)
 
 
 def error_line(capfd) -> str:
@@ -331,9 +329,9 @@ def test_the_step_vote_carries_the_failed_save_without_another_sync(data, tmp_pa
     cfg, ctx, run = build_tiny_run(data, tmp_path / "out")
     batches = Prefetcher(run.train_loader, 0, cfg.schedule.max_steps, ctx.runtime.device)
     try:
-        result = train_gpt2.make_lockstep(cfg, ctx, save_failed=lambda: True).step(run, run.model, batches, False)
+        result = components.make_lockstep(cfg, ctx, save_failed=lambda: True).step(run, run.model, batches, False)
         assert result.save_failed and run.step == 1
-        result = train_gpt2.make_lockstep(cfg, ctx).step(run, run.model, batches, False)
+        result = components.make_lockstep(cfg, ctx).step(run, run.model, batches, False)
         assert not result.save_failed and run.step == 2
     finally:
         batches.close()

@@ -23,7 +23,7 @@ import torch
 
 from conftest import (GPT2_VOCAB, LAUNCH_TOKEN, REPO, base_args, build_tiny_run, crashed_copy, kill_all,
                       launched_processes, load_weights, make_shards, run_trainer, start_trainer, train_losses,
-                      untimed)
+                      untimed, train_loop)
 from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint.folder import list_checkpoints, load_checkpoint
@@ -310,8 +310,7 @@ def test_a_stop_in_the_last_step_leaves_the_final_evaluations_to_the_relaunch_an
     uninterrupted run logged, and the checkpoint carries that run's final figures, finished (once more, the
     command has nothing to do: test_resuming_past_max_steps_is_a_clear_message_not_a_hang)."""
     from training.distributed.preemption import PreemptionFlag
-    from training.train import resume
-    import train_gpt2
+    from launch import resume
 
     out = tmp_path / "stopped"
     args = base_args(data, out, **ARGS)
@@ -326,7 +325,7 @@ def test_a_stop_in_the_last_step_leaves_the_final_evaluations_to_the_relaunch_an
     said, flag = [], PreemptionFlag()
     flag.signal_name, ctx.logger.console = "SIGTERM", said.append
     before = final.read_bytes()
-    train_gpt2.train(cfg, ctx, run, flag, record={})
+    train_loop(cfg, ctx, run, flag, record={})
     assert said[-1] == "SIGTERM received with no new step to save; run the same command again to run the final evaluations"
     assert final.read_bytes() == before
 
@@ -533,7 +532,7 @@ def checkpoint_steps(out: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_at_the_next_step_like_sigterm(data, tmp_path):
-    """`python train_gpt2.py`, one process (forked: tests/launch.py), Ctrl-C once: it says at once what it will do,
+    """`python train_gpt2.py`, one process (forked: tests/forked_ranks.py), Ctrl-C once: it says at once what it will do,
     stops at the next step boundary with a checkpoint, and exits 0. Before: exit 130, nothing saved."""
     out, mark = tmp_path / "ctrl-c", tmp_path / "step-4-paused"
     with start_trainer(base_args(data, out, **PREEMPTIBLE), script="tests/inject_fault.py",

@@ -137,7 +137,7 @@ def compiled_run(corpus, tmp_path_factory) -> tuple[Path, Path]:
 def train_in_process(data: Path, out: Path, steps: int, compile: bool) -> list[float]:
     """Per-step losses of `steps` trainer steps through the eager model or torch.compile of it (one GPU)."""
     from data.loader import Prefetcher
-    from train_gpt2 import make_lockstep
+    from launch.components import make_lockstep
 
     cfg, ctx, run = build_tiny_run(data, out, **{**SETTINGS, "max_steps": steps, "loss_chunk_size": 0})
     model = torch.compile(run.model, backend=COMPILE_BACKEND) if compile else run.model
@@ -328,8 +328,8 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     import compare_recipes
     import memory_check
     import repro_check
-    from training.train.config import parse_args
-    from training.train.micro_batch import candidate_sizes
+    from launch.config import parse_args
+    from training.run.micro_batch import candidate_sizes
 
     listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-"], env=dict(os.environ, BENCH_LIST="1"),
                              capture_output=True, text=True, timeout=guard(60))

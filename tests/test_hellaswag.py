@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from conftest import REPO
 from slowness import guard
-from launch import launch
+from forked_ranks import launch
 from data.tokenizer import EOT_TOKEN, get_tokenizer
 from common.errors import DataError
 from hellaswag_scores import per_example_scores
@@ -263,7 +263,7 @@ def test_prep_script_fetches_into_the_cache(tmp_path, fixture_file, capsys, monk
 # --- two ranks through torchrun --------------------------------------------------------------------
 
 def run_two_ranks(tmp_path: Path, jobs: list[dict]):
-    """hellaswag_scores.score_jobs_on_every_rank on 2 ranks (torchrun's environment, tests/launch.py);
+    """hellaswag_scores.score_jobs_on_every_rank on 2 ranks (torchrun's environment, tests/forked_ranks.py);
     per rank, a {result, predictions} or {error} per job; and the launch's output."""
     spec = tmp_path / "spec.json"
     jobs = [dict(dict(cache_dir=None, url=UNREACHABLE_URL, batch_examples=3, limit=0), **job) for job in jobs]

@@ -23,7 +23,7 @@ from conftest import (LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_process
 from model import GPT, PRESETS, GPTConfig
 from slowness import guard
 from training.core.logger import read_log
-from training.train.config import TrainConfig
+from launch.config import TrainConfig
 
 
 def planned(*argv: str) -> list[ladder.Rung]:

@@ -15,12 +15,13 @@ LAYERS = [
     {"hf_interop"},
     {"training"},
     {"evals"},
+    {"launch"},
     {"train_gpt2", "sample", "eval_lm", "export_hf", "consolidate_checkpoint", "plot_log", "compare_runs", "ladder",
      "prep", "scripts"},
 ]
 LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}
 # Inside training/, its sub-packages, bottom to top: a floor imports only the floors below it (README).
-FLOORS = ["core", "distributed", "optim", "checkpoint", "observe", "train"]
+FLOORS = ["core", "distributed", "optim", "checkpoint", "observe", "run"]
 FLOOR_OF = {name: depth for depth, name in enumerate(FLOORS)}
 
 
@@ -49,7 +50,7 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
 
 def test_imports_run_one_way_down_the_layers():
     modules = project_modules()
-    assert {"model", "training.train.step", "training.train.lockstep", "evals.periodic", "hf_interop.convert"} <= modules.keys()
+    assert {"model", "training.run.step", "training.run.lockstep", "evals.periodic", "hf_interop.convert"} <= modules.keys()
     upward = []
     for name, path in modules.items():
         for imported in imports_of(path, modules):

@@ -1,4 +1,4 @@
-"""micro_batch_size auto (training/train/micro_batch.py): the search with the CUDA memory faked on the CPU,
+"""micro_batch_size auto (training/run/micro_batch.py): the search with the CUDA memory faked on the CPU,
 the min over two gloo ranks, the probes forced on the CPU (the first step bitwise that of B set by hand),
 and the CPU fallback through the trainer."""
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from common.errors import ConfigError, ReproError
-from launch import launch
-from training.train import micro_batch
-from training.train.config import parse_args
-from training.train.micro_batch import (FAILED, agree_on_smallest, candidate_sizes, search_micro_batch_size)
+from forked_ranks import launch
+from training.run import micro_batch
+from launch.config import parse_args
+from training.run.micro_batch import (FAILED, agree_on_smallest, candidate_sizes, search_micro_batch_size)
 
 GIB = 2**30
 
@@ -169,8 +169,8 @@ def forced_probes(monkeypatch, oom_above: int, probe_models: list):
 
 
 def first_step(cfg, ctx, run):
-    from train_gpt2 import make_lockstep
-    from training.train.recovery import Recovery
+    from launch.components import make_lockstep
+    from launch.recovery import Recovery
 
     model = run.strategy.training_model(run.model)
     recovery = Recovery(ctx, run, None, cfg.schedule.max_steps, cfg.long_run.max_rollbacks)

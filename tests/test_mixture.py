@@ -20,7 +20,7 @@ from conftest import base_args, make_shards, run_trainer
 from data.mixture import MixtureLoader, Source, parse_sources, parse_val_sets, step_composition
 from data.shards import shard_name, write_shard
 from training.core.logger import read_log
-from training.train.config import TrainConfig, parse_args
+from launch.config import TrainConfig, parse_args
 
 T = 8
 

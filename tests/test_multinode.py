@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, base_args, load_weights, make_shards, run_trainer, train_losses
-from launch import free_port
+from forked_ranks import free_port
 from slowness import guard
 from test_faults import SIGNAL_PAUSE, STEPS, assert_same_run, children, slow_steps, wait_for_step
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import base_args, crashed_copy, make_shards, run_trainer, train_losses
-from launch import launch
+from forked_ranks import launch
 from muon_worker import SHAPES
 from training.checkpoint.folder import list_checkpoints, read_full_state
 from training.distributed.muon import assign_owners, newton_schulz_cost

@@ -19,6 +19,7 @@ from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_t
 from training.core.metrics import model_flops_utilization, peak_flops_for
 from common.log_fields import RECORD_FIELDS
 from training.core.logger import LOG_ONLY_KINDS, RunLogger, read_log
+from launch import components
 
 
 def hellaswag_fixture(path: Path, n: int = 11) -> Path:
@@ -189,7 +190,7 @@ def test_a_resumed_wandb_run_starts_with_a_rewind_row_when_the_log_dropped_recor
 @pytest.mark.slow
 def test_a_rank_ending_without_atexit_leaves_nothing_of_wandb_in_the_temp_dir(tmp_path):
     """`import wandb` makes two folders in the temp dir that only an atexit hook removes; a process
-    that ends without it (as ranks forked by tests/launch.py do, or a killed one) keeps them."""
+    that ends without it (as ranks forked by tests/forked_ranks.py do, or a killed one) keeps them."""
     temp = tmp_path / "tmp"
     temp.mkdir()
     out = tmp_path / "run"
@@ -379,12 +380,10 @@ def test_the_eta_is_the_launchs_pace_since_its_first_step_times_the_steps_left(m
     """Evaluations and checkpoints between the steps count (they recur); the first step, which compiles, not."""
     from types import SimpleNamespace
 
-    import train_gpt2
-
-    monkeypatch.setattr(train_gpt2.time, "perf_counter", lambda: 130.0)  # 3 steps after the first ended, at 100
+    monkeypatch.setattr(components.time, "perf_counter", lambda: 130.0)  # 3 steps after the first ended, at 100
     run = SimpleNamespace(model=SimpleNamespace(estimate_flops_per_token=lambda T: 1.0), step=1)
     cfg = SimpleNamespace(data=SimpleNamespace(seq_len=32), schedule=SimpleNamespace(max_steps=100))
-    records = train_gpt2.StepRecords(cfg, SimpleNamespace(), run)
+    records = components.StepRecords(cfg, SimpleNamespace(), run)
     assert records.eta() is None
     records.steps_taken, records.rate_from = 1, 100.0
     assert records.eta() is None  # one step: no pace yet

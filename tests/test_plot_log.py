@@ -12,11 +12,11 @@ import yaml
 
 import plot_log
 from common.errors import DataError
-from launch import launch
+from forked_ranks import launch
 from model import PRESETS
 from PIL import Image
 from scripts import pictures
-from training.train.config import parse_args
+from launch.config import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 HEIGHT, PANEL_WIDTH = 450, 600  # plot_log.PANEL_SIZE * plot_log.DPI
@@ -83,7 +83,7 @@ def reference_labels(fig) -> list[list[str]]:
 
 
 def run_plot(*args):
-    """`python plot_log.py ARGS`: its exit status and output (forked from a warm process, tests/launch.py)."""
+    """`python plot_log.py ARGS`: its exit status and output (forked from a warm process, tests/forked_ranks.py)."""
     return launch(list(map(str, args)), target="plot_log:main", timeout=120)
 
 

@@ -413,7 +413,7 @@ def test_a_hub_prep_without_the_hub_fails_at_once_naming_the_local_route_and_wri
     import time
 
     from common.errors import run_cli
-    from launch import free_port
+    from forked_ranks import free_port
     from prep import fineweb
 
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_ENDPOINT"):

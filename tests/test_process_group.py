@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from common.errors import ReproError
-from launch import free_port
+from forked_ranks import free_port
 from slowness import guard
 from training.core.process_group import AGREEMENT, agree_on_attempt, setup_distributed
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import GPT2_VOCAB, REPO, base_args, build_tiny_run, make_shards, run_trainer, train_losses
+from conftest import GPT2_VOCAB, REPO, base_args, build_tiny_run, make_shards, run_trainer, train_losses, train_here
 from data.loader import Prefetcher
 from common.errors import ConfigError, NonFiniteLossError
-from training.train.config import TrainConfig, parse_args
+from launch.config import TrainConfig, parse_args
 from training.optim.optimizers import MuonWithAdamW, build_optimizer, split_parameters
-from training.train.resume import with_current_settings
+from launch.resume import with_current_settings
 from training.optim.schedule import cooldown_start, learning_rate
-from train_gpt2 import make_lockstep
+from launch.components import make_lockstep
 
 MODERN = dict(optimizer="muon", lr_schedule="wsd", cooldown_frac=0.5, cooldown_shape="1-sqrt")
 
@@ -97,8 +97,6 @@ def test_recipe_settings_are_checked_and_named(overrides, message):
 
 def test_muon_on_a_torch_without_it_is_one_line_naming_the_version_it_needs(monkeypatch, capfd):
     """requirements.txt allows torch 2.4; torch.optim.Muon came in 2.9. Refused before any work starts."""
-    import train_gpt2
-    from common.errors import run_cli
 
     monkeypatch.delattr(torch.optim, "Muon")
     with pytest.raises(ConfigError) as caught:
@@ -106,7 +104,7 @@ def test_muon_on_a_torch_without_it_is_one_line_naming_the_version_it_needs(monk
     assert str(caught.value) == (f"optimizer: muon needs torch.optim.Muon, which PyTorch 2.9 added; this is torch "
                                  f"{torch.__version__}: upgrade torch (pip install 'torch>=2.9'), or use optimizer "
                                  f"adamw")
-    assert run_cli(train_gpt2.main, ["--optimizer", "muon", "--out_dir", "never-made"]) == 2
+    assert train_here(["--optimizer", "muon", "--out_dir", "never-made"]) == 2
     err = capfd.readouterr().err
     assert err.startswith("error: optimizer: muon needs torch.optim.Muon") and err.count("\n") == 1
     assert TrainConfig(optimizer="adamw").optimizer.optimizer == "adamw"  # the rest runs on such a torch

@@ -13,7 +13,7 @@ from torch.distributed import TCPStore
 
 from conftest import REPO
 from slowness import guard
-from launch import free_port
+from forked_ranks import free_port
 
 pytestmark = pytest.mark.slow  # starts a Python process
 

@@ -16,13 +16,12 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, base_args, run_trainer, train_losses
+from conftest import REPO, base_args, run_trainer, train_losses, train_here
 from slowness import guard
 
 sys.path.insert(0, str(REPO / "scripts"))
 
 import repro_check  # noqa: E402
-import train_gpt2  # noqa: E402
 from common.errors import run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from training.core.runtime import deterministic_kernels  # noqa: E402
@@ -40,8 +39,8 @@ def test_the_deterministic_key_runs_every_step_in_deterministic_mode_and_changes
         return watched
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    assert train_gpt2.main(base_args(shards, tmp_path / "plain")) == 0
-    assert train_gpt2.main(base_args(shards, tmp_path / "det", deterministic="true"), wrap_step=watch) == 0
+    assert train_here(base_args(shards, tmp_path / "plain")) == 0
+    assert train_here(base_args(shards, tmp_path / "det", deterministic="true"), wrap_step=watch) == 0
     assert seen == [(True, True, False)] * 6  # no NaN fill of new tensors: the trainer reads none unwritten
     assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic  # put back
     assert torch.utils.deterministic.fill_uninitialized_memory
@@ -142,7 +141,7 @@ def test_gradient_check_names_the_first_module_whose_forward_output_differs():
 
 
 def forked_launch(args: list[str], log, cache, timeout: float) -> str | None:
-    """repro_check.launch with the trainer's process forked by tests/launch.py instead of started afresh:
+    """repro_check.launch with the trainer's process forked by tests/forked_ranks.py instead of started afresh:
     the same trainer code, arguments and environment (this process's, as a subprocess inherits it),
     without the seconds of imports that each of the six launches would spend. What launch adds, the
     command line and its timeout, is the GPU check's (scripts/gpu_check.sh's repro part)."""

@@ -1,4 +1,4 @@
-"""Choosing the checkpoint a launch resumes, and the one-history rules (training/train/resume.py).
+"""Choosing the checkpoint a launch resumes, and the one-history rules (launch/resume.py).
 
 The trainer's own runs through these rules are in tests/test_run_folder.py and tests/test_fault_paths.py.
 """
@@ -13,7 +13,7 @@ import torch
 from common.errors import ConfigError
 from test_checkpoint import state
 from training.checkpoint import folder as ckpt
-from training.train.resume import check_one_history, find_resume_checkpoint
+from launch.resume import check_one_history, find_resume_checkpoint
 
 
 def lineage(run_id: str, checkpoint_id: str, *ancestry: str) -> dict:
@@ -70,7 +70,7 @@ def test_a_resume_path_that_is_no_file_names_the_key(tmp_path):
 CHOOSE_AND_MEASURE = """
 import os, sys
 from pathlib import Path
-from training.train.resume import find_resume_checkpoint
+from launch.resume import find_resume_checkpoint
 def resident_mib():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
 before = resident_mib()
@@ -128,7 +128,7 @@ def test_another_total_batch_size_says_which_rows_it_passes_over_or_reads_again(
     run reads on from row 96, not 48, of epoch 0; rows 48-95 are never read (and the other way, read again)."""
     from conftest import make_shards
     from data.loader import TrainLoader
-    from training.train.resume import moved_position
+    from launch.resume import moved_position
 
     data = make_shards(tmp_path / "shards", train_sizes=(20000,))  # 624 rows of 32 (+1) tokens: 19 steps of 32 rows
     wider = TrainLoader(data, seq_len=32, micro_batch_size=4, total_batch_size=1024)

@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import train_gpt2
-from conftest import REPO, base_args, make_shards, run_trainer, train_losses
+from conftest import REPO, base_args, make_shards, run_trainer, train_losses, train_here
 from slowness import guard
-from common.errors import ConfigError, run_cli
+from common.errors import ConfigError
 from training.checkpoint import folder as ckpt
 from training.checkpoint.run_folder import LOCK_NAME, FolderLock
 from training.core.logger import read_log
@@ -35,7 +33,7 @@ def data(tmp_path_factory) -> Path:
 
 
 def train(data: Path, out: Path, capfd=None, **overrides) -> int:
-    return run_cli(train_gpt2.main, base_args(data, out, **{**RUN, **overrides}))
+    return train_here(base_args(data, out, **{**RUN, **overrides}))
 
 
 def error_line(capfd) -> str:

@@ -22,15 +22,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import train_gpt2
-from conftest import GPT2_VOCAB, base_args, build_tiny_run, crashed_copy, make_shards, run_trainer, train_losses
+from launch import components
+from conftest import GPT2_VOCAB, base_args, build_tiny_run, crashed_copy, make_shards, run_trainer, train_losses, train_here
 from common.errors import run_cli
-from launch import launch
+from forked_ranks import launch
 from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
 from training.checkpoint.checkpointer import Checkpointer
-from training.train.resume import find_resume_checkpoint, load_state
+from launch.resume import find_resume_checkpoint, load_state
 from training.core import storage
 from training.core.logger import read_log
 
@@ -156,7 +155,7 @@ def cloned(state: dict) -> dict:
 
 
 def save_in_process(cfg, ctx, run) -> None:
-    checkpointer = train_gpt2.make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer = components.make_checkpointer(cfg, ctx, run.strategy, record={})
     checkpointer.save(run)
     checkpointer.wait()
 
@@ -196,7 +195,7 @@ def killed_in_background_save(argv: list[str]) -> int:
         return counted
 
     sharded._writer = writer
-    return train_gpt2.main(argv, wrap_step=wrap_step)
+    return train_here(argv, wrap_step=wrap_step)
 
 
 def trainer_with_small_files(argv: list[str]) -> int:
@@ -204,7 +203,7 @@ def trainer_with_small_files(argv: list[str]) -> int:
     also stops root, which a read-only folder would not)."""
     limit = int(os.environ["FILE_SIZE_LIMIT"])
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return train_gpt2.main(argv)
+    return train_here(argv)
 
 
 def launch_with_fault(target: str, argv: list[str], nproc: int, **env: str):
@@ -253,7 +252,7 @@ def test_an_async_save_holds_the_state_of_its_step_while_training_changes_it(dat
         return real_write(self, plan, planner)
 
     monkeypatch.setattr(FileSystemWriter, "write_data", gated_write)
-    checkpointer = train_gpt2.make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer = components.make_checkpointer(cfg, ctx, run.strategy, record={})
     checkpointer.save(run)
     assert not checkpointer.pending.future.done()  # the write goes on in the background
     with torch.no_grad():  # training goes on: every parameter and every AdamW tensor changes in place
@@ -538,7 +537,7 @@ def test_unusable_storage_settings_are_one_line_naming_the_key_and_create_nothin
                                                                                   overrides, message):
     monkeypatch.chdir(tmp_path)  # where a URL mistaken for a path would create `file:/...`
     settings = {"out_dir": tmp_path / "out", **overrides}
-    assert run_cli(train_gpt2.main, base_args(data, **settings)) == 2
+    assert train_here(base_args(data, **settings)) == 2
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and err.startswith(message), err
     assert list(tmp_path.iterdir()) == []  # no out_dir, no `file:` folder

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY_MODEL, TINY_VOCAB, kill_all, load_weights, make_shards, processes_whose_environment, train_losses
-from launch import free_port
+from forked_ranks import free_port
 from slurm_cluster import SlurmCluster, missing_commands
 from training.checkpoint.folder import list_checkpoints
 from training.core.logger import read_log

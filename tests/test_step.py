@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, build_tiny_run
-from train_gpt2 import make_lockstep
+from conftest import REPO, build_tiny_run, train_loop
+from launch.components import make_lockstep
 from data.loader import Prefetcher
 from common.errors import NonFiniteLossError
 from training.distributed.preemption import PreemptionFlag
@@ -58,24 +58,23 @@ def test_a_training_step_syncs_with_the_host_once(shards, tmp_path, count_syncs,
     finally:
         batches.close()
     assert run.step == 4 and run.grad_accum_steps == 4  # micro-steps do not sync
-    assert list(count_syncs.values()) == [4] and next(iter(count_syncs)).startswith("training/train/lockstep.py:")
+    assert list(count_syncs.values()) == [4] and next(iter(count_syncs)).startswith("training/run/lockstep.py:")
     assert run.spikes is None or (run.spikes.full and run.skips_in_a_row == 0)
     assert run.ema is None or run.ema.updates == 4  # the EMA's update adds no sync
 
 
 def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs):
     """The whole loop (logging, checkpoint and eval bookkeeping) on steps without an eval."""
-    import train_gpt2
 
     quiet = dict(eval_interval=0, checkpoint_interval=0, final_checkpoint="false", log_interval=1000)
     totals = {}
     for steps in (3, 7):
         cfg, ctx, run = build_tiny_run(shards, tmp_path / f"run{steps}", max_steps=steps, **quiet)  # a silent logger
         count_syncs.clear()
-        train_gpt2.train(cfg, ctx, run, PreemptionFlag(), record={})
+        train_loop(cfg, ctx, run, PreemptionFlag(), record={})
         totals[steps] = dict(count_syncs)
     growth = {site: totals[7].get(site, 0) - totals[3].get(site, 0) for site in {*totals[3], *totals[7]}}
-    assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/train/lockstep.py")): 4}
+    assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/run/lockstep.py")): 4}
 
 
 def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):

@@ -11,10 +11,10 @@ from data.tokenizer import get_tokenizer
 from common.errors import ConfigError
 from test_hellaswag import write_fixture
 from test_layout import project_modules
-from training.train.config import TrainConfig
+from launch.config import TrainConfig
 from training.distributed.runtime_settings import RuntimeSettings
 from training.distributed.strategies import DDP, STRATEGIES, strategies_help
-from train_gpt2 import make_evaluation
+from launch.components import make_evaluation
 
 
 class SecondReplica(DDP):

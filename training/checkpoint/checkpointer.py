@@ -12,7 +12,7 @@ checkpoint is a good state.
 
 A background save that fails (disk full, an object store's 5xx) is reported when it is seen
 (`poll`, after each step, no collective), and every rank learns of it through the next step's
-vote (training/train/lockstep.py): the loop then saves that step's state synchronously (`retry`),
+vote (training/run/lockstep.py): the loop then saves that step's state synchronously (`retry`),
 so no more than one step is trained past a loss that is already known, and a run whose
 storage stays broken stops with that error. Every rank waits for the save in flight before the
 next save, and before the process ends (`wait`, collective).
@@ -289,7 +289,7 @@ CHECKPOINT_FORMATS = ("auto", "file", "sharded")
 @dataclass
 class CheckpointSettings(Settings):
     """The checkpoint section: when the Checkpointer (above) writes, where, in which format, how many it keeps,
-    and which checkpoint a launch resumes (training/train/resume.py)."""
+    and which checkpoint a launch resumes (launch/resume.py)."""
 
     SECTION = "checkpoint"
     SUMMARY = "when checkpoints are written and kept, where they go, which one a run resumes"

@@ -15,7 +15,7 @@ training/checkpoint/checkpointer.py's CheckpointSettings) are the only places th
 apart. Everything here takes both: listing, "newest readable", retention, and the readers
 (sample.py, export_hf.py, eval_lm.py, init_from, consolidation) do not care which format a
 checkpoint has. Which checkpoint a launch resumes, the lineage rules and what a resume loads
-are in training/train/resume.py.
+are in launch/resume.py.
 """
 
 from __future__ import annotations

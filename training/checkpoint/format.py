@@ -17,7 +17,7 @@ a checkpoint of either resumes in the other, under any strategy and world size:
 - `ema` (only where the run keeps an EMA of the weights, training/optim/ema.py, and it has started):
   the average, keyed by parameter name like the model's parameters (a tied weight under its first
   name), float32 (float64 in float64 runs); saved and read like the model;
-- beside them, plain Python values: the run's progress (training/train/run.py's Run.progress_state)
+- beside them, plain Python values: the run's progress (training/run/run.py's Run.progress_state)
   and what wrote it (training/checkpoint/checkpointer.py's checkpoint_metadata), format_version included.
 """
 
@@ -45,7 +45,7 @@ OPTIONAL_TENSOR_ENTRIES = ("ema",)  # tensor entries a checkpoint may lack: the 
 
 
 class TrainingState(Protocol):
-    """What a checkpoint is written from and read into: the only view of a run this floor has (training/train/
+    """What a checkpoint is written from and read into: the only view of a run this floor has (training/run/
     run.py's Run is one; training/checkpoint/checkpointer.py writes one, the formats save and load it)."""
 
     model: GPT  # unwrapped and uncompiled (sharded in place under FSDP)

@@ -1,6 +1,6 @@
 """A run folder for one launch at a time: the locks on out_dir and checkpoint_dir, and the owner of a checkpoint_dir.
 
-A run folder (out_dir) holds one line of history (training/train/resume.py enforces it when it
+A run folder (out_dir) holds one line of history (launch/resume.py enforces it when it
 chooses what a launch continues). What would break it before anything is chosen is refused
 here, before anything is written:
 

@@ -41,7 +41,7 @@ class Runtime:
 
     @property
     def loss_scaling(self) -> bool:
-        """float16's narrow range needs the gradient scaler (training/train/step.py); bfloat16's does not."""
+        """float16's narrow range needs the gradient scaler (training/run/step.py); bfloat16's does not."""
         return self.dtype == "float16"
 
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -68,7 +68,7 @@ class PreemptionFlag:
 class StopVote:
     """When the ranks stop for a signal: the flag of each, agreed on by all. Every rank holds one.
 
-    The step carries the vote on its one all-reduce (training/train/lockstep.py); between evaluations
+    The step carries the vote on its one all-reduce (training/run/lockstep.py); between evaluations
     it costs one all-reduce of its own (`agree`), so a signal that arrives mid-eval skips the rest.
     Once the ranks agreed, `agreed` stays set and the loop saves and leaves (`exit`).
     """

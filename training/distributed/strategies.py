@@ -91,7 +91,7 @@ class Strategy:
         return torch.compile(model) if self.runtime.compile else model
 
     def probe_model(self, model: GPT) -> torch.nn.Module:
-        """The training forward for micro_batch_size auto's probes (training/train/micro_batch.py): recomputed
+        """The training forward for micro_batch_size auto's probes (training/run/micro_batch.py): recomputed
         and compiled as training_model's, but never syncing gradients, and without DDP's wrapper (its
         construction and its hooks are collectives a probe that runs out of memory would leave unmatched)."""
         return Strategy.training_model(self, model)

@@ -14,7 +14,7 @@ host synchronisation and no collective. It never feeds back into the training: w
 live weights, losses and checkpointed optimizer state are those of a run without it.
 
 It is part of the run's state: saved in both checkpoint formats beside the model (`ema`, keyed by
-parameter name), resumed exactly (training/train/resume.py loads it, and the start its run kept),
+parameter name), resumed exactly (launch/resume.py loads it, and the start its run kept),
 and evaluated beside the live weights (evals/periodic.py swaps it
 in for the evaluation, and back out). The readers (sample.py, export_hf.py, eval_lm.py) take it
 with `--weights ema`.

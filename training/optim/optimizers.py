@@ -12,7 +12,7 @@ training/distributed/strategies.py's parameter_names): MuonWithAdamW's param_gro
 followed by the Muon group, and its `state` is the one dict both inner optimizers read and write.
 
 The training loop sets every group's "lr" to the schedule's value, in max_lr's units
-(training/train/step.py). Each group carries its own peak lr as "base_lr" (max_lr for the AdamW
+(training/run/step.py). Each group carries its own peak lr as "base_lr" (max_lr for the AdamW
 groups, muon_lr for Muon's), and the update uses lr * base_lr / max_lr: the schedule scales both
 optimizers alike, and the AdamW groups get the schedule's value exactly (base_lr / max_lr is 1).
 

@@ -7,7 +7,7 @@ the step counter and the data go on (the batch is passed over). Nothing is judge
 window is full, so the fast early descent never counts as a spike.
 
 The window lives on the device: judging a step is a few tensor operations whose result rides
-on the step's one host synchronisation (training/train/lockstep.py). The loss is all-reduced and the
+on the step's one host synchronisation (training/run/lockstep.py). The loss is all-reduced and the
 gradient norm global, so every rank judges the same values the same way. The window, the skips
 in a row and the rollback count are part of the run's state (checkpoints), so a resumed run
 skips exactly the steps a straight one skips.

@@ -3,7 +3,7 @@ the batches since.
 
 A rollback is asked for by the step, on every rank alike (training/optim/spikes.py's RollbackRequested:
 spikes in a row, a NaN/inf with rollback_on_nonfinite) or by a save that found non-finite weights
-(training/checkpoint/checkpointer.py). The run's state becomes the checkpoint's (training/train/resume.py's
+(training/checkpoint/checkpointer.py). The run's state becomes the checkpoint's (launch/resume.py's
 roll_back), and the feed restarts at the data position that state says.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 from data.loader import Prefetcher
 from training.checkpoint.checkpointer import Checkpointer
 from training.core.context import Context
-from training.train.resume import roll_back
-from training.train.run import Run
+from launch.resume import roll_back
+from training.run.run import Run
 from training.optim.spikes import RollbackRequested
 
 

@@ -33,13 +33,13 @@ its error; the loading is a collective. The pieces, in that order below:
 - what it loads: `resume_run` (build_run calls it), `finished`, `load_compatible_checkpoint`, `load_state`;
 - what a changed setting means: `check_same_optimizer`, `warn_on_changed_settings`,
   `describe_ema_start`;
-- a rollback: `choose_rollback_checkpoint`, `roll_back` (training/train/recovery.py calls it).
+- a rollback: `choose_rollback_checkpoint`, `roll_back` (launch/recovery.py calls it).
 
 The locks on out_dir and checkpoint_dir, and the owner file of a checkpoint_dir outside out_dir
 (one checkpoint folder, one run folder), are training/checkpoint/run_folder.py's: they claim the
 folders for a launch, before anything here is asked. Reading and writing a checkpoint's files is
 training/checkpoint/'s (folder.py, the formats); what a checkpoint holds of the run is the Run's
-state_dict (training/train/run.py).
+state_dict (training/run/run.py).
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ from training.core.process_group import DistEnv, broadcast_object, run_on_all_ra
 from training.core.storage import Location, name_of, parent_of
 from training.optim.ema import EMASettings
 from training.optim.spikes import RollbackRequested
-from training.train.config import ON_RESUME_OF, TrainConfig
-from training.train.run import Run
+from launch.config import ON_RESUME_OF, TrainConfig
+from training.run.run import Run
 
 RUN_RECORD = "run.json"  # written by the trainer at every launch (training/observe/provenance.py)
 

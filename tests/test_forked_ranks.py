@@ -1,4 +1,4 @@
-"""tests/launch.py, the suite's fast launcher: the trainer runs as it does under torchrun, bitwise."""
+"""tests/forked_ranks.py, the suite's fast launcher: the trainer runs as it does under torchrun, bitwise."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import base_args, load_weights, make_shards, run_trainer, train_losses
-from launch import launch
+from forked_ranks import launch
 from slowness import guard
 
 
@@ -38,7 +38,7 @@ def test_forked_ranks_train_bitwise_like_torchrun_workers(tmp_path):
 
 def test_a_rank_that_dies_is_reported_and_the_waiting_one_is_killed():
     started = time.monotonic()
-    proc = launch([], 2, target="test_launch:rank_one_dies", timeout=60, grace=1)
+    proc = launch([], 2, target="test_forked_ranks:rank_one_dies", timeout=60, grace=1)
     assert proc.exitcodes == [-9, 7] and proc.returncode == -9  # rank 0 hung in the barrier: killed
     assert time.monotonic() - started < guard(30)  # the grace of 1 s, not the 60 s timeout
 
@@ -56,5 +56,5 @@ def what_the_rank_inherited(argv: list[str]) -> int:
 def test_a_rank_inherits_the_preloaded_modules_and_their_frozen_objects():
     """The forkserver imported tests/rank_preload.py (it needs tests/ on its path, which Python 3.11's forkserver
     does not take from this process) and froze what it made: a rank neither imports nor collects them again."""
-    proc = launch([], target="test_launch:what_the_rank_inherited", timeout=60)
+    proc = launch([], target="test_forked_ranks:what_the_rank_inherited", timeout=60)
     assert proc.returncode == 0 and proc.stdout == "rank_preload train_gpt2 torch._dynamo True\n", proc.stdout + proc.stderr

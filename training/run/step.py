@@ -4,7 +4,7 @@ Each rank runs grad_accum_steps micro-batches of (micro_batch_size, seq_len); th
 synced (DDP's all-reduce, FSDP's reduce-scatter) only on the last micro-step, and the loss is
 scaled by 1/grad_accum_steps, so W ranks x A micro-steps equal one process with W*A micro-steps.
 Whether the update is applied is decided between the two halves, by every rank together
-(training/train/lockstep.py): nothing here synchronises with the host.
+(training/run/lockstep.py): nothing here synchronises with the host.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import torch
 
-from training.train.run import Run
+from training.run.run import Run
 from training.core.runtime import Runtime
 
 

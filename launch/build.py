@@ -1,7 +1,7 @@
 """Building the run a launch trains: the data, the model and the optimizer, fresh or continued from a checkpoint.
 
 `build_run` opens the data (each data-parallel replica its share), builds the model (its initial
-weights: training/train/weights.py) and the optimizer, and hands the run to training/train/resume.py
+weights: training/run/weights.py) and the optimizer, and hands the run to launch/resume.py
 when the launch continues a checkpoint (which one, what it loads, what a changed setting means).
 """
 
@@ -19,11 +19,11 @@ from training.distributed.strategies import Strategy
 from training.optim.ema import WeightAverage
 from training.optim.optimizers import build_optimizer
 from training.optim.spikes import SpikeWindow
-from training.train.config import TrainConfig
-from training.train.micro_batch import choose_micro_batch_size
-from training.train.resume import choose_resume_checkpoint, resume_run
-from training.train.run import Run
-from training.train.weights import load_initial_weights
+from launch.config import TrainConfig
+from training.run.micro_batch import choose_micro_batch_size
+from launch.resume import choose_resume_checkpoint, resume_run
+from training.run.run import Run
+from training.run.weights import load_initial_weights
 
 
 def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:

@@ -9,11 +9,11 @@ it needs, as a value), never the whole configuration. The sections, and where ea
 
     run          out_dir                                     training/checkpoint/run_folder.py
     data         the shards and the batch geometry           data/mixture.py
-    model        the architecture, the initial weights       training/train/weights.py (model.py stays pure)
+    model        the architecture, the initial weights       training/run/weights.py (model.py stays pure)
     optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/optimizers.py
     schedule     max_steps and the learning-rate schedule    training/optim/schedule.py
     ema          an average of the weights, evaluated beside  training/optim/ema.py
-    evaluation   val loss, HellaSwag, samples                here: evals/ is a layer above training/
+    evaluation   val loss, HellaSwag, samples                evals/settings.py
     checkpoint   cadence, retention, resume, where and how   training/checkpoint/checkpointer.py
     runtime      device, precision, kernels, seed, ranks     training/distributed/runtime_settings.py
     long_run     loss spikes and rollbacks                   training/optim/spikes.py
@@ -45,9 +45,10 @@ from pathlib import Path
 import yaml
 
 from common.errors import ArgumentParser, ConfigError, first_line
-from common.settings import Settings, option, require
+from common.settings import Settings, require
 from data.mixture import DataSettings, mapping_text, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
+from evals.settings import EvalSettings
 from training.checkpoint.checkpointer import CheckpointSettings
 from training.checkpoint.run_folder import RunSettings
 from training.core.logger import LoggingSettings
@@ -58,41 +59,7 @@ from training.optim.ema import EMASettings
 from training.optim.optimizers import OptimizerSettings
 from training.optim.schedule import ScheduleSettings
 from training.optim.spikes import LongRunSettings
-from training.train.weights import ModelSettings
-
-
-# --- the section kept here --------------------------------------------------------------------------
-
-@dataclass
-class EvalSettings(Settings):
-    """The evaluation section, read by evals/ (each evaluator's from_settings). It is declared here, beside
-    TrainConfig, because evals/ is a layer above training/: TrainConfig could not import it from there."""
-
-    SECTION = "evaluation"
-    SUMMARY = "val loss (always after the last step), HellaSwag and text samples"
-
-    eval_interval: int = option(250, "val loss every N steps (0: only after the last)", on_resume="none")
-    val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288), of each val set",
-                             on_resume="none")
-    val_sets: str = option("", "named val windows, each its own val/<name> series: name=folder or name=val shard, "
-                               "comma-separated ({name: folder, ...} in YAML); '': data_dir's val split as `val`, or "
-                               "each mixture source's under its name", on_resume="none")
-    hellaswag_interval: int = option(250, "HellaSwag every N steps and after the last (0: off)", on_resume="none")
-    hellaswag_path: str = option("", "a local HellaSwag val jsonl ('': download it once into the cache)",
-                                 on_resume="none")
-    hellaswag_limit: int = option(0, "score only the first N examples (0: all 10,042)", on_resume="none")
-    sample_interval: int = option(250, "text samples every N steps and after the last (0: off)", on_resume="none")
-    sample_prompt: str = option("Hello, I'm a language model,", "prompt of the samples ('': unconditional)",
-                                on_resume="none")
-    sample_count: int = option(4, "samples each time", on_resume="none")
-    sample_tokens: int = option(32, "new tokens per sample", on_resume="none")
-
-    def validate(self) -> None:
-        for key in ("val_tokens", "sample_count", "sample_tokens"):
-            require(getattr(self, key) > 0, key, f"must be positive, got {getattr(self, key)}")
-        for key in ("eval_interval", "hellaswag_interval", "hellaswag_limit", "sample_interval"):
-            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
-        # hellaswag_path is checked where the file is opened
+from training.run.weights import ModelSettings
 
 
 # --- the whole configuration ------------------------------------------------------------------------
@@ -159,7 +126,7 @@ SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
 SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
-# --- what a changed key does to a run's steps (the resume warning, training/train/resume.py) ----------------
+# --- what a changed key does to a run's steps (the resume warning, launch/resume.py) ----------------
 # Each key's field declares it (option's on_resume: one of common/settings.py's ON_RESUME, or a function of the
 # other settings); key -> its declaration.
 ON_RESUME_OF = {f.name: f.metadata["on_resume"] for section in SECTIONS for f in dataclasses.fields(section)}

@@ -1,7 +1,7 @@
 """The ranks' agreement around each step: what keeps every rank in lockstep, in one place.
 
 Every rank must take every step's collectives, and decide the same things at the same step.
-So a step is: the math (training/train/step.py) on batches that never raise (a batch this rank
+So a step is: the math (training/run/step.py) on batches that never raise (a batch this rank
 cannot read becomes zeros, and the failure is kept), then one all-reduce that carries the
 summed loss, the ranks' stop votes and their failure votes, then the step's one host
 synchronisation, which reads the result (and the gradient norm) and decides, on every rank
@@ -31,11 +31,11 @@ import torch
 from common.errors import NonFiniteLossError, ReproError
 from training.core.process_group import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
 from training.core.context import Context
-from training.train.run import Run
+from training.run.run import Run
 from data.mixture import DataSettings
 from training.optim.schedule import ScheduleSettings
 from training.optim.spikes import LongRunSettings, RollbackRequested, spike_reason
-from training.train.step import apply_update, train_step
+from training.run.step import apply_update, train_step
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A training run: its state in one place, what a checkpoint holds of it.
 
-training/train/build.py builds it at launch (fresh, or continued from the checkpoint that
-training/train/resume.py picks and loads); training/checkpoint/checkpointer.py writes its
+launch/build.py builds it at launch (fresh, or continued from the checkpoint that
+launch/resume.py picks and loads); training/checkpoint/checkpointer.py writes its
 state_dict as a checkpoint. A checkpoint `step_s` holds the state after s updates.
 """
 
@@ -27,7 +27,7 @@ class Run:
     checkpoints, evaluation and sampling use it; the training forward goes through its
     compiled / DDP wrapper.
 
-    Its state, what a checkpoint holds, is `state_dict()` (it goes back with training/train/resume.py's
+    Its state, what a checkpoint holds, is `state_dict()` (it goes back with launch/resume.py's
     `load_state`):
     the model, the optimizer, float16's loss scale, the step, the tokens seen, the lineage, the
     latest evaluation figures and whether they are the final ones, the W&B run id, and what steers a
