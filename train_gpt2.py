@@ -10,17 +10,17 @@ collective (the step's all-reduce, val loss, HellaSwag, checkpoint agreement) is
 all ranks, and an error that only one rank can see is shared with the others before they go
 on, so every rank stops with the same one-line message instead of hanging.
 
-The pieces: launch/build.py builds the run (data, model, optimizer), and launch/resume.py
-continues it from the checkpoint it resumes (which one, what it loads, what a changed setting
-means); training/run/step.py is one optimizer step's math, and training/run/lockstep.py the ranks'
-agreement around it; launch/components.py makes each component below from its own settings
-section. The loop below calls components that decide their own timing: evals/ (val loss, HellaSwag, samples, each at its interval),
-training/checkpoint/checkpointer.py (when a checkpoint is due, saves in the background, a failed
-save's retry), training/distributed/preemption.py (the stop vote), launch/recovery.py
-(the data feed, and rollbacks), training/observe/diagnostics.py (profiler, memory snapshots,
-rank timings); training/core/logger.py is rank 0's console, files, W&B and TensorBoard. Here the
-configuration is split: each component is made from its own settings section, and any key of
-another section it reads is passed to it as a value.
+The pieces: launch/build.py builds the run (data, model, optimizer), and launch/resume.py continues
+it from the checkpoint it resumes (which one, what it loads, what a changed setting means);
+training/run/step.py is one optimizer step's math, and training/run/lockstep.py the ranks' agreement
+around it; launch/components.py makes each component below from its own settings section. The loop
+below calls components that decide their own timing: evals/ (val loss, HellaSwag, samples, each at
+its interval), training/checkpoint/checkpointer.py (when a checkpoint is due, saves in the
+background, a failed save's retry), training/distributed/preemption.py (the stop vote),
+launch/recovery.py (the data feed, and rollbacks), training/observe/diagnostics.py (profiler, memory
+snapshots, rank timings); training/core/logger.py is rank 0's console, files, W&B and TensorBoard.
+Here the configuration is split: each component is made from its own settings section, and any key
+of another section it reads is passed to it as a value.
 
 Exit codes (common/errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
 configuration or input; 3 the loss went NaN/inf (the update was not applied), or spikes went on
