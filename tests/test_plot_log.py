@@ -466,7 +466,7 @@ def test_the_lr_legend_leaves_every_schedule_in_sight(tmp_path):
         assert not covered.any(), f"the legend covers {line.get_label()}"
 
 
-# --- issue 53: the shipped pictures are today's plot_log.py figures of the runs stored beside them -------------
+# --- issue 53: the shipped pictures are today's figures of the runs stored beside them -------------------------
 
 def test_every_shipped_picture_is_redrawn_by_make_pictures():
     assert sorted(p.stem for p in (REPO / "docs").glob("*.png")) == sorted(pictures.PICTURES)
@@ -476,8 +476,8 @@ def test_every_shipped_picture_is_redrawn_by_make_pictures():
 @pytest.mark.parametrize("name", sorted(pictures.PICTURES))
 def test_a_shipped_picture_is_what_plot_log_draws_today_from_its_stored_runs(tmp_path, name):
     """docs/pictures/NAME/figure.txt, and the text docs/NAME.png carries, describe the figure today's plot_log.py
-    draws from the stored runs (and the PNG has its size): a change to what plot_log.py draws fails here until
-    `make pictures` has redrawn the pictures."""
+    draws from the stored runs, or ladder.py from a ladder's stored ladder.json (and the PNG has its size): a change
+    to what either draws fails here until `make pictures` has redrawn the pictures."""
     description = plot_log.describe(pictures.draw(name, tmp_path / "picture.png"))
     assert (pictures.STORED / name / "figure.txt").read_text() == description, "make pictures redraws it"
     with Image.open(REPO / "docs" / f"{name}.png") as shipped, Image.open(tmp_path / "picture.png") as drawn:
