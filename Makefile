@@ -54,12 +54,13 @@ smoke: install
 	$(CPU_MALLOC) $(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_gpt2.py --config configs/gpt2_124m.yaml \
 		--data_dir $(SMOKE_DIR)/data --out_dir $(SMOKE_DIR)/run $(SMOKE_SHRINK)
 
-# Every shipped picture (docs/*.png) redrawn by plot_log.py from the runs it shows, kept small in
-# docs/pictures/ (the records it draws, config.yaml and the train data's unigram entropy), with what each
-# draws in docs/pictures/NAME/figure.txt (tests/test_plot_log.py compares it to today's plot_log.py):
-# seconds. FROM_SCRATCH=1 first reruns those runs into out/pictures/ and stores them: make demo's
-# training, the README's mixture and scripts/compare_recipes.py's seed 1337 (26 minutes, measured on
-# 2 CPU cores under a load average of 8-12).
+# Every shipped picture (docs/*.png) redrawn by plot_log.py or ladder.py from the runs it shows, kept small
+# in docs/pictures/ (the records it draws, config.yaml and the train data's unigram entropy; a ladder's
+# ladder.json), with what each draws in docs/pictures/NAME/figure.txt (tests/test_plot_log.py compares it to
+# today's plot_log.py and ladder.py): seconds. FROM_SCRATCH=1 first reruns those runs into out/pictures/ and
+# stores them: make demo's training, the README's mixture and scripts/compare_recipes.py's seed 1337 (26
+# minutes, measured on 2 CPU cores under a load average of 8-12), then the README's scaling ladder with its
+# check, one thread a run as docs/SCALING.md's was trained (29 minutes there, under a load average of 6-14).
 PICTURE_RUNS := out/pictures
 pictures: install
 ifdef FROM_SCRATCH
@@ -71,6 +72,8 @@ ifdef FROM_SCRATCH
 	$(CPU_MALLOC) $(PY) train_gpt2.py --config configs/demo.yaml --data_dir data/prose:0.5,data/code:0.5 \
 	    --val_tokens 2048 --max_steps 300 --eval_interval 25 --sample_interval 0 --out_dir $(PICTURE_RUNS)/mix
 	$(PY) scripts/compare_recipes.py --seeds 1337 --out $(PICTURE_RUNS)/recipes
+	OMP_NUM_THREADS=1 $(PY) ladder.py --tokens_per_param 0.01 --seeds 1337 1 --check --set eval_interval=0 \
+	    --set sample_interval=0 --out $(PICTURE_RUNS)/ladder
 	$(PY) scripts/pictures.py --store $(PICTURE_RUNS)
 endif
 	$(PY) scripts/pictures.py

@@ -46,7 +46,8 @@ a throughput: on a GPU an assumption, stated (the bf16 peak from the trainer's M
 the CPU one measured: scripts/bench.py times the trainer's step on the ladder's largest rung (evaluations,
 checkpoints and start-up are not counted).
 
-Writes OUT/ladder.md, OUT/ladder.json (no timings: the same rungs give the same bytes) and OUT/ladder.png.
+Writes OUT/ladder.md, OUT/ladder.json (no timings: the same rungs give the same bytes) and OUT/ladder.png, which
+ladder.json alone draws again (redraw(): scripts/pictures.py draws docs/ladder.png so).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -77,6 +79,9 @@ from model import GPT, PRESETS, GPTConfig
 from training.core.logger import LOG_NAME, read_log, write_text_file
 from training.core.metrics import PEAK_BF16_FLOPS, peak_flops_for
 from launch.config import TrainConfig, coerce, config_yaml, known_key, load_yaml
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure  # matplotlib loads where a picture is drawn, not for --dry_run
 
 REPO = Path(__file__).resolve().parent
 TRAINER = REPO / "train_gpt2.py"
@@ -517,10 +522,11 @@ def shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
-def budget_words(args) -> str:
-    if args.flops is not None:
-        return "FLOP budgets " + ", ".join(f"{c:.3g}" for c in args.flops)
-    return f"{args.tokens_per_param:g} tokens per parameter"
+def budget_words(budget: dict) -> str:
+    """The budget rule as ladder.json holds it ({"flops": [...]} or {"tokens_per_param": R}), in words."""
+    if "flops" in budget:
+        return "FLOP budgets " + ", ".join(f"{c:.3g}" for c in budget["flops"])
+    return f"{budget['tokens_per_param']:g} tokens per parameter"
 
 
 FLOPS_WORDS = ("FLOPs: C = (6 N + 12 L H Q T) x tokens trained, as the trainer's MFU counts them (model.py's "
@@ -534,7 +540,8 @@ def report(args, rungs: list[Rung], results: dict[str, dict], sizes: list[Size])
             for recipe in args.recipes}
     comparison = compare_recipes(args, rungs, results)
     described = ", ".join(s.label for s in sizes)
-    lines = [f"# Scaling ladder: {shown(args.config)}, sizes {described}, {budget_words(args)}, "
+    budget = {"flops": args.flops} if args.flops is not None else {"tokens_per_param": args.tokens_per_param}
+    lines = [f"# Scaling ladder: {shown(args.config)}, sizes {described}, {budget_words(budget)}, "
              f"seeds {', '.join(map(str, args.seeds))}", "", FLOPS_WORDS, "",
              "| rung | recipe | seed | params N | steps | tokens | FLOPs C | final val loss | final val bpb |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -565,7 +572,7 @@ def report(args, rungs: list[Rung], results: dict[str, dict], sizes: list[Size])
                          f"per decade of compute{interval}: {t['words']}.")
     data = {"config": shown(args.config), "sizes": [s.label for s in sizes],
             "next": next(r.size.label for r in rungs if r.check),
-            "budget": {"flops": args.flops} if args.flops is not None else {"tokens_per_param": args.tokens_per_param},
+            "budget": budget,
             "seeds": args.seeds, "recipes": args.recipes, "flops_counted_as": FLOPS_WORDS,
             "rungs": [{**r.describe(), "final": results.get(r.name)} for r in rungs],
             "fits": {recipe: {metric: None if fit is None else {k: v for k, v in fit.items() if k != "_fit"}
@@ -609,14 +616,17 @@ def law_lines(fit: dict, name: str) -> list[str]:
     return lines
 
 
-def draw(path: Path, rungs: list[Rung], results: dict[str, dict], fits: dict, title: str) -> None:
+def draw(path: Path, rungs: list[Rung], results: dict[str, dict], fits: dict, title: str) -> Figure:
     """Final val loss against FLOPs, log-log: each recipe's runs, its law with the law's 95% band, and at the next
-    size the prediction with one run's 95% interval (and the runs trained there, where --check trained them)."""
+    size the prediction with one run's 95% interval (and the runs trained there, where --check trained them). The
+    PNG carries what it draws as its Description text (plot_log.py's describe()); the figure is returned."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, MaxNLocator, NullFormatter, NullLocator, ScalarFormatter
+
+    from plot_log import describe
 
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     for index, (recipe, by_metric) in enumerate(fits.items()):
@@ -657,8 +667,28 @@ def draw(path: Path, rungs: list[Rung], results: dict[str, dict], fits: dict, ti
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7.5)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Description": describe(fig)})
     plt.close(fig)
+    return fig
+
+
+def picture_title(data: dict) -> str:
+    """ladder.png's title, from ladder.json's content."""
+    return f"{data['config']}: {', '.join(data['sizes'])} ({budget_words(data['budget'])})"
+
+
+def redraw(data: dict, path: Path) -> Figure:
+    """ladder.png again, from ladder.json's content `data` alone: its rungs with their final figures, and each
+    recipe's law fitted to them again as report() fitted it (the same numbers: the bootstrap is seeded, and as
+    many replicates as ladder.json records). scripts/pictures.py draws docs/ladder.png so."""
+    # a rung as describe() wrote it; its model keys and config are not in ladder.json, nor in the picture
+    rungs = [Rung(**{**{k: v for k, v in r.items() if k != "final"}, "size": Size(r["size"], {}), "config": ""})
+             for r in data["rungs"]]
+    results = {r["name"]: r["final"] for r in data["rungs"] if r["final"] is not None}
+    fits = {recipe: {"loss": fit_recipe(rungs, results, recipe, "loss",
+                                        (data["fits"][recipe]["loss"] or {}).get("bootstrap_replicates", 0))}
+            for recipe in data["recipes"]}
+    return draw(path, rungs, results, fits, picture_title(data))
 
 
 def write_report(args, rungs: list[Rung], sizes: list[Size]) -> str:
@@ -666,8 +696,7 @@ def write_report(args, rungs: list[Rung], sizes: list[Size]) -> str:
     text, data, fits = report(args, rungs, results, sizes)
     write_text_file(args.out / "ladder.md", text)
     write_text_file(args.out / "ladder.json", json.dumps(data, indent=2) + "\n")
-    draw(args.out / "ladder.png", rungs, results, fits,
-         f"{shown(args.config)}: {', '.join(s.label for s in sizes)} ({budget_words(args)})")
+    draw(args.out / "ladder.png", rungs, results, fits, picture_title(data))
     return text
 
 

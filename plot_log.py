@@ -46,7 +46,9 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
+from matplotlib.collections import LineCollection, PathCollection, PolyCollection  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.markers import MarkerStyle  # noqa: E402
 
 from common.errors import ArgumentParser, DataError, ReproError, WriteError, run_cli  # noqa: E402
 from common.log_fields import val_set_names  # noqa: E402
@@ -342,25 +344,35 @@ def plot(runs: dict[str, PlottedRun], out: Path, window: int = 1, title: str | N
 
 
 LINE_STYLES = {"-": "solid", "--": "dashed", ":": "dotted", "-.": "dash-dot"}
+# what a collection holds: scatter()'s points, fill_between()'s polygons, errorbar()'s bars (segments)
+COLLECTION_ITEMS = [(PathCollection, "points"), (PolyCollection, "polygons"), (LineCollection, "segments")]
 
 
 def describe(fig: Figure) -> str:
-    """What the figure draws, as text: its size and title, then per panel its titles, every line (label, colour,
-    style, marker; of a curve its number of points and the range of its values, of a reference line where it
-    stands), its notes and legend. Two figures with the same description look the same to a reader."""
+    """What the figure draws, as text: its size and title, then per panel its titles and any axis not linear,
+    every line (label, colour, style, marker; of a curve its number of points and the range of its values, of a
+    reference line where it stands), every collection (scatter points, filled bands, error bars: label, colours,
+    marker, how many and where), its notes and legend. Two figures with the same description look the same to a
+    reader: plot_log.py's and ladder.py's alike."""
     width, height = (fig.get_size_inches() * fig.dpi).round().astype(int)
     suptitle = fig._suptitle.get_text() if fig._suptitle else ""  # Figure.get_suptitle() is matplotlib 3.8+
     lines = [f"figure {width} x {height} px" + (f", title {suptitle!r}" if suptitle else "")]
     for ax in fig.axes:
-        lines.append(f"panel {ax.get_title()!r}: x {ax.get_xlabel()!r}, y {ax.get_ylabel()!r}")
+        x_scale, y_scale = (f" ({scale})" if scale != "linear" else "" for scale in (ax.get_xscale(), ax.get_yscale()))
+        lines.append(f"panel {ax.get_title()!r}: x {ax.get_xlabel()!r}{x_scale}, y {ax.get_ylabel()!r}{y_scale}")
         for line in ax.get_lines():
-            label = line.get_label()
             look = f"{matplotlib.colors.to_hex(line.get_color())} {LINE_STYLES.get(line.get_linestyle(), 'none')} " \
                    f"width {line.get_linewidth():g}"
             if line.get_alpha() is not None:
                 look += f" alpha {line.get_alpha():g}"
             if line.get_marker() not in (None, "None", ""):
-                fill = "hollow" if str(line.get_markerfacecolor()) == "none" else "filled"
+                face = line.get_markerfacecolor()
+                if str(face) == "none":
+                    fill = "hollow"
+                elif matplotlib.colors.same_color(face, line.get_color()):
+                    fill = "filled"
+                else:  # a face of another colour than its line (white: an open square on a white ground)
+                    fill = f"filled {colours([face])}"
                 look += f", marker {line.get_marker()} size {line.get_markersize():g} {fill}"
             x, y = line.get_xdata(), line.get_ydata()
             if line.get_transform() is ax.get_yaxis_transform():
@@ -369,12 +381,48 @@ def describe(fig: Figure) -> str:
                 where = f"vertical at x {x[0]:.4g}"
             else:
                 where = f"{len(x)} points, x {np.min(x):.4g} to {np.max(x):.4g}, y {np.min(y):.4g} to {np.max(y):.4g}"
-            lines.append(f"  line {'(unlabelled)' if label.startswith('_') else repr(label)}: {look}; {where}")
+            lines.append(f"  line {shown_label(line)}: {look}; {where}")
+        for collection in ax.collections:
+            items = next((name for cls, name in COLLECTION_ITEMS if isinstance(collection, cls)),
+                         f"{type(collection).__name__} items")
+            look = f"face {colours(collection.get_facecolor())}, edge {colours(collection.get_edgecolor())} width " \
+                   f"{', '.join(f'{w:g}' for w in dict.fromkeys(collection.get_linewidths()))}"
+            if isinstance(collection, PathCollection):  # every point the same path, of its own area (points^2)
+                look += f", marker {marker_name(collection.get_paths()[0])} area " \
+                        f"{', '.join(f'{s:g}' for s in dict.fromkeys(collection.get_sizes()))}"
+            count = len(collection.get_offsets()) if isinstance(collection, PathCollection) else \
+                len(collection.get_paths())
+            box = collection.get_datalim(ax.transData)  # in data coordinates, whatever the scales
+            lines.append(f"  collection {shown_label(collection)}: {look}; {count} {items}, "
+                         f"x {box.x0:.4g} to {box.x1:.4g}, y {box.y0:.4g} to {box.y1:.4g}")
         lines += [f"  note {text.get_text()!r}" for text in ax.texts]
         legend = ax.get_legend()
         if legend:
             lines.append(f"  legend: {', '.join(repr(text.get_text()) for text in legend.get_texts())}")
     return "\n".join(lines) + "\n"
+
+
+def shown_label(artist) -> str:
+    """An artist's label as describe() names it: matplotlib's own labels (_child0, _nolegend_) are no label."""
+    label = artist.get_label()
+    return "(unlabelled)" if label.startswith("_") else repr(label)
+
+
+def colours(rgba) -> str:
+    """Distinct colours, each as hex and its alpha where it is not opaque: '#1f77b4 alpha 0.15'."""
+    shown = [matplotlib.colors.to_hex(c) + (f" alpha {a:g}" if (a := matplotlib.colors.to_rgba(c)[3]) < 1 else "")
+             for c in rgba]
+    return ", ".join(dict.fromkeys(shown)) or "none"
+
+
+def marker_name(path) -> str:
+    """The marker whose shape scatter() drew as `path` (a collection keeps the shape, not the name)."""
+    for name in MarkerStyle.markers:
+        style = MarkerStyle(name)
+        shape = style.get_path().transformed(style.get_transform())
+        if np.array_equal(shape.vertices, path.vertices) and np.array_equal(shape.codes, path.codes):
+            return str(name)
+    return f"a path of {len(path.vertices)} vertices"
 
 
 def main(argv: list[str]) -> int:

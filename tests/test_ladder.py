@@ -18,6 +18,8 @@ import yaml
 
 import ladder
 from common.errors import ConfigError, run_cli
+from PIL import Image
+from plot_log import describe
 from conftest import (LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_processes, load_weights, make_shards,
                       run_and_reap, trainer_env, train_losses)
 from model import GPT, PRESETS, GPTConfig
@@ -162,7 +164,7 @@ def straight(base, tmp_path_factory) -> Straight:
 
 
 @pytest.mark.slow
-def test_a_shrunk_ladder_trains_fits_predicts_and_checks(straight):
+def test_a_shrunk_ladder_trains_fits_predicts_and_checks(straight, tmp_path):
     out, stdout = straight.out, straight.stdout
     data = yaml.safe_load((out / "ladder.json").read_text())
     assert {r["name"]: r["max_steps"] for r in data["rungs"]} == STEPS
@@ -185,6 +187,9 @@ def test_a_shrunk_ladder_trains_fits_predicts_and_checks(straight):
     # the prediction was written before d4 trained
     assert stdout.index("holds the prediction for d4 before it trains") < stdout.index("rung 1/1: d4_faithful_s1")
     assert (out / "ladder.png").read_bytes()[:4] == b"\x89PNG"
+    # ladder.json alone draws it again, to the byte (the law refitted without replicates: 3 runs)
+    ladder.redraw(json.loads((out / "ladder.json").read_text()), tmp_path / "redrawn.png")
+    assert (tmp_path / "redrawn.png").read_bytes() == (out / "ladder.png").read_bytes()
 
 
 @pytest.mark.slow
@@ -251,3 +256,10 @@ def test_two_recipes_are_compared_size_by_size_and_their_gain_traced_with_scale(
         assert fit["runs"] == 8 and fit["prediction"]["size"] == "d5" and fit["check"] is None
     assert data["fits"]["faithful"]["loss"]["law"]["alpha"] == pytest.approx(0.3, rel=0.02)
     assert (tmp_path / "ladder.png").stat().st_size > 10_000
+    # ladder.json alone draws the picture again, to the byte (each recipe's law refitted with its 300 replicates),
+    # as scripts/pictures.py draws docs/ladder.png; the PNG says what it draws
+    fig = ladder.redraw(json.loads((tmp_path / "ladder.json").read_text()), tmp_path / "redrawn.png")
+    assert (tmp_path / "redrawn.png").read_bytes() == (tmp_path / "ladder.png").read_bytes()
+    with Image.open(tmp_path / "ladder.png") as image:
+        assert image.text["Description"] == describe(fig)
+    assert "collection 'faithful: rungs'" in describe(fig) and "collection 'modern: rungs'" in describe(fig)

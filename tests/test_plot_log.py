@@ -414,6 +414,34 @@ def test_the_description_tells_apart_what_a_reader_sees(tmp_path):
         assert image.text["Description"] == text
 
 
+def test_the_description_tells_apart_points_bands_and_error_bars(tmp_path):
+    """Beyond plot_log.py's lines, describe() names what ladder.py draws (docs/ladder.png): log axes, scatter points
+    (marker, area, face and edge), a band's colour and alpha, error bars, a marker face of another colour."""
+    import matplotlib.pyplot as plt
+
+    def drawn(star: str) -> str:
+        fig, ax = plt.subplots(figsize=(4, 3), dpi=100)
+        ax.scatter([1e12, 1e13], [7.0, 6.5], color="C0", s=22, label="rungs")
+        ax.scatter([3e13], [6.3], marker=star, s=90, color="C0", edgecolor="black", lw=0.5, label="trained")
+        ax.fill_between([1e12, 3e13], [6.9, 6.3], [7.1, 6.6], color="C0", alpha=0.15, lw=0)
+        ax.errorbar([3e13], [6.45], yerr=[[0.05], [0.1]], fmt="s", color="C0", capsize=4, mfc="white")
+        ax.set(xscale="log", yscale="log", title="ladder")
+        plt.close(fig)
+        return plot_log.describe(fig)
+
+    text = drawn("*")
+    assert "panel 'ladder': x '' (log), y '' (log)" in text
+    assert "collection 'rungs': face #1f77b4, edge #1f77b4 width 1, marker o area 22; 2 points, x 1e+12 to 1e+13, " \
+           "y 6.5 to 7" in text
+    assert "collection 'trained': face #1f77b4, edge #000000 width 0.5, marker * area 90; 1 points" in text
+    assert "collection (unlabelled): face #1f77b4 alpha 0.15, edge #1f77b4 alpha 0.15 width 0; 1 polygons, " \
+           "x 1e+12 to 3e+13, y 6.3 to 7.1" in text
+    assert "collection (unlabelled): face none, edge #1f77b4 width 1.5; 1 segments, x 3e+13 to 3e+13, " \
+           "y 6.4 to 6.55" in text
+    assert "line (unlabelled): #1f77b4 none width 1.5, marker s size 6 filled #ffffff; 1 points" in text
+    assert drawn("D") != text  # another marker, another description
+
+
 def test_runs_on_the_same_data_get_one_unigram_entropy_line(tmp_path):
     data = shards_of(tmp_path / "corpus", list(range(64)) * 10)
     config = {**DEMO, "data_dir": str(data)}
@@ -438,7 +466,7 @@ def test_the_lr_legend_leaves_every_schedule_in_sight(tmp_path):
         assert not covered.any(), f"the legend covers {line.get_label()}"
 
 
-# --- issue 53: the shipped pictures are today's plot_log.py figures of the runs stored beside them -------------
+# --- issue 53: the shipped pictures are today's figures of the runs stored beside them -------------------------
 
 def test_every_shipped_picture_is_redrawn_by_make_pictures():
     assert sorted(p.stem for p in (REPO / "docs").glob("*.png")) == sorted(pictures.PICTURES)
@@ -448,8 +476,8 @@ def test_every_shipped_picture_is_redrawn_by_make_pictures():
 @pytest.mark.parametrize("name", sorted(pictures.PICTURES))
 def test_a_shipped_picture_is_what_plot_log_draws_today_from_its_stored_runs(tmp_path, name):
     """docs/pictures/NAME/figure.txt, and the text docs/NAME.png carries, describe the figure today's plot_log.py
-    draws from the stored runs (and the PNG has its size): a change to what plot_log.py draws fails here until
-    `make pictures` has redrawn the pictures."""
+    draws from the stored runs, or ladder.py from a ladder's stored ladder.json (and the PNG has its size): a change
+    to what either draws fails here until `make pictures` has redrawn the pictures."""
     description = plot_log.describe(pictures.draw(name, tmp_path / "picture.png"))
     assert (pictures.STORED / name / "figure.txt").read_text() == description, "make pictures redraws it"
     with Image.open(REPO / "docs" / f"{name}.png") as shipped, Image.open(tmp_path / "picture.png") as drawn:
