@@ -16,9 +16,11 @@ arguments. On each node (one task per node, under srun) it checks, and fails the
     the folder's filesystem tells, and one in the node's memory (tmpfs) or its scratch space
     (/tmp, /var/tmp) is refused, since a requeue may start the job on another node;
   - a requeued job (SLURM_RESTART_COUNT above 0) in the run folder its earlier start used: node 0
-    records the job id in each folder (RECORD) once these checks pass, and a requeue that finds
-    another job's record, or none, stops rather than start the run again from step 0 where the
-    earlier start's checkpoints cannot be seen.
+    records the job id in each folder (RECORD) first, once it has read the config, and a requeued
+    start that finds another job's record, or none, stops rather than start the run over from
+    step 0 where the earlier start's checkpoints cannot be seen. (A start that ended before its
+    record, in its first seconds, leaves none: the next one stops too, and the job is submitted
+    again.)
 Exit 0 when all hold; 2 (an `error:` line) when one does not.
 """
 
@@ -40,7 +42,7 @@ from training.core.storage import is_url  # noqa: E402
 from training.train.config import parse_args  # noqa: E402
 
 SHARED_WAIT_S = float(os.environ.get("PREFLIGHT_SHARED_WAIT_S", 120))  # a network filesystem's caches may lag
-RECORD = ".slurm-job"  # in each run folder: the id of the job that last passed this check there
+RECORD = ".slurm-job"  # in each run folder: the id of the job that last started there
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")  # a node's memory: no other node sees them, and a reboot empties them
 SCRATCH_ROOTS = (Path("/tmp"), Path("/var/tmp"))  # a node's own scratch space, on every cluster
 MOUNTS = Path("/proc/self/mounts")
@@ -54,8 +56,6 @@ def main(argv: list[str]) -> int:
     workers = args.workers_per_node
     cfg = parse_args(trainer_args)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    if cfg.runtime.device == "cuda" or gpus_asked():
-        check_gpus(node, workers)
     node_id, nodes = int(os.environ.get("SLURM_NODEID", 0)), int(os.environ.get("SLURM_JOB_NUM_NODES", 1))
     job, restarts = os.environ.get("SLURM_JOB_ID", str(os.getpid())), int(os.environ.get("SLURM_RESTART_COUNT", 0))
     out_dir = cfg.run.out_dir
@@ -63,15 +63,16 @@ def main(argv: list[str]) -> int:
     checkpoints = checkpoints_folder(out_dir, cfg.checkpoint.checkpoint_dir)
     if not is_url(checkpoints) and Path(out_dir).resolve() not in Path(checkpoints).resolve().parents:
         folders.append(("checkpoint_dir", Path(checkpoints)))
+    if node_id == 0:  # first, before the checks that take time (a start stopped during them has left its record)
+        for key, folder in folders:
+            record_start(key, folder, node, job, restarts)
+    if cfg.runtime.device == "cuda" or gpus_asked():
+        check_gpus(node, workers)
     for key, folder in folders:
         check_shared(key, folder, node, node_id, nodes, f"{job}.{restarts}")
         if nodes == 1:
             check_not_node_local(key, folder, node)
-    if node_id == 0:  # the run folders are this job's, and seen alike by every node: node 0 speaks for them
-        for key, folder in folders:
-            check_earlier_start(key, folder, job, restarts)
-        for _, folder in folders:
-            (folder / RECORD).write_text(f"{job}\n")
+    if node_id == 0:
         print(f"preflight: {nodes} node(s) | {workers} worker(s) each | "
               + ", ".join(f"{key} {folder} shared" for key, folder in folders), flush=True)
     return 0
@@ -160,23 +161,29 @@ def filesystem_of(path: Path) -> str | None:
     return found
 
 
-def check_earlier_start(key: str, folder: Path, job: str, restarts: int) -> None:
-    """A requeued job must find its earlier start's record in folder; else this is not where that start wrote,
-    and its checkpoints are elsewhere: going on would start the run over from step 0."""
-    if restarts == 0:
-        return
+def record_start(key: str, folder: Path, node: str, job: str, restarts: int) -> None:
+    """Node 0: record this start of the job in folder, once a requeued start has found its earlier start's record
+    there. Without one, this is not where that start wrote, and its checkpoints are elsewhere: going on would
+    start the run over from step 0."""
+    record = folder / RECORD
+    if restarts:
+        try:
+            recorded = record.read_text().strip()
+        except OSError:
+            recorded = ""
+        if recorded != job:
+            found = f"job {recorded}'s" if recorded else "none"
+            raise ConfigError(f"{key} {folder}: job {job} was requeued (start {restarts + 1}), but this folder holds "
+                              f"no record of its earlier start ({RECORD}: {found}): it is not the folder that start "
+                              f"wrote to (a node's own disk? that start's checkpoints stay there, on the node this "
+                              f"log names for start {restarts}), or that start ended within its first seconds, before "
+                              f"its health check read the config; not starting the run over from step 0: put {key} "
+                              f"on a filesystem every node mounts, or submit the job again")
     try:
-        recorded = (folder / RECORD).read_text().strip()
-    except OSError:
-        recorded = ""
-    if recorded != job:
-        found = f"job {recorded}'s" if recorded else "none"
-        raise ConfigError(f"{key} {folder}: job {job} was requeued (start {restarts + 1}), but this folder holds no "
-                          f"record of its earlier start ({RECORD}: {found}): it is not the folder that start wrote "
-                          f"to (a node's own disk? that start's checkpoints stay there, on the node this log names "
-                          f"for start {restarts}), or that start ended before its health check passed; not starting "
-                          f"the run over from step 0: put {key} on a filesystem every node mounts, or submit the "
-                          f"job again to start it afresh")
+        folder.mkdir(parents=True, exist_ok=True)
+        record.write_text(f"{job}\n")
+    except OSError as e:
+        raise ConfigError(f"{key} {folder}: not writable on node {node} ({e.strerror or e})") from None
 
 
 def wait_for(meeting: Path, kind: str, nodes: int) -> list[int]:
