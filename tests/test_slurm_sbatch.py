@@ -28,7 +28,7 @@ FAKES = {
     "squeue": r"""
 case "$*" in
     *%l*) [[ -z ${FAKE_SQUEUE_FAILS:-} ]] || { echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1; }
-          [[ ${FAKE_SIGNAL_AT:-} != squeue ]] || kill -USR1 "$(cat "$FAKE_DIR/batch.pid")"
+          [[ ${FAKE_SIGNAL_AT:-} != squeue ]] || kill -USR1 "$(batch_pid)"
           echo "${FAKE_TIME_LIMIT:-1-00:00:00}" ;;
     *%T*) [[ -e $FAKE_DIR/requeued ]] && echo COMPLETING || echo "${FAKE_STATE:-RUNNING}" ;;
 esac
@@ -37,7 +37,7 @@ esac
 case $1 in
     show) echo "NodeName=$3 Arch=x86_64 CoresPerSocket=1"; echo "   NodeAddr=127.0.0.1 NodeHostName=$3" ;;
     requeue) echo "requeue $2" >> "$FAKE_DIR/calls"; touch "$FAKE_DIR/requeued"
-             kill -TERM "$(cat "$FAKE_DIR/batch.pid")" ;;  # Slurm ends the requeued job's batch script
+             kill -TERM "$(batch_pid)" ;;  # Slurm ends the requeued job's batch script
 esac
 """,
     "srun": r"""
@@ -56,6 +56,10 @@ wait $sleeper
     "torchrun": "exit 3  # srun runs it: never here\n",
     "python": "exec sleep 600  # the rendezvous store; its SIGINT must end it\n",
 }
+# in every fake: the batch script's pid, which the test writes once bash has started
+BATCH_PID = 'batch_pid() { until [[ -s $FAKE_DIR/batch.pid ]]; do sleep 0.01; done; cat "$FAKE_DIR/batch.pid"; }\n'
+
+
 class Job:
     """slurm.sbatch started by bash as Slurm's batch step would start it, with the fakes first on PATH."""
 
@@ -64,7 +68,7 @@ class Job:
         bin_dir = folder / "bin"
         bin_dir.mkdir(parents=True)
         for name, body in FAKES.items():
-            (bin_dir / name).write_text("#!/bin/bash\n" + body)
+            (bin_dir / name).write_text("#!/bin/bash\n" + BATCH_PID + body)
         for path in bin_dir.iterdir():
             path.chmod(0o755)
         self.token = uuid.uuid4().hex
