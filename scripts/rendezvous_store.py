@@ -11,11 +11,13 @@ or closing the rendezvous, then loses the store mid-call and prints an "Error wa
 barrier" traceback, although every worker exited 0. A store that outlives every agent ends a job
 quietly. It holds only the rendezvous's state (a few small keys); no training data goes through it.
 
-It runs until SIGINT, then exits 0, whenever SIGINT comes: while it imports torch too (seconds), so
-a script that stops it early does not leave it holding its port. A port already taken is one
-`error:` line, exit 2. SIGTERM is ignored: `scancel` sends it to every process of the job at once,
-and the agents, which got it too, still use the store while their workers save a checkpoint
-(Slurm's SIGKILL after KillWait ends it).
+It runs until SIGINT or SIGHUP, then exits 0, whenever the signal comes: while it imports torch
+too (seconds), so a script that stops it early does not leave it holding its port. (A script starts
+a background command with SIGINT ignored, so one sent before Python has started is lost; nothing
+ignores SIGHUP, whose default ends the process before that too: slurm.sbatch sends SIGHUP.) A
+port already taken is one `error:` line, exit 2. SIGTERM is ignored: `scancel` sends it to every
+process of the job at once, and the agents, which got it too, still use the store while their
+workers save a checkpoint (Slurm's SIGKILL after KillWait ends it).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def stop(signum, frame):
 # First of all, before the imports: a script starts a background command with SIGINT ignored, which Python
 # keeps, so a SIGINT sent before a handler of its own is installed would be lost.
 signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGHUP, stop)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 import datetime  # noqa: E402
@@ -58,7 +61,7 @@ def main(argv: list[str]) -> int:
                           f"set RDZV_PORT to a free port") from None
     try:
         while True:
-            signal.pause()  # the store serves from its own threads until SIGINT (stop)
+            signal.pause()  # the store serves from its own threads until SIGINT or SIGHUP (stop)
     finally:
         del store  # its port closes now
 

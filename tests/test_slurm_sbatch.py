@@ -5,7 +5,7 @@ failing Slurm query, is reached at will, in well under a second each. The fakes 
 squeue answers the job's time limit and state, scontrol its node and `requeue` (which, as Slurm does,
 then sends the batch script a TERM), srun runs nothing but sleeps as the step would (the health check
 until stopped, or FAKE_HEALTH_CHECK_S; the trainer until a USR1 or TERM, which it "saves" on), and python
-(the rendezvous store) sleeps until the script's SIGINT ends it.
+(the rendezvous store) sleeps until the script's SIGHUP ends it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ touch "$FAKE_DIR/running-torchrun"
 wait $sleeper
 """,
     "torchrun": "exit 3  # srun runs it: never here\n",
-    "python": "exec sleep 600  # the rendezvous store; its SIGINT must end it\n",
+    "python": "exec sleep 600  # the rendezvous store, which the script's SIGHUP must end\n",
 }
 # in every fake: the batch script's pid, which the test writes once bash has started
 BATCH_PID = 'batch_pid() { until [[ -s $FAKE_DIR/batch.pid ]]; do sleep 0.01; done; cat "$FAKE_DIR/batch.pid"; }\n'
