@@ -11,17 +11,33 @@ or closing the rendezvous, then loses the store mid-call and prints an "Error wa
 barrier" traceback, although every worker exited 0. A store that outlives every agent ends a job
 quietly. It holds only the rendezvous's state (a few small keys); no training data goes through it.
 
-It runs until SIGINT, then exits 0; a port already taken is one `error:` line, exit 2. SIGTERM is
-ignored: `scancel` sends it to every process of the job at once, and the agents, which got it too,
-still use the store while their workers save a checkpoint (Slurm's SIGKILL after KillWait ends it).
+It runs until SIGINT or SIGHUP, then exits 0, whenever the signal comes: while it imports torch
+too (seconds), so a script that stops it early does not leave it holding its port. (A script starts
+a background command with SIGINT ignored, so one sent before Python has started is lost; nothing
+ignores SIGHUP, whose default ends the process before that too: slurm.sbatch sends SIGHUP.) A
+port already taken is one `error:` line, exit 2. SIGTERM is ignored: `scancel` sends it to every
+process of the job at once, and the agents, which got it too, still use the store while their
+workers save a checkpoint (Slurm's SIGKILL after KillWait ends it).
 """
 
 from __future__ import annotations
 
-import datetime
 import signal
 import sys
-from pathlib import Path
+
+
+def stop(signum, frame):
+    raise SystemExit(0)
+
+
+# First of all, before the imports: a script starts a background command with SIGINT ignored, which Python
+# keeps, so a SIGINT sent before a handler of its own is installed would be lost.
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGHUP, stop)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+import datetime  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,15 +59,11 @@ def main(argv: list[str]) -> int:
     except (RuntimeError, ValueError) as e:
         raise ConfigError(f"rendezvous store: cannot listen on {host}:{port} ({str(e).splitlines()[0]}); "
                           f"set RDZV_PORT to a free port") from None
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # a handler of its own: bash starts a background command with SIGINT ignored, which Python would keep
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
-            signal.pause()  # the store serves from its own threads until SIGINT
-    except KeyboardInterrupt:
-        del store
-    return 0
+            signal.pause()  # the store serves from its own threads until SIGINT or SIGHUP (stop)
+    finally:
+        del store  # its port closes now
 
 
 if __name__ == "__main__":

@@ -12,13 +12,22 @@ arguments. On each node (one task per node, under srun) it checks, and fails the
     shared: every node writes a file into it and waits until it sees every other node's. A folder
     on a node's local disk would otherwise pass the first launch and fail at the first sharded
     checkpoint (each rank's part lands where rank 0 cannot see it), or at the first requeue onto
-    other nodes (the checkpoints stay behind).
+    other nodes (the checkpoints stay behind). A job of one node has no other node to meet: there
+    the folder's filesystem tells, and one in the node's memory (tmpfs) or its scratch space
+    (/tmp, /var/tmp) is refused, since a requeue may start the job on another node;
+  - a requeued job (SLURM_RESTART_COUNT above 0) in the run folder its earlier start used: node 0
+    records the job id in each folder (RECORD) first, once it has read the config, and a requeued
+    start that finds another job's record, or none, stops rather than start the run over from
+    step 0 where the earlier start's checkpoints cannot be seen. (A start that ended before its
+    record, in its first seconds, leaves none: the next one stops too, and the job is submitted
+    again.)
 Exit 0 when all hold; 2 (an `error:` line) when one does not.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import sys
@@ -33,6 +42,10 @@ from training.core.storage import is_url  # noqa: E402
 from launch.config import parse_args  # noqa: E402
 
 SHARED_WAIT_S = float(os.environ.get("PREFLIGHT_SHARED_WAIT_S", 120))  # a network filesystem's caches may lag
+RECORD = ".slurm-job"  # in each run folder: the id of the job that last started there
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")  # a node's memory: no other node sees them, and a reboot empties them
+SCRATCH_ROOTS = (Path("/tmp"), Path("/var/tmp"))  # a node's own scratch space, on every cluster
+MOUNTS = Path("/proc/self/mounts")
 
 
 def main(argv: list[str]) -> int:
@@ -43,21 +56,39 @@ def main(argv: list[str]) -> int:
     workers = args.workers_per_node
     cfg = parse_args(trainer_args)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    gpus_here = int(os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE") or 0)
-    if cfg.runtime.device == "cuda" or gpus_here:
-        check_gpus(node, workers)
     node_id, nodes = int(os.environ.get("SLURM_NODEID", 0)), int(os.environ.get("SLURM_JOB_NUM_NODES", 1))
-    attempt = f"{os.environ.get('SLURM_JOB_ID', os.getpid())}.{os.environ.get('SLURM_RESTART_COUNT', 0)}"
+    job, restarts = os.environ.get("SLURM_JOB_ID", str(os.getpid())), int(os.environ.get("SLURM_RESTART_COUNT", 0))
     out_dir = cfg.run.out_dir
     folders = [("out_dir", Path(out_dir))]
     checkpoints = checkpoints_folder(out_dir, cfg.checkpoint.checkpoint_dir)
     if not is_url(checkpoints) and Path(out_dir).resolve() not in Path(checkpoints).resolve().parents:
         folders.append(("checkpoint_dir", Path(checkpoints)))
+    if node_id == 0:  # first, before the checks that take time (a start stopped during them has left its record)
+        for key, folder in folders:
+            record_start(key, folder, node, job, restarts)
+    if cfg.runtime.device == "cuda" or gpus_asked():
+        check_gpus(node, workers)
     for key, folder in folders:
-        check_shared(key, folder, node, node_id, nodes, attempt)
+        check_shared(key, folder, node, node_id, nodes, f"{job}.{restarts}")
+        if nodes == 1:
+            check_not_node_local(key, folder, node)
     if node_id == 0:
         print(f"preflight: {nodes} node(s) | {workers} worker(s) each | "
               + ", ".join(f"{key} {folder} shared" for key, folder in folders), flush=True)
+    return 0
+
+
+def gpus_asked() -> int:
+    """The GPUs the job asked Slurm for on this node (0: none): SLURM_GPUS_ON_NODE, else --gpus-per-node's
+    SLURM_GPUS_PER_NODE, whose count may come with its type (a100:8), or be one per type (a100:4,h100:4)."""
+    for name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        value = os.environ.get(name, "")
+        if value:
+            try:
+                return sum(int(item.rsplit(":", 1)[-1]) for item in value.split(","))
+            except ValueError:
+                raise ConfigError(f"{name}={value}: not a GPU count ([type:]number, or several joined by "
+                                  f"commas)") from None
     return 0
 
 
@@ -89,6 +120,70 @@ def check_shared(key: str, folder: Path, node: str, node_id: int, nodes: int, at
     if node_id == 0:
         wait_for(meeting, "saw", nodes)
         shutil.rmtree(meeting, ignore_errors=True)
+
+
+def check_not_node_local(key: str, folder: Path, node: str) -> None:
+    """A job of one node meets no other node in folder: refuse a folder that its filesystem says is this node's own."""
+    where = node_local(folder)
+    if where:
+        raise ConfigError(f"{key} {folder}: {where} of node {node}: a requeue (the time limit, a preemption, a node "
+                          f"failure) may start this job on another node, which would find neither its checkpoints "
+                          f"nor its log; put it on a filesystem every node mounts")
+
+
+def node_local(folder: Path) -> str | None:
+    """Where folder (an existing one) is this node's own and no other's, in words: in its memory (a tmpfs), or in
+    its scratch space (/tmp); None where its filesystem does not say."""
+    path = folder.resolve()
+    filesystem = filesystem_of(path)
+    if filesystem in MEMORY_FILESYSTEMS:
+        return f"in the memory ({filesystem})"
+    root = next((root for root in SCRATCH_ROOTS if root == path or root in path.parents), None)
+    return None if root is None else f"in the scratch space ({root})"
+
+
+def filesystem_of(path: Path) -> str | None:
+    """The type of the filesystem path (resolved) is on, from the mount table: its longest mount point that holds
+    it (None where there is no mount table to read)."""
+    try:
+        lines = MOUNTS.read_text().splitlines()
+    except OSError:
+        return None
+    found, longest = None, -1
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # the mount table writes a space in a mount point as \040 (and a tab, newline, backslash alike)
+        point = Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1]))
+        if (point == path or point in path.parents) and len(point.parts) >= longest:
+            found, longest = fields[2], len(point.parts)  # the later of two at one point is the one on top
+    return found
+
+
+def record_start(key: str, folder: Path, node: str, job: str, restarts: int) -> None:
+    """Node 0: record this start of the job in folder, once a requeued start has found its earlier start's record
+    there. Without one, this is not where that start wrote, and its checkpoints are elsewhere: going on would
+    start the run over from step 0."""
+    record = folder / RECORD
+    if restarts:
+        try:
+            recorded = record.read_text().strip()
+        except OSError:
+            recorded = ""
+        if recorded != job:
+            found = f"job {recorded}'s" if recorded else "none"
+            raise ConfigError(f"{key} {folder}: job {job} was requeued (start {restarts + 1}), but this folder holds "
+                              f"no record of its earlier start ({RECORD}: {found}): it is not the folder that start "
+                              f"wrote to (a node's own disk? that start's checkpoints stay there, on the node this "
+                              f"log names for start {restarts}), or that start ended within its first seconds, before "
+                              f"its health check read the config; not starting the run over from step 0: put {key} "
+                              f"on a filesystem every node mounts, or submit the job again")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        record.write_text(f"{job}\n")
+    except OSError as e:
+        raise ConfigError(f"{key} {folder}: not writable on node {node} ({e.strerror or e})") from None
 
 
 def wait_for(meeting: Path, kind: str, nodes: int) -> list[int]:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from torch.distributed import TCPStore
@@ -23,7 +24,7 @@ def start(port: int) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_it_serves_until_sigint_ignores_sigterm_and_refuses_a_taken_port_in_one_line():
+def test_it_serves_until_sighup_ignores_sigterm_and_refuses_a_taken_port_in_one_line():
     port = free_port()
     store = start(port)
     try:
@@ -38,8 +39,30 @@ def test_it_serves_until_sigint_ignores_sigterm_and_refuses_a_taken_port_in_one_
         assert second.returncode == 2 and stderr.startswith(f"error: rendezvous store: cannot listen on 127.0.0.1:{port}")
         assert stderr.rstrip().endswith("set RDZV_PORT to a free port") and stderr.count("\n") == 1
 
-        store.send_signal(signal.SIGINT)  # what slurm.sbatch sends once srun has returned
+        store.send_signal(signal.SIGHUP)  # what slurm.sbatch sends once srun has returned
         assert store.wait(timeout=guard(30)) == 0
+    finally:
+        if store.poll() is None:
+            store.kill()
+        store.communicate()
+
+
+def test_a_sigint_while_it_imports_torch_stops_it_though_it_started_with_sigint_ignored():
+    """A script's background command starts with SIGINT ignored, and the SIGINT that stops it (`kill -INT %1`)
+    may come while the store still imports torch (seconds), when the script ends at once."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what the child inherits, as from `python ... &`
+    try:
+        store = start(free_port())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        deadline = time.monotonic() + guard(30)
+        while "libtorch" not in Path(f"/proc/{store.pid}/maps").read_text():  # importing torch
+            assert store.poll() is None and time.monotonic() < deadline, store.communicate()
+            time.sleep(0.01)
+        store.send_signal(signal.SIGINT)
+        assert store.wait(timeout=guard(20)) == 0
+        assert store.communicate() == ("", "")
     finally:
         if store.poll() is None:
             store.kill()

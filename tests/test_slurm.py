@@ -117,6 +117,7 @@ def test_a_two_node_job_trains_to_the_end(straight):
     assert steps_logged(straight) == list(range(STEPS))
     assert "world size 2" in text and "preflight: 2 node(s)" in text, text[-3000:]
     assert STRAIGHT_JOB["Restarts"] == "0"
+    assert (straight / ".slurm-job").read_text() == f"{STRAIGHT_JOB['JobId']}\n"  # what a requeued start looks for
     assert "Traceback" not in text and "exit barrier" not in text, text[-5000:]  # the store outlived the agents
 
 

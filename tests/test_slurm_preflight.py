@@ -6,6 +6,8 @@ it refuses: no Slurm needed.)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from common.errors import run_cli
@@ -13,21 +15,61 @@ from conftest import TINY_MODEL
 from scripts import slurm_preflight
 
 
-def preflight(monkeypatch, capfd, tmp_path, *, node_id=0, nodes=1, gpus_asked="", args=()) -> tuple[int, list[str]]:
-    """Run the check as node `node_id` of `nodes`; its exit status and its `error:` lines."""
+def preflight(monkeypatch, capfd, tmp_path, *, node_id=0, nodes=1, gpus_asked="", job="77", restarts=0, args=(),
+              env=None, mounts="/dev/vda / ext4 rw 0 0", scratch=()) -> tuple[int, list[str]]:
+    """Run the check as node `node_id` of `nodes` of start `restarts + 1` of job `job`; its exit status and its
+    `error:` lines. The node's mount table is `mounts` and its scratch space `scratch` (not this machine's:
+    tmp_path is in its /tmp)."""
     for name, value in {"SLURMD_NODENAME": f"n{node_id + 1}", "SLURM_NODEID": str(node_id),
-                        "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0",
-                        "SLURM_GPUS_ON_NODE": gpus_asked}.items():
+                        "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": str(restarts),
+                        "SLURM_GPUS_ON_NODE": gpus_asked, "SLURM_GPUS_PER_NODE": "", **(env or {})}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(slurm_preflight, "SHARED_WAIT_S", 0.5)
+    (tmp_path / "mounts").write_text(mounts + "\n")
+    monkeypatch.setattr(slurm_preflight, "MOUNTS", tmp_path / "mounts")
+    monkeypatch.setattr(slurm_preflight, "SCRATCH_ROOTS", tuple(map(Path, scratch)))
     status = run_cli(slurm_preflight.main, ["--workers_per_node", "1", *TINY_MODEL, "--out_dir", str(tmp_path / "run"),
                                             "--device", "cpu", *args])
     return status, [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
 
 
-def test_one_node_passes_and_leaves_nothing_in_out_dir(monkeypatch, capfd, tmp_path):
+def test_one_node_passes_and_leaves_only_its_record_of_the_job_in_out_dir(monkeypatch, capfd, tmp_path):
     assert preflight(monkeypatch, capfd, tmp_path) == (0, [])
-    assert list((tmp_path / "run").iterdir()) == []
+    assert [path.name for path in (tmp_path / "run").iterdir()] == [slurm_preflight.RECORD]
+    assert (tmp_path / "run" / slurm_preflight.RECORD).read_text() == "77\n"
+
+
+def test_a_requeued_job_goes_on_only_where_its_earlier_start_left_its_record(monkeypatch, capfd, tmp_path):
+    """Requeued onto a node whose out_dir is its own disk, the job would find neither checkpoints nor log, and
+    start again from step 0: it stops instead, in one line."""
+    status, errors = preflight(monkeypatch, capfd, tmp_path, restarts=1)  # nothing of start 1 is here
+    assert status == 2 and len(errors) == 1
+    assert errors[0].startswith(f"error: out_dir {tmp_path / 'run'}: job 77 was requeued (start 2), but this folder "
+                                f"holds no record of its earlier start (.slurm-job: none)")
+    assert "not starting the run over from step 0" in errors[0]
+
+    assert preflight(monkeypatch, capfd, tmp_path) == (0, [])  # start 1 where start 2 finds it: it goes on there
+    assert preflight(monkeypatch, capfd, tmp_path, restarts=1) == (0, [])
+
+    assert preflight(monkeypatch, capfd, tmp_path, job="76") == (0, [])  # another job's first start, there
+    status, errors = preflight(monkeypatch, capfd, tmp_path, restarts=2)
+    assert status == 2 and len(errors) == 1 and "(start 3)" in errors[0] and "(.slurm-job: job 76's)" in errors[0]
+
+
+@pytest.mark.parametrize("where,mounts,scratch,message", [
+    ("memory", "/dev/vda / ext4 rw 0 0\ntmpfs {tmp} tmpfs rw 0 0", (), "in the memory (tmpfs)"),
+    ("scratch", "/dev/vda / ext4 rw 0 0", ("{tmp}",), "in the scratch space ({tmp})"),
+])
+def test_one_node_refuses_an_out_dir_that_its_filesystem_says_is_the_nodes_own(monkeypatch, capfd, tmp_path, where,
+                                                                               mounts, scratch, message):
+    """No other node to meet: the mount table says a tmpfs, or the path says the node's /tmp."""
+    tmp = str(tmp_path).replace(" ", "\\040")  # as the mount table writes a space
+    status, errors = preflight(monkeypatch, capfd, tmp_path, mounts=mounts.format(tmp=tmp),
+                               scratch=[s.format(tmp=tmp_path) for s in scratch])
+    assert status == 2 and errors == [
+        f"error: out_dir {tmp_path / 'run'}: {message.format(tmp=tmp_path)} of node n1: a requeue (the time limit, a "
+        "preemption, a node failure) may start this job on another node, which would find neither its checkpoints "
+        "nor its log; put it on a filesystem every node mounts"]
 
 
 def test_an_out_dir_that_the_other_nodes_do_not_see_is_refused_naming_it(monkeypatch, capfd, tmp_path):
@@ -50,6 +92,20 @@ def test_a_job_that_asked_for_gpus_on_a_node_that_sees_none_is_refused(monkeypat
     status, errors = preflight(monkeypatch, capfd, tmp_path, gpus_asked="8")
     assert status == 2 and len(errors) == 1 and errors[0].startswith(
         "error: node n1: sees 0 GPU(s) but the job starts 1 workers per node (GPUS_PER_NODE)")
+
+
+@pytest.mark.parametrize("asked", ["a100:8", "8", "a100:4,h100:4"])
+def test_a_gpu_count_with_its_type_is_read_as_its_number(monkeypatch, capfd, tmp_path, asked):
+    """--gpus-per-node=a100:8 sets SLURM_GPUS_PER_NODE=a100:8 (SLURM_GPUS_ON_NODE is not always set)."""
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    status, errors = preflight(monkeypatch, capfd, tmp_path, env={"SLURM_GPUS_PER_NODE": asked})
+    assert status == 2 and len(errors) == 1 and errors[0].startswith("error: node n1: sees 0 GPU(s)")
+
+
+def test_a_gpu_count_that_is_no_number_is_one_line_naming_it(monkeypatch, capfd, tmp_path):
+    status, errors = preflight(monkeypatch, capfd, tmp_path, env={"SLURM_GPUS_PER_NODE": "a100:many"})
+    assert status == 2 and errors == ["error: SLURM_GPUS_PER_NODE=a100:many: not a GPU count ([type:]number, or "
+                                      "several joined by commas)"]
 
 
 def test_a_bad_trainer_key_is_refused_before_any_launch(monkeypatch, capfd, tmp_path):
