@@ -1,11 +1,16 @@
 """Settings sections: each component's keys, typed, with their help, their rules and what they do on resume.
 
-A section is a dataclass deriving from `Settings`: its fields made with option() (the default,
-the help text --help prints, and what another value does to a resumed run: one of ON_RESUME, or a
-function of the other settings where they decide it),
-its own rules in validate(), each a require() whose ConfigError names the key; it checks itself
-when it is made. So a new key is written in one place, its field, plus its line in
-docs/CONFIGURATION.md (tests/test_config.py checks that every key has both).
+A section is a pydantic dataclass (the `section` decorator) deriving from `Settings`: its fields
+made with option() (the default, the help text --help prints, and what another value does to a
+resumed run: one of ON_RESUME, or a function of the other settings where they decide it), typed
+(pydantic checks each value: strictly, so `true` is no integer; no float is inf or nan), its own
+rules in validate(), each a require() whose ConfigError names the key; it checks itself when it
+is made. So a new key is written in one place, its field, plus its line in docs/CONFIGURATION.md
+(tests/test_config.py checks that every key has both). Every value goes through Settings.coerce
+first: text (the command line, and YAML's `6e-4`, which PyYAML reads as a string) is read as the
+field's type reads text; a problem is a ConfigError naming the key and the value. The types below
+add what users write beyond pydantic's own spellings: None's words, comma-separated lists, and a
+YAML mapping kept as its command-line text.
 
 A section sits beside the component it configures (training/optim/optimizers.py's
 OptimizerSettings, data/mixture.py's DataSettings, ...), and that component is handed the section
@@ -18,13 +23,16 @@ kit lives in common/, the lowest layer, so that a section can sit in any layer a
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 import typing
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Annotated, ClassVar, TypeVar
+
+import pydantic
+import pydantic.dataclasses
+from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 
 from common.errors import ConfigError
-
 
 # What another value of a key does to a run resumed with it: every field declares one (option's on_resume), and
 # the resume warning names the keys whose change makes the steps differ (launch/resume.py's
@@ -38,6 +46,44 @@ ON_RESUME = (
     # rounded differently (the strategy, the chunked loss, activation checkpointing: the same forward again)
     "none",
 )
+
+# How every section checks its values (Settings.coerce): strictly, as typed values (a YAML `true` is no integer,
+# 2.5 no integer either; an integer is a fine float), and no float is inf or nan (where a key can be off, 0 is that
+# value, and the range checks would let inf through, inf > 0).
+CHECKS = ConfigDict(strict=True, allow_inf_nan=False)
+
+
+def none_word(value):
+    """A key whose None means "off" or "chosen at launch" takes, besides YAML's null, the words none, null and auto
+    (--help and errors name the one its option's `none` says)."""
+    return None if isinstance(value, str) and value.strip().lower() in ("none", "null", "auto") else value
+
+
+T = TypeVar("T")
+OrNone = Annotated[T | None, BeforeValidator(none_word)]  # OrNone[int]: an integer, or None as none_word reads it
+# A list of strings: comma-separated as text (--wandb_tags a,b; '' is none), or a YAML list.
+Words = Annotated[list[str], BeforeValidator(lambda v: [w for w in v.split(",") if w] if isinstance(v, str) else v)]
+_ENTRIES = TypeAdapter(dict[str, str | int | float])  # a mapping's names and their values, each a scalar
+
+
+def mapping_text(separator: str):
+    """The type of a key that names things with values (data_dir's folder:weight, val_sets' name=path): held as
+    the command-line text `a<separator>1,b<separator>2`, the form config.yaml and every checkpoint keep; YAML's
+    mapping {a: 1, b: 2} is made that text. The key's section reads the text (its names, its values)."""
+
+    def as_text(value):
+        if not isinstance(value, dict):
+            return value
+        try:
+            _ENTRIES.validate_python(value)
+        except ValidationError:
+            raise ValueError(f"expected a mapping of names to values, got {value!r}") from None
+        for name, entry in value.items():
+            if "," in f"{name}{entry}":
+                raise ValueError(f"{name!r}: {entry!r} holds a comma, which separates the entries")
+        return ",".join(f"{name}{separator}{entry}" for name, entry in value.items())
+
+    return Annotated[str, BeforeValidator(as_text)]
 
 
 def dropout_on(config: dict) -> bool:
@@ -73,8 +119,24 @@ def require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def section(cls: type[T]) -> type[T]:
+    """The decorator of every settings section: a pydantic dataclass whose values are checked as CHECKS says."""
+    return pydantic.dataclasses.dataclass(cls, config=CHECKS)
+
+
+# how --help (a metavar) and an error (what it expected) name each type a key may take
+_KINDS = {bool: ("true|false", "true/false"), int: ("INT", "an integer"), float: ("NUMBER", "a number"),
+          str: ("TEXT", "a string"), list: ("A,B,...", "a list of strings")}
+
+
+@functools.cache
+def _type_of(section: type, key: str) -> TypeAdapter:
+    """key's type as its section declares it (with OrNone's words, a mapping's text, ...), checked as CHECKS says."""
+    return TypeAdapter(typing.get_type_hints(section, include_extras=True)[key], config=CHECKS)
+
+
 class Settings:
-    """The base of every settings section (each a dataclass).
+    """The base of every settings section (each made with `section`).
 
     SECTION names the section: its --help group, and the YAML mapping its keys may be nested in;
     SUMMARY says what it configures (under the group's title in --help).
@@ -83,19 +145,41 @@ class Settings:
     SECTION: ClassVar[str] = ""
     SUMMARY: ClassVar[str] = ""
 
-    def __post_init__(self) -> None:
-        """Resolve and check the values: no float key is inf or nan (where a key can be off, 0 is that value,
-        and the range checks would let inf through, inf > 0), then the section's own rules."""
-        self.resolve()
-        hints = typing.get_type_hints(type(self))
-        for key in self.keys():
-            value = getattr(self, key)
-            if float in typing.get_args(hints[key]) + (hints[key],) and value is not None:
-                require(math.isfinite(value), key, f"must be a finite number, got {value}")
-        self.validate()
+    @pydantic.field_validator("*", mode="before")
+    @classmethod
+    def _as_written(cls, value, info: pydantic.ValidationInfo):
+        """Every value a section is made from, through coerce (pydantic's own check of the field then passes)."""
+        return cls.coerce(info.field_name, value)
 
-    def resolve(self) -> None:
-        """Normalise values in place before validation (a section overrides it where a value needs it)."""
+    @classmethod
+    def coerce(cls, key: str, value):
+        """One value of key, converted and checked by its field's type: text (the command line, and YAML's `6e-4`,
+        which PyYAML reads as a string) as that type reads text (a string stays exactly as written: a prompt may
+        start with a space), any other value (YAML's, or one given in code) as it is. A ConfigError names the key
+        and the value."""
+        try:
+            if isinstance(value, str):
+                return _type_of(cls, key).validate_strings(value, strict=False)
+            return _type_of(cls, key).validate_python(value)
+        except ValidationError as e:
+            error = e.errors()[0]
+            if error["type"] == "value_error":  # the type's own check (a YAML mapping's entries), saying what is wrong
+                raise ConfigError(f"{key}: {error['ctx']['error']}") from None
+            if error["type"] == "finite_number":
+                raise ConfigError(f"{key}: must be a finite number, got {float(value)}") from None
+            raise ConfigError(f"{key}: expected {' or '.join(name for _, name in cls.kinds(key))}, got {value!r}") \
+                from None
+
+    @classmethod
+    def kinds(cls, key: str) -> list[tuple[str, str]]:
+        """(metavar, name) of each type key takes: `int | None` is INT, an integer, then None as its option says."""
+        hint, none = typing.get_type_hints(cls)[key], cls.__dataclass_fields__[key].metadata["none"]
+        types = (hint,) if typing.get_origin(hint) is list else typing.get_args(hint) or (hint,)
+        return [_KINDS.get(typing.get_origin(t) or t, (none, none)) for t in types]
+
+    def __post_init__(self) -> None:
+        """After each value is checked: the section's own rules."""
+        self.validate()
 
     def validate(self) -> None:
         """This section's rules, each a require(...): a section overrides it."""

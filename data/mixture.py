@@ -46,12 +46,13 @@ import torch
 
 from common.errors import ConfigError, DataError
 from common.log_fields import source_name_problem, val_set_name_problem
-from common.settings import Settings, dropout_on, option, require
+from common.settings import OrNone, Settings, dropout_on, mapping_text, option, require, section
 from data.loader import RowStream, TrainLoader, grad_accum_steps, row_permutation, shard_order
 from data.manifest import data_fingerprint
 from data.shards import find_shards
 from data.tokenizer import EOT_TOKEN
 
+SourcesText = mapping_text(":")  # data_dir: folder:weight,... (YAML: {folder: weight, ...})
 
 
 @dataclass(frozen=True)
@@ -92,16 +93,6 @@ def parse_sources(text: str) -> list[Source]:
             raise ConfigError(f"data_dir: source {source.path} is named {source.name!r} (its folder's last part), "
                               f"and {problem}; rename the folder")
     return sources
-
-
-def mapping_text(key: str, mapping: dict, separator: str) -> str:
-    """A YAML mapping as its command-line text: {a: 1, b: 2} -> "a<sep>1,b<sep>2"."""
-    for k, v in mapping.items():
-        if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None:
-            raise ConfigError(f"{key}: expected a mapping of names to values, got {mapping!r}")
-        if "," in k or "," in str(v):
-            raise ConfigError(f"{key}: {k!r}: {v!r} holds a comma, which separates the entries")
-    return ",".join(f"{k}{separator}{v}" for k, v in mapping.items())
 
 
 def parse_val_sets(text: str, data_dir: str) -> dict[str, str]:
@@ -334,25 +325,25 @@ def sources_fingerprint(data_dir: str) -> str:
     return ",".join(f"{s.name}:{s.weight:g}={data_fingerprint(s.path)}" for s in sources)
 
 
-@dataclass
+@section
 class DataSettings(Settings):
     """The data section: the shards (one folder, or a mixture: make_train_loader) and the batch geometry."""
 
     SECTION = "data"
     SUMMARY = "the token shards and the batch geometry"
 
-    data_dir: str = option("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy), or a "
-                                                   "mixture: folder:weight,folder:weight ({folder: weight, ...} in "
-                                                   "YAML), every step the same share of rows from each "
-                                                   "(data/mixture.py)", on_resume="trajectory")
+    data_dir: SourcesText = option("data/edu_fineweb10B", "folder of token shards (*_train_*.npy, *_val_*.npy), or a "
+                                                           "mixture: folder:weight,folder:weight ({folder: weight, ...} in "
+                                                           "YAML), every step the same share of rows from each "
+                                                           "(data/mixture.py)", on_resume="trajectory")
     total_batch_size: int = option(524288, "tokens per optimizer step over all ranks (2**19, GPT-3's 125M setting)",
                                    on_resume="trajectory")
-    micro_batch_size: int | None = option(64, "sequences in one forward pass on one rank (B), or auto: on CUDA the "
-                                              "largest B that fits the GPU's free memory with headroom, found by "
-                                              "probing the training step before training (the smallest over the "
-                                              "ranks, keeping grad_accum_steps whole; run.json and the startup "
-                                              "line say which); on CPU and MPS micro_batch_size_fallback",
-                                          on_resume=dropout_on, none="auto")
+    micro_batch_size: OrNone[int] = option(64, "sequences in one forward pass on one rank (B), or auto: on CUDA the "
+                                               "largest B that fits the GPU's free memory with headroom, found by "
+                                               "probing the training step before training (the smallest over the "
+                                               "ranks, keeping grad_accum_steps whole; run.json and the startup "
+                                               "line say which); on CPU and MPS micro_batch_size_fallback",
+                                           on_resume=dropout_on, none="auto")
     micro_batch_size_fallback: int = option(16, "micro_batch_size auto on CPU and MPS, where no memory is probed: "
                                                 "this B, or the largest below it that keeps grad_accum_steps "
                                                 "whole, with a warning",

@@ -6,12 +6,13 @@ evaluator from it, and each evaluator reads its own keys.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-from common.settings import Settings, option, require
+from common.settings import Settings, mapping_text, option, require, section
+
+ValSetsText = mapping_text("=")  # val_sets: name=path,... (YAML: {name: path, ...})
 
 
-@dataclass
+@section
 class EvalSettings(Settings):
     """The evaluation section: what every evaluator is made from (its from_settings), and when each runs."""
 
@@ -21,9 +22,9 @@ class EvalSettings(Settings):
     eval_interval: int = option(250, "val loss every N steps (0: only after the last)", on_resume="none")
     val_tokens: int = option(10485760, "tokens of the fixed val window (20 x 524,288), of each val set",
                              on_resume="none")
-    val_sets: str = option("", "named val windows, each its own val/<name> series: name=folder or name=val shard, "
-                               "comma-separated ({name: folder, ...} in YAML); '': data_dir's val split as `val`, or "
-                               "each mixture source's under its name", on_resume="none")
+    val_sets: ValSetsText = option("", "named val windows, each its own val/<name> series: name=folder or name=val "
+                                       "shard, comma-separated ({name: folder, ...} in YAML); '': data_dir's val split "
+                                       "as `val`, or each mixture source's under its name", on_resume="none")
     hellaswag_interval: int = option(250, "HellaSwag every N steps and after the last (0: off)", on_resume="none")
     hellaswag_path: str = option("", "a local HellaSwag val jsonl ('': download it once into the cache)",
                                  on_resume="none")

@@ -1,11 +1,12 @@
 """The training configuration: one settings section per component, held by TrainConfig as its fields.
 
-Every key is a typed dataclass field with its help text and what another value does to a resumed
-run beside it (common/settings.py's option), declared by the one section of the component it
-configures, and checked by that section's validate(). TrainConfig holds each section as a field
-named for it (cfg.schedule.max_lr, cfg.checkpoint.keep_last), and its own validate() holds the
-rules that span sections. A component is handed its own section (and any key of another section
-it needs, as a value), never the whole configuration. The sections, and where each is declared:
+Every key is a typed field of a pydantic dataclass with its help text and what another value does
+to a resumed run beside it (common/settings.py's option), declared by the one section of the
+component it configures, and checked by its type and that section's validate(). TrainConfig holds
+each section as a field named for it (cfg.schedule.max_lr, cfg.checkpoint.keep_last), and its own
+validate() holds the rules that span sections. A component is handed its own section (and any key
+of another section it needs, as a value), never the whole configuration. The sections, and where
+each is declared:
 
     run          out_dir                                     training/checkpoint/run_folder.py
     data         the shards and the batch geometry           data/mixture.py
@@ -24,29 +25,27 @@ The keys users type stay flat: TrainConfig(max_lr=1e-3), `--max_lr 1e-3`, `max_l
 and config.yaml and every checkpoint's `config` hold them flat (to_dict), so older run folders and
 checkpoints, and the tools that read them, read the same keys. Precedence: the defaults (the
 faithful GPT-2 124M recipe) < `--config FILE.yaml` (flat keys, or a section's keys nested under
-its name) < `--key value` / `--key=value`. The command line is parsed by argparse, generated from
-the sections (one argument group each: `--help` lists the keys by section), and every value is
-converted by its field's type; the whole configuration is validated as it is made, before any
-work starts. A problem is a `ConfigError` whose message names the key: the trainer prints it on
-one line and exits 2.
+its name) < `--key value` / `--key=value`. Every value, text or YAML's, is converted and checked
+by its field's type (common/settings.py's Settings.coerce, through pydantic); `--help` lists the
+keys by section, generated from the fields. The whole configuration is validated as it is made,
+before any work starts. A problem is a `ConfigError` whose message names the key: the trainer
+prints it on one line and exits 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import functools
 import json
-import types
+import textwrap
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from common.errors import ArgumentParser, ConfigError, first_line
+from common.errors import ConfigError, first_line
 from common.settings import Settings, require
-from data.mixture import DataSettings, mapping_text, parse_val_sets
+from data.mixture import DataSettings, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from evals.settings import EvalSettings
 from training.checkpoint.checkpointer import CheckpointSettings
@@ -83,8 +82,9 @@ class TrainConfig:
     logging: LoggingSettings
 
     def __init__(self, **keys):
-        """keys: flat (max_lr=1e-3), every other key its default. Each section is made from its own keys, and
-        checks them, in the order of the fields; then the rules that span sections."""
+        """keys: flat (max_lr=1e-3, or its text "1e-3"), every other key its default. Each section is made from its
+        own keys, converts and checks them (Settings.coerce, then its rules), in the order of the fields; then the
+        rules that span sections."""
         for key in keys:
             known_key(key)
         for section in SECTIONS:
@@ -131,22 +131,9 @@ SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 # other settings); key -> its declaration.
 ON_RESUME_OF = {f.name: f.metadata["on_resume"] for section in SECTIONS for f in dataclasses.fields(section)}
 
-# --- parsing --------------------------------------------------------------------------------------
+# --- parsing: each key's type converts and checks its values (pydantic) -------------------------------
 
 _FIELDS = {f.name: f for section in SECTIONS for f in dataclasses.fields(section)}  # every key's field
-_HINTS = {key: hint for section in SECTIONS for key, hint in typing.get_type_hints(section).items()}
-MAPPING_SEPARATORS = {"data_dir": ":", "val_sets": "="}  # keys that YAML may give as a mapping: {a: b} is "a<sep>b"
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
-
-
-def _base_types(key: str) -> tuple[type, ...]:
-    """The concrete types a field accepts: `int | None` -> (int, NoneType)."""
-    hint = _HINTS[key]
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return tuple(typing.get_origin(a) or a for a in typing.get_args(hint))
-    return (origin or hint,)
 
 
 def known_key(key: str) -> str:
@@ -159,60 +146,8 @@ def known_key(key: str) -> str:
 
 
 def coerce(key: str, value):
-    """Check (a YAML value) or convert (command-line text) one value to its field's type.
-
-    Text is converted by the field's type, from the command line and from YAML alike: PyYAML
-    reads `6e-4` (no dot) as a string, and users write floats every way. Strings stay exactly
-    as written (a prompt may start with a space).
-    """
-    accepted = _base_types(known_key(key))
-    if isinstance(value, dict) and key in MAPPING_SEPARATORS:  # a YAML mapping: stored as its command-line text
-        return mapping_text(key, value, MAPPING_SEPARATORS[key])
-    if isinstance(value, str):
-        return _from_text(key, value, accepted)
-    # a YAML value: already typed; ints are fine for floats, but bools are not ints
-    if value is None and type(None) in accepted:
-        return None
-    if isinstance(value, bool):
-        if bool in accepted:
-            return value
-    elif isinstance(value, int) and (int in accepted or float in accepted):
-        return float(value) if int not in accepted else value
-    elif isinstance(value, float) and float in accepted:
-        return value
-    elif isinstance(value, list) and list in accepted and all(isinstance(v, str) for v in value):
-        return value
-    raise ConfigError(f"{key}: expected {_type_name(key, accepted)}, got {value!r}")
-
-
-def _from_text(key: str, value: str, accepted: tuple[type, ...]):
-    if str in accepted:
-        return value
-    text = value.strip()
-    if type(None) in accepted and text.lower() in ("none", "null", "auto"):
-        return None
-    if bool in accepted:
-        if text.lower() in _TRUE | _FALSE:
-            return text.lower() in _TRUE
-    elif int in accepted:
-        try:
-            return int(text.replace("_", ""))
-        except ValueError:
-            pass
-    elif float in accepted:
-        try:
-            return float(text.replace("_", ""))
-        except ValueError:
-            pass
-    elif list in accepted:
-        return [t for t in text.split(",") if t]
-    raise ConfigError(f"{key}: expected {_type_name(key, accepted)}, got {text!r}")
-
-
-def _type_name(key: str, accepted: tuple[type, ...]) -> str:
-    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
-             list: "a list of strings", type(None): _FIELDS[key].metadata["none"]}
-    return " or ".join(names[t] for t in accepted)
+    """One value of key as its section's coerce converts and checks it (a ConfigError names the key)."""
+    return SECTION_OF[known_key(key)].coerce(key, value)
 
 
 class _ConfigLoader(yaml.SafeLoader):
@@ -224,7 +159,9 @@ class _ConfigLoader(yaml.SafeLoader):
     first; that is an error, naming the key and both lines. `path` names the file in messages.
     """
 
-    path: Path
+    def __init__(self, text: str, path: Path):
+        super().__init__(text)
+        self.path = path
 
     def construct_mapping(self, node, deep=False):
         if not isinstance(node, yaml.MappingNode):
@@ -255,110 +192,85 @@ _SECTION_HINT = {name: f"; `{name}: VALUE` is the key and `{name}:` with keys un
 
 
 def load_yaml(path: str | Path) -> dict:
-    """The keys a YAML file sets, each checked against its field's type: flat (`max_lr: 6e-4`), or nested
-    under its section's name (`schedule: {max_lr: 6e-4}`); a key set twice is an error."""
+    """The keys a YAML file sets, each converted and checked by its field's type (coerce): flat (`max_lr: 6e-4`), or
+    nested under its section's name (`schedule: {max_lr: 6e-4}`); a key set twice is an error."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config: no such file {path}")
+    require(path.is_file(), "config", f"no such file {path}")
     try:
-        loader = _ConfigLoader(path.read_text())
-        loader.path = path
-        try:
-            data = loader.get_single_data() or {}
-        finally:
-            loader.dispose()
+        data = yaml.load(path.read_text(), lambda text: _ConfigLoader(text, path)) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config: {path} is not valid YAML ({first_line(e)})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config: {path} must hold a mapping of keys to values")
-    pairs = []
-    for key, value in data.items():
-        section = SECTION_NAMED.get(key)
-        if section is None or not isinstance(value, dict):  # `model: gpt2` is a key; `model: {...}` a section
-            require(section is None or key in _FIELDS, key, f"a section: expected a mapping of its keys, got {value!r}")
-            pairs.append((key, value))
-            continue
-        for inner, inner_value in value.items():
-            owner = SECTION_OF.get(known_key(inner))
-            require(owner is section, inner, f"is a key of section {owner.SECTION}, not of {key}")
-            pairs.append((inner, inner_value))
+    require(isinstance(data, dict), "config", f"{path} must hold a mapping of keys to values")
     values: dict = {}
-    for key, value in pairs:
-        require(key not in values, key, f"set twice in {path}")
-        values[key] = coerce(key, value)
+    for key, value in data.items():
+        nested = key in SECTION_NAMED and isinstance(value, dict)  # `model: gpt2` is a key; `model: {...}` a section
+        require(nested or key not in SECTION_NAMED or key in _FIELDS, key,
+                f"a section: expected a mapping of its keys, got {value!r}")
+        for inner, inner_value in value.items() if nested else [(key, value)]:
+            owner = SECTION_OF[known_key(inner)].SECTION
+            require(not nested or owner == key, inner, f"is a key of section {owner}, not of {key}")
+            require(inner not in values, inner, f"set twice in {path}")
+            values[inner] = coerce(inner, inner_value)
     return values
 
 
-# --- the command line: argparse, generated from the sections ------------------------------------------
+# --- the command line -------------------------------------------------------------------------------
 
 USAGE = "train_gpt2.py [--config configs/NAME.yaml] [--key value | --key=value ...]"
 DESCRIPTION = """\
 Every key below can be set in the YAML file (flat, or nested under its section's name) or on the
 command line (the command line wins). Each belongs to one settings section of the code."""
-_METAVARS = {bool: "true|false", int: "INT", float: "NUMBER", str: "TEXT", list: "A,B,..."}
+CONFIG_HELP = "YAML keys to start from (given twice: both, the second winning)"
 
 
-def _parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="train_gpt2.py", usage=USAGE, description=DESCRIPTION, add_help=False,
-                            allow_abbrev=False, argument_default=argparse.SUPPRESS, exit_on_error=False)
-    parser.add_argument_group("config file").add_argument(
-        "--config", action="append", metavar="FILE.yaml", help="YAML keys to start from (given twice: both, the "
-                                                               "second winning)")
-    for section in SECTIONS:
-        group = parser.add_argument_group(section.SECTION, section.SUMMARY)
-        for f in dataclasses.fields(section):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            group.add_argument(f"--{f.name}", type=functools.partial(coerce, f.name),
-                               metavar="|".join(_METAVARS.get(t, f.metadata["none"]) for t in _base_types(f.name)),
-                               help=f"{f.metadata['help']} (default: {json.dumps(default)})".replace("%", "%%"))
-    return parser
-
-
-def _argparse_form(argv: list[str]) -> list[str]:
-    """argv as argparse reads it: `-` in a key as `_` (users type both), and `--key VALUE` as `--key=VALUE`
-    where VALUE starts with one `-` (-1e-3, -inf, -x: argparse would take it for an option)."""
-    out = []
+def _pairs(argv: list[str]) -> list[list]:
+    """argv as [key, value] pairs, `--key value` or `--key=value`, `-` in a key read as `_` (users type both). A
+    value may start with one `-` (-1e-3, -x) but not two: `--seed --max_lr 1` is seed without its value (None). A
+    word that is no `--key` and no key's value is [None, word]."""
+    pairs: list[list] = []
     for arg in argv:
-        if arg.startswith("--") and len(arg) > 2:
+        if arg.startswith("--") and arg != "--":
             key, equals, value = arg[2:].partition("=")
-            arg = f"--{key.replace('-', '_')}{equals}{value}"
-        elif arg.startswith("-") and not arg.startswith("--") and out and _takes_value(out[-1]):
-            out[-1] = f"{out[-1]}={arg}"
-            continue
-        out.append(arg)
-    return out
-
-
-def _takes_value(arg: str) -> bool:
-    """Whether arg is a `--key` still waiting for its value."""
-    return arg.startswith("--") and "=" not in arg and arg[2:] in (_FIELDS.keys() | {"config"})
+            pairs.append([key.replace("-", "_"), value if equals else None])
+        elif pairs and pairs[-1][0] is not None and pairs[-1][1] is None:
+            pairs[-1][1] = arg
+        else:
+            pairs.append([None, arg])
+    return pairs
 
 
 def wants_help(argv: list[str]) -> bool:
     """Whether argv asks for --help (or -h) anywhere, but as the value of a key (`--sample_prompt -h`)."""
-    return any(arg in ("-h", "--help") for arg in _argparse_form(argv))
+    return any(key == "help" or [key, value] == [None, "-h"] for key, value in _pairs(argv))
 
 
 def usage() -> str:
     """--help: the keys by section, each with its type, help and default."""
-    return _parser().format_help()
+    defaults = TrainConfig().to_dict()
+    lines = [f"usage: {USAGE}", "", DESCRIPTION, "", "config file:", "  --config FILE.yaml", _indented(CONFIG_HELP)]
+    for section in SECTIONS:
+        lines += ["", f"{section.SECTION}:", f"  {section.SUMMARY}", ""]
+        for key in section.keys():
+            lines += [f"  --{key} {'|'.join(metavar for metavar, _ in section.kinds(key))}",
+                      _indented(f"{_FIELDS[key].metadata['help']} (default: {json.dumps(defaults[key])})")]
+    return "\n".join(lines) + "\n"
+
+
+def _indented(text: str) -> str:
+    return textwrap.indent(textwrap.fill(text, 92, break_on_hyphens=False), " " * 8)
 
 
 def parse_args(argv: list[str]) -> TrainConfig:
-    """`[--config FILE] [--key value | --key=value ...]` -> a validated TrainConfig."""
-    try:
-        given, rest = _parser().parse_known_args(_argparse_form(argv))
-    except argparse.ArgumentError as e:  # the one argparse raises here: a key without its value
-        key = (e.argument_name or "").lstrip("-")
-        raise ConfigError(f"{key}: {'missing value' if 'expected one' in e.message else e.message}") from None
-    if rest:
-        if rest[0].startswith("--") and rest[0] != "--":
-            known_key(rest[0][2:].partition("=")[0])  # raises: argparse knows every key
-        raise ConfigError(f"{rest[0]}: expected --key value or --key=value")
-    values: dict = {}
-    given = vars(given)
-    for path in given.pop("config", []):
-        values.update(load_yaml(path))
+    """`[--config FILE] [--key value | --key=value ...]` -> a validated TrainConfig: the YAML files' keys (a later
+    file's winning), then the command line's (the last of a key winning)."""
+    values, given = {}, {}
+    for key, value in _pairs(argv):
+        require(key is not None, value, "expected --key value or --key=value")
+        require(value is not None, key if key == "config" else known_key(key), "missing value")
+        if key == "config":
+            values.update(load_yaml(value))
+        else:
+            given[key] = value
     return TrainConfig(**{**values, **given})
 
 

@@ -15,8 +15,8 @@ import yaml
 
 from conftest import REPO, train_here
 from training.distributed.runtime_settings import MAX_HANG_TIMEOUT_MINUTES
-from launch.config import (SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
-                             parse_args, usage)
+from launch.config import (SECTION_OF, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
+                           parse_args, usage)
 from training.optim.optimizers import OptimizerSettings
 from training.core.logger import LoggingSettings
 from training.optim.schedule import ScheduleSettings, learning_rate
@@ -140,7 +140,7 @@ def test_seed_must_fit_every_generator_it_feeds(seed, ok):
 
 
 def test_help_lists_every_key_once_under_its_section():
-    """--help (argparse's, generated from the sections) groups the keys by the section that declares them."""
+    """--help (generated from the sections) groups the keys by the section that declares them."""
     under: dict[str, list[str]] = {}
     group = None
     for line in usage().splitlines():
@@ -150,7 +150,7 @@ def test_help_lists_every_key_once_under_its_section():
             under.setdefault(found[1], []).append(group)
     assert under == {"config": ["config file"], **{key: [section.SECTION] for section in SECTIONS
                                                    for key in section.keys()}}
-    flat = "".join(usage().split())  # argparse wraps the help text
+    flat = "".join(usage().split())  # --help wraps the help text
     for f in (f for section in SECTIONS for f in dataclasses.fields(section)):
         assert "".join(f.metadata["help"].split()) in flat, f.name
 
@@ -267,6 +267,14 @@ def test_names_in_a_yaml_mapping_value_are_kept_as_written(tmp_path):
     (["--sample_prompt", "- x"], ("sample_prompt", "- x")),
     (["--seed", "3", "--seed", "4"], ("seed", 4)),  # the last one wins
     (["--wandb_tags", ""], ("wandb_tags", [])),
+    (["--wandb_tags", "a,b"], ("wandb_tags", ["a", "b"])),
+    (["--max_steps", "1_000"], ("max_steps", 1000)),  # numbers as Python writes them
+    (["--max_lr", ".5"], ("max_lr", 0.5)),
+    (["--max_lr", "6E-4"], ("max_lr", 6e-4)),
+    (["--peak_flops", "1_000.5"], ("peak_flops", 1000.5)),
+    *[(["--compile", word], ("compile", word in ("true", "yes", "on", "1"))) for word in
+      ("true", "false", "yes", "no", "on", "off", "1", "0")],
+    *[(["--compile", word], ("compile", None)) for word in ("auto", "null", "none", "None")],
 ])
 def test_command_line_spellings(argv, value):
     key, expected = value
@@ -274,7 +282,7 @@ def test_command_line_spellings(argv, value):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--min_lr", "-1e-3"], "min_lr: must be >= 0, got -0.001"),  # argparse alone would take -1e-3 for an option
+    (["--min_lr", "-1e-3"], "min_lr: must be >= 0, got -0.001"),  # -1e-3 is a value, not an option
     (["--max", "1"], "max: unknown config key (did you mean max_steps, max_lr, max_rollbacks?)"),  # no abbreviations
     (["--help"], "help: unknown config key"),  # train_gpt2.main answers --help before it parses (wants_help)
     (["--seed", "--max_lr", "1"], "seed: missing value"),
@@ -286,6 +294,37 @@ def test_command_line_mistakes_are_one_line_naming_the_key(argv, message):
     with pytest.raises(ConfigError) as caught:
         parse_args(argv)
     assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("keys,message", [
+    (dict(max_steps=2.5), "max_steps: expected an integer, got 2.5"),
+    (dict(max_steps=True), "max_steps: expected an integer, got True"),  # a bool is no number
+    (dict(max_lr=True), "max_lr: expected a number, got True"),
+    (dict(compile=1), "compile: expected true/false or null, got 1"),
+    (dict(model=["gpt2"]), "model: expected a string, got ['gpt2']"),
+    (dict(out_dir=None), "out_dir: expected a string, got None"),
+    (dict(wandb_tags=[1]), "wandb_tags: expected a list of strings, got [1]"),
+    (dict(seq_len="x"), "seq_len: expected an integer, got 'x'"),
+    (dict(data_dir={"a": [1]}), "data_dir: expected a mapping of names to values, got {'a': [1]}"),
+])
+def test_values_given_in_code_are_checked_like_the_command_lines(keys, message):
+    """TrainConfig(**keys) and a section made alone check each value's type as the command line and YAML do (it
+    took max_steps=2.5 or True, and a string, unchecked, to fail later or never)."""
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(**keys)
+    assert str(caught.value) == message
+    with pytest.raises(ConfigError) as caught:
+        SECTION_OF[next(iter(keys))](**keys)
+    assert str(caught.value) == message
+
+
+def test_values_given_in_code_may_be_written_as_users_write_them():
+    cfg = TrainConfig(max_lr="6e-4", max_steps="1_000", micro_batch_size="auto", compile="on", wandb_tags="a,b",
+                      data_dir={"data/a": 0.7, "data/b": 3}, val_sets={"a": "data/a", "b": "data/b"})
+    assert (cfg.schedule.max_lr, cfg.schedule.max_steps, cfg.data.micro_batch_size, cfg.runtime.compile,
+            cfg.logging.wandb_tags) == (6e-4, 1000, None, True, ["a", "b"])
+    assert (cfg.data.data_dir, cfg.evaluation.val_sets) == ("data/a:0.7,data/b:3", "a=data/a,b=data/b")
+    assert cfg == TrainConfig(**cfg.to_dict()) and TrainConfig(max_lr=1).schedule.max_lr == 1.0  # ints are numbers
 
 
 # every float key, found from the field types (not from the list config.py keeps), so a new one is covered

@@ -24,11 +24,13 @@ import datetime
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import AfterValidator
 
 from common.errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
-from common.settings import Settings, option, require
+from common.settings import Settings, option, require, section
 from training.checkpoint.folder import FORMAT_VERSION, FORMATS, checkpoints_folder, format_of, prune_checkpoints
 from training.checkpoint.format import TrainingState
 from training.core.process_group import any_rank, run_on_all_ranks
@@ -286,7 +288,7 @@ def checkpoint_metadata(run: TrainingState, config: dict, provenance: dict) -> d
 CHECKPOINT_FORMATS = ("auto", "file", "sharded")
 
 
-@dataclass
+@section
 class CheckpointSettings(Settings):
     """The checkpoint section: when the Checkpointer (above) writes, where, in which format, how many it keeps,
     and which checkpoint a launch resumes (launch/resume.py)."""
@@ -300,9 +302,11 @@ class CheckpointSettings(Settings):
     keep_last: int = option(3, "keep the newest N checkpoints", on_resume="none")
     resume: str = option("auto", "auto (newest checkpoint in out_dir, else fresh), never, or a checkpoint path",
                          on_resume="none")
-    checkpoint_dir: str = option("", "where checkpoints go ('': out_dir/checkpoints): a local or shared path (a "
-                                     "relative one is stored absolute), or an fsspec URL (s3://bucket/run, gs://..., "
-                                     "needing s3fs, gcsfs, ...)", on_resume="none")
+    # stored absolute, so config.yaml, the checkpoints' config and run.json name the place itself: a tool run from
+    # another folder (sample.py --ckpt RUN_FOLDER reads config.yaml's checkpoint_dir) finds it too
+    checkpoint_dir: Annotated[str, AfterValidator(absolute)] = option(
+        "", "where checkpoints go ('': out_dir/checkpoints): a local or shared path (a relative one is stored "
+            "absolute), or an fsspec URL (s3://bucket/run, gs://..., needing s3fs, gcsfs, ...)", on_resume="none")
     checkpoint_format: str = option("auto", "file (one step_X.pt written by rank 0), sharded (a step_X/ folder "
                                             "every rank writes its part of, torch.distributed.checkpoint), or auto "
                                             "(sharded under fsdp and for URLs, else file); both resume anywhere",
@@ -317,11 +321,6 @@ class CheckpointSettings(Settings):
         if self.checkpoint_format != "auto":
             return self.checkpoint_format
         return "sharded" if is_url(self.checkpoint_dir) else strategy_format
-
-    def resolve(self) -> None:
-        # stored absolute, so config.yaml, the checkpoints' config and run.json name the place itself: a tool run
-        # from another folder (sample.py --ckpt RUN_FOLDER reads config.yaml's checkpoint_dir) finds it too
-        self.checkpoint_dir = absolute(self.checkpoint_dir)
 
     def validate(self) -> None:
         require(self.checkpoint_interval >= 0, "checkpoint_interval", f"must be >= 0, got {self.checkpoint_interval}")

@@ -19,12 +19,11 @@ import errno
 import json
 import os
 import socket
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from common.errors import ConfigError, first_line
-from common.settings import Settings, option, require
+from common.settings import Settings, option, require, section
 from training.core import storage
 from training.checkpoint.folder import remove_stale_temp_files
 from training.core.storage import Location, is_url, name_of
@@ -191,7 +190,7 @@ def same_file(file, path: Path) -> bool:
     return (mine.st_dev, mine.st_ino) == (here.st_dev, here.st_ino)
 
 
-@dataclass
+@section
 class RunSettings(Settings):
     """The run section: the run folder, which every part of a run writes into, and this module claims."""
 

@@ -28,13 +28,12 @@ import math
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from common.atomic_file import atomic_write
 from common.errors import ConfigError, WriteError, print_warning
 from common.log_fields import RECORD_FIELDS
-from common.settings import Settings, option, require
+from common.settings import Settings, Words, option, require, section
 
 LOG_NAME = "log.jsonl"
 # Records of something that happened (not of a step's state): a rollback's rewind keeps them, so a second
@@ -357,7 +356,7 @@ def format_duration(seconds: float) -> str:
 WANDB_MODES = ("online", "offline", "disabled")
 
 
-@dataclass
+@section
 class LoggingSettings(Settings):
     """The logging section: what rank 0 writes besides log.jsonl (which gets every record)."""
 
@@ -371,7 +370,7 @@ class LoggingSettings(Settings):
     wandb_project: str = option("gpt2-repro", "W&B project", on_resume="none")
     wandb_run_name: str = option("", "W&B run name ('': W&B picks one)", on_resume="none")
     wandb_mode: str = option("online", "online, offline (sync later) or disabled", on_resume="none")
-    wandb_tags: list[str] = option([], "W&B tags, comma-separated on the command line", on_resume="none")
+    wandb_tags: Words = option([], "W&B tags, comma-separated on the command line", on_resume="none")
 
     def validate(self) -> None:
         require(self.log_interval > 0, "log_interval", f"must be positive, got {self.log_interval}")

@@ -9,9 +9,8 @@ which this floor holds and which itself imports the core's Runtime.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
-from common.settings import Settings, dropout_on, option, require
+from common.settings import OrNone, Settings, dropout_on, option, require, section
 from training.core.runtime import Runtime, resolve_runtime
 from training.distributed.strategies import STRATEGIES, strategies_help
 
@@ -25,7 +24,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 
 
-@dataclass
+@section
 class RuntimeSettings(Settings):
     """The runtime section: resolved into the launch's Runtime (`make_runtime`), its strategy made by
     strategies.py's make_strategy, its hang timeout set on the process group after the first step."""
@@ -38,15 +37,15 @@ class RuntimeSettings(Settings):
                              "bf16 such as V100/T4; CPU: bfloat16 autocast on CPUs with AMX, and on AMD CPUs with "
                              "AVX512-BF16, where it is faster, else float32; MPS: float32), bfloat16, float16, "
                              "float32, or float64 (weights and math, for numerical checks)", on_resume="trajectory")
-    compile: bool | None = option(None, "torch.compile the model (null: on for CUDA)", on_resume=dropout_on)
+    compile: OrNone[bool] = option(None, "torch.compile the model (null: on for CUDA)", on_resume=dropout_on)
     seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples", on_resume="trajectory")
     deterministic: bool = option(False, "only kernels that give the same bits for the same inputs, so two runs "
                                         "with the same seed and data log the same losses (slower on GPUs: see "
                                         "docs/PERFORMANCE.md; on CPUs the kernels mostly are already)",
                                  on_resume=dropout_on)
-    loss_chunk_size: int | None = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
-                                            "holding the whole logits (0: plain; null: 8192 on CUDA without compile)",
-                                         on_resume="none")
+    loss_chunk_size: OrNone[int] = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
+                                             "holding the whole logits (0: plain; null: 8192 on CUDA without compile)",
+                                          on_resume="none")
     peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)", on_resume="none")
     strategy: str = option("ddp", f"data parallelism: {strategies_help()}", on_resume="none")
     activation_checkpointing: str = option("none", "recompute transformer blocks' activations in the backward "

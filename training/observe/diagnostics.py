@@ -27,14 +27,13 @@ import contextlib
 import socket
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from common.errors import first_line
-from common.settings import Settings, option, require
+from common.settings import Settings, option, require, section
 from training.core.context import Context
 
 STRAGGLER_INTERVALS = 3  # intervals in a row, for the same rank, before it is named
@@ -506,7 +505,7 @@ class Diagnostics:
         self.memory.close()
 
 
-@dataclass
+@section
 class DiagnosticsSettings(Settings):
     """The diagnostics section: what ProfileWindow, MemorySnapshot and RankStats (above) do."""
 

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 
 import torch
 
 from training.distributed.strategies import is_sharded, local_part
-from common.settings import Settings, option, require
+from common.settings import Settings, option, require, section
 
 
-@dataclass
+@section
 class EMASettings(Settings):
     """The ema section: an average of the weights, evaluated and saved beside them (never trained on)."""
 

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 
 from common.errors import CheckpointError
 from model import GPT
 from training.distributed.muon import DistributedMuon, muon_math_missing
-from common.settings import Settings, option, require
+from common.settings import Settings, option, require, section
 
 OPTIMIZERS = ("adamw", "muon")
 MUON_TORCH = "2.9"  # the first PyTorch release with torch.optim.Muon (requirements.txt allows older ones)
@@ -142,7 +141,7 @@ def muon_on(config: dict) -> bool:
     return config["optimizer"] == "muon"
 
 
-@dataclass
+@section
 class OptimizerSettings(Settings):
     """The optimizer section: which optimizer, and its hyperparameters (its peak lr is the schedule's max_lr)."""
 

@@ -15,9 +15,8 @@ ScheduleSettings (below) is the config's schedule section: its keys, their rules
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from common.settings import Settings, option, require
+from common.settings import Settings, option, require, section
 
 SCHEDULES = ("cosine", "wsd")
 COOLDOWN_SHAPES = ("linear", "1-sqrt")
@@ -65,7 +64,7 @@ def wsd_on(config: dict) -> bool:
     return config["lr_schedule"] == "wsd"
 
 
-@dataclass
+@section
 class ScheduleSettings(Settings):
     """The schedule section: the run's length and every step's learning rate (max_lr is the peak of
     every optimizer group: training/optim/optimizers.py scales Muon's muon_lr by lr / max_lr)."""

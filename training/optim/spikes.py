@@ -17,11 +17,10 @@ LongRunSettings (below) is the config's long-run section: the spike and rollback
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 
-from common.settings import Settings, option, require
+from common.settings import Settings, option, require, section
 
 
 class RollbackRequested(Exception):
@@ -97,7 +96,7 @@ def rollbacks_on(config: dict) -> bool:
     return bool(config["rollback_after"] or config["rollback_on_nonfinite"])
 
 
-@dataclass
+@section
 class LongRunSettings(Settings):
     """The long-run section: which updates are skipped as spikes, and when the run rolls back instead."""
 

@@ -10,10 +10,9 @@ row, see hf_interop/convert.fit_to_model for why not zeros.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from common.errors import ConfigError
-from common.settings import Settings, option, require
+from common.settings import OrNone, Settings, option, require, section
 from hf_interop.convert import HFInteropError, load_hf_into
 from model import GPT, PRESETS, GPTConfig
 from training.checkpoint.folder import (WEIGHTS_ENTRIES, check_compatible, load_checkpoint, load_model_weights,
@@ -41,7 +40,7 @@ def load_initial_weights(model: GPT, init_from: str) -> None:
     raise ConfigError(f"init_from: {init_from!r} is not scratch, a checkpoint file, a GPT-2 preset or a HF folder")
 
 
-@dataclass
+@section
 class ModelSettings(Settings):
     """The model section: the architecture, made into model.py's GPTConfig (model.py itself imports nothing of
     the project), and the initial weights (init_from, load_initial_weights above)."""
@@ -51,9 +50,9 @@ class ModelSettings(Settings):
 
     model: str = option("gpt2", "gpt2, gpt2-medium, gpt2-large, gpt2-xl, or custom (with n_layer, n_head, n_embd)",
                         on_resume="trajectory")
-    n_layer: int | None = option(None, "transformer blocks (model=custom only)", on_resume="trajectory")
-    n_head: int | None = option(None, "attention heads (model=custom only)", on_resume="trajectory")
-    n_embd: int | None = option(None, "width of the residual stream (model=custom only)", on_resume="trajectory")
+    n_layer: OrNone[int] = option(None, "transformer blocks (model=custom only)", on_resume="trajectory")
+    n_head: OrNone[int] = option(None, "attention heads (model=custom only)", on_resume="trajectory")
+    n_embd: OrNone[int] = option(None, "width of the residual stream (model=custom only)", on_resume="trajectory")
     vocab_size: int = option(50304, "embedding rows: GPT-2's 50257 padded to a multiple of 128 for faster matmuls "
                                     "(smaller only for data of other token ids: HellaSwag and samples need 50257)",
                              on_resume="trajectory")
