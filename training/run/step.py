@@ -18,12 +18,14 @@ from training.core.runtime import Runtime
 
 
 def train_step(run: Run, model: torch.nn.Module, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-               lr: float, runtime: Runtime, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+               lr: float, runtime: Runtime, max_norm: float, metrics: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradients of step run.step; (loss, grad_norm) as 0-d tensors on the device.
 
     model: run.model's compiled / DDP wrapper (training/distributed/strategies.py); micro_batches: the step's
     grad_accum_steps (inputs, targets) pairs, each (B, T). loss is this rank's mean over its
-    rows; grad_norm the global norm over all ranks, before clipping to max_norm.
+    rows; grad_norm the global norm over all ranks, before clipping to max_norm. metrics: where the step
+    records its metrics (metrics[METRIC] = a 0-d tensor; common/log_fields.py's train_metric declares each):
+    the lockstep combines them over the ranks with its one collective, into this step's train record.
     """
     for group in run.optimizer.param_groups:
         group["lr"] = lr
