@@ -114,6 +114,20 @@ def test_the_metrics_a_step_records_are_combined_over_the_ranks_as_declared_in_i
     assert read == [[5.0, True, 0.5, {"test_mean": 1.5, "test_sum": 3.0, "test_max": 5.0}]] * 2
 
 
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_each_step_records_whether_its_gradient_was_clipped(shards, tmp_path, grad_clip):
+    """training/run/step.py's metric `clipped`: 1.0 where the norm was over grad_clip, else 0.0 (0: no clipping);
+    the tiny model's first norm is over 1, the later ones under. On the default run of the one-sync test above too."""
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", grad_clip=grad_clip)
+    batches = Prefetcher(run.train_loader, 0, cfg.schedule.max_steps, ctx.runtime.device)
+    try:
+        results = [make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False) for _ in range(3)]
+    finally:
+        batches.close()
+    assert results[0].grad_norm > 1.0 > results[2].grad_norm
+    assert [r.metrics["clipped"] for r in results] == [float(0 < grad_clip < r.grad_norm) for r in results]
+
+
 def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):
     cfg, ctx, run = build_tiny_run(shards, tmp_path / "run")
     batches = Prefetcher(run.train_loader, 0, cfg.schedule.max_steps, ctx.runtime.device)
