@@ -14,9 +14,7 @@ figure's field is made with (`ema_`: the EMA of set `x` is `ema_x`, so a set nam
 overwritten by it, and every reader takes `ema_*` fields for EMA figures; `bpb_` likewise). Such a name
 is refused before any work starts, with one `error:` line naming the key that gave it; nothing is renamed silently, so
 each field of the log means what its name says. A field added to one of these records joins its list.
-
-The training step's metrics are fields of the train record too, each declared once (train_metric) beside the code that
-records it: no metric may be named like another field, nor start with `tokens_` (a source's field).
+The training step's metrics (train_metric) are train record fields too, none named like another or `tokens_*`.
 """
 
 from __future__ import annotations
@@ -36,13 +34,12 @@ VAL_SET_PREFIXES = (EMA_PREFIX, BPB_PREFIX)  # prefixes of the fields made from 
 TRAIN_RECORD_FIELDS = (*RECORD_FIELDS, "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "step_ms", "skipped",
                        "mfu", "peak_mem_gb")
 SOURCE_TOKENS_PREFIX = "tokens_"  # a mixture source's train tokens: tokens_<source>
-OVER_RANKS = ("mean", "sum", "max")  # how the ranks' values of a metric make its one value
 
 
 class Metric(NamedTuple):
     """A figure the training step records (training/run/step.py: `metrics[METRIC] = value`, a 0-d tensor on the
     device or a number): a field of that step's train record (train/<name> in W&B and TensorBoard), its ranks'
-    values combined as over_ranks says, and on the step line the text show(value) gives, where it gives any."""
+    values combined as over_ranks says (mean, sum or max), on the step line the text show(value) gives, if any."""
 
     name: str
     over_ranks: str
@@ -54,12 +51,12 @@ TRAIN_METRICS: dict[str, Metric] = {}  # every metric declared so far, by name
 
 def train_metric(name: str, over_ranks: str, show: Callable[[float], str] | None = None) -> Metric:
     """Declare a metric of the train record, once (at import, beside the code that records it)."""
-    if name in TRAIN_RECORD_FIELDS or name in TRAIN_METRICS or name.startswith(SOURCE_TOKENS_PREFIX) \
-            or over_ranks not in OVER_RANKS:
-        raise ValueError(f"train_metric({name!r}, {over_ranks!r}): a train record field already, or starts with "
-                         f"{SOURCE_TOKENS_PREFIX!r}, or over_ranks is not one of {', '.join(OVER_RANKS)}")
-    TRAIN_METRICS[name] = metric = Metric(name, over_ranks, show)
-    return metric
+    if name in (*TRAIN_RECORD_FIELDS, *TRAIN_METRICS) or name.startswith(SOURCE_TOKENS_PREFIX) \
+            or over_ranks not in ("mean", "sum", "max"):
+        raise ValueError(f"train_metric({name!r}, {over_ranks!r}): the name is a field already or starts with "
+                         f"{SOURCE_TOKENS_PREFIX!r}, or over_ranks is not mean, sum or max")
+    TRAIN_METRICS[name] = Metric(name, over_ranks, show)
+    return TRAIN_METRICS[name]
 
 
 def val_set_names(record: dict) -> list[str]:

@@ -147,25 +147,25 @@ class Lockstep:
               failure: ReproError | None, metrics: dict[Metric, torch.Tensor | float]) -> Verdict:
         """The step's one collective and its one host synchronisation: every rank gets the same verdict."""
         # one all-gather of each rank's loss, votes (stop, failure, failed save) and metrics (0-d tensors or numbers)
-        mine = torch.stack([loss, *(value.to(loss.dtype) if torch.is_tensor(value) else loss.new_full((), float(value))
-                                    for value in (stop_requested, failure is not None, self.save_failed(),
-                                                  *metrics.values()))])
+        values = (stop_requested, failure is not None, self.save_failed(), *metrics.values())
+        mine = torch.stack([loss, *(v.to(loss.dtype) if torch.is_tensor(v) else loss.new_full((), float(v))
+                                    for v in values)])
         everyone = all_gather(mine, self.env)  # (world_size, 4 + len(metrics))
-        # every rank combines them alike: the loss averaged over all ranks, env.world_size (every rank votes; were a
-        # replica several ranks that each hold its loss (tensor parallel), this would still be the mean over the
-        # replicas), the votes summed, each metric as it is declared
-        how = ("mean", "sum", "sum", "sum", *(metric.over_ranks for metric in metrics))
-        summed, world_size = everyone.sum(0), self.env.world_size
-        combined = [everyone[:, i].amax() if h == "max" else summed[i] / world_size if h == "mean" else summed[i]
-                    for i, h in enumerate(how)]
+        # every rank combines them alike: the loss's mean over all ranks, env.world_size (every rank votes; were a
+        # replica several ranks that each hold its loss (tensor parallel), still the mean over the replicas), the
+        # votes' sums, each metric as declared
+        how = ("mean", "sum", "sum", "sum", *(m.over_ranks for m in metrics))
+        summed = everyone.sum(0)
+        combined = [everyone[:, i].amax() if h == "max" else summed[i] / self.env.world_size if h == "mean"
+                    else summed[i] for i, h in enumerate(how)]
         decided = torch.stack([*combined, grad_norm])
         if run.spikes is not None and run.spikes.full:  # the spike verdict rides on the same sync
             decided = torch.cat([decided, run.spikes.judge(combined[0], grad_norm)])
         loss_value, stop_votes, failures, save_failures, *rest = decided.tolist()  # the host sync
-        values, (norm_value, *judged) = rest[:len(metrics)], rest[len(metrics):]
+        recorded, (norm_value, *judged) = rest[:len(metrics)], rest[len(metrics):]
         return Verdict(loss_value, norm_value, bool(stop_votes), bool(failures), bool(save_failures),
                        skipped=run.scaler.is_enabled() and not math.isfinite(norm_value),
-                       metrics={metric.name: value for metric, value in zip(metrics, values)}, judged=judged,
+                       metrics={metric.name: value for metric, value in zip(metrics, recorded)}, judged=judged,
                        global_loss=combined[0], grad_norm_tensor=grad_norm)
 
     def check_finite(self, step: int, verdict: Verdict) -> None:

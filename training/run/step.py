@@ -28,9 +28,8 @@ def train_step(run: Run, model: torch.nn.Module, micro_batches: Iterable[tuple[t
 
     model: run.model's compiled / DDP wrapper (training/distributed/strategies.py); micro_batches: the step's
     grad_accum_steps (inputs, targets) pairs, each (B, T). loss is this rank's mean over its
-    rows; grad_norm the global norm over all ranks, before clipping to max_norm. metrics: where the step
-    records its metrics (metrics[METRIC] = a 0-d tensor; common/log_fields.py's train_metric declares each):
-    the lockstep combines them over the ranks with its one collective, into this step's train record.
+    rows; grad_norm the global norm over all ranks, before clipping to max_norm. metrics: what the step records
+    for its train record (metrics[METRIC] = a 0-d tensor; common/log_fields.py's train_metric declares each).
     """
     for group in run.optimizer.param_groups:
         group["lr"] = lr
