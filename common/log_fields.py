@@ -14,9 +14,13 @@ figure's field is made with (`ema_`: the EMA of set `x` is `ema_x`, so a set nam
 overwritten by it, and every reader takes `ema_*` fields for EMA figures; `bpb_` likewise). Such a name
 is refused before any work starts, with one `error:` line naming the key that gave it; nothing is renamed silently, so
 each field of the log means what its name says. A field added to one of these records joins its list.
+The training step's metrics (train_metric) are train record fields too, none named like another or `tokens_*`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 EMA_PREFIX = "ema_"  # of the fields an evaluation of the EMA weights adds to its record (evals/periodic.py)
 BPB = "bpb"  # the val record's bits per byte of its first set (evals/val_loss.py)
@@ -26,10 +30,33 @@ BPB_PREFIX = "bpb_"  # of each named set's bits per byte
 RECORD_FIELDS = ("kind", "step", "time")
 VAL_RECORD_FIELDS = (*RECORD_FIELDS, "tokens", "loss", BPB)  # a val record's own fields (evals/val_loss.py)
 VAL_SET_PREFIXES = (EMA_PREFIX, BPB_PREFIX)  # prefixes of the fields made from a val set's name
-# a train record's own fields (train_gpt2.py's StepRecords), besides tokens_<source>
+# a train record's own fields (launch/components.py's StepRecords), besides tokens_<source> and the metrics
 TRAIN_RECORD_FIELDS = (*RECORD_FIELDS, "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "step_ms", "skipped",
                        "mfu", "peak_mem_gb")
 SOURCE_TOKENS_PREFIX = "tokens_"  # a mixture source's train tokens: tokens_<source>
+
+
+class Metric(NamedTuple):
+    """A figure the training step records (training/run/step.py: `metrics[METRIC] = value`, a 0-d tensor on the
+    device or a number): a field of that step's train record (train/<name> in W&B and TensorBoard), its ranks'
+    values combined as over_ranks says (mean, sum or max), on the step line the text show(value) gives, if any."""
+
+    name: str
+    over_ranks: str
+    show: Callable[[float], str] | None = None
+
+
+TRAIN_METRICS: dict[str, Metric] = {}  # every metric declared so far, by name
+
+
+def train_metric(name: str, over_ranks: str, show: Callable[[float], str] | None = None) -> Metric:
+    """Declare a metric of the train record, once (at import, beside the code that records it)."""
+    if name in (*TRAIN_RECORD_FIELDS, *TRAIN_METRICS) or name.startswith(SOURCE_TOKENS_PREFIX) \
+            or over_ranks not in ("mean", "sum", "max"):
+        raise ValueError(f"train_metric({name!r}, {over_ranks!r}): the name is a field already or starts with "
+                         f"{SOURCE_TOKENS_PREFIX!r}, or over_ranks is not mean, sum or max")
+    TRAIN_METRICS[name] = Metric(name, over_ranks, show)
+    return TRAIN_METRICS[name]
 
 
 def val_set_names(record: dict) -> list[str]:

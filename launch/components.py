@@ -127,6 +127,7 @@ class StepRecords:
             record["mfu"] = mfu
         if runtime.device_type == "cuda":
             record["peak_mem_gb"] = torch.cuda.max_memory_allocated(runtime.device) / 2**30
+        record.update(result.metrics)  # what the step recorded (common/log_fields.py's train_metric)
         logger.log(record)
         self.steps_taken += 1
         if self.steps_taken == 1:

@@ -17,7 +17,7 @@ import torch
 
 from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
 from training.core.metrics import model_flops_utilization, peak_flops_for
-from common.log_fields import RECORD_FIELDS
+from common.log_fields import RECORD_FIELDS, TRAIN_METRICS, Metric
 from training.core.logger import LOG_ONLY_KINDS, RunLogger, read_log
 from launch import components
 
@@ -359,6 +359,42 @@ def test_every_run_records_what_produced_it(runs):
 
 
 # --- the console (issue 44) -----------------------------------------------------------------------------------
+
+def test_a_metric_the_step_records_reaches_the_log_each_sink_and_the_step_line(shards, wandb_offline, monkeypatch,
+                                                                                 capsys):
+    """common/log_fields.py's train_metric (issue 54): what the step records (a test's share, a tensor on the
+    device) is a field of that step's train record, train/<name> in TensorBoard and W&B at the step, and on the
+    step line as its declaration shows it, after the peak memory."""
+    from conftest import build_tiny_run, train_loop
+    from test_tensorboard import scalars
+    from training.core.context import Context
+    from training.distributed.preemption import PreemptionFlag
+    from training.run import lockstep
+
+    share = Metric("test_share", "mean", "share {:.0%}".format)
+    monkeypatch.setitem(TRAIN_METRICS, share.name, share)
+    step_math = lockstep.train_step
+
+    def recording(run, *args):
+        args[-1][share] = torch.tensor(run.step / 4)  # the step's metrics, its last argument
+        return step_math(run, *args)
+
+    monkeypatch.setattr(lockstep, "train_step", recording)
+    cfg, ctx, run = build_tiny_run(shards, wandb_offline, max_steps=3, eval_interval=0, checkpoint_interval=0,
+                                   final_checkpoint="false")
+    logger = start_logger(wandb_offline, 0)
+    logger.start_tensorboard(wandb_offline / "tensorboard", 0)
+    train_loop(cfg, Context(ctx.env, ctx.runtime, logger), run, PreemptionFlag(), record={})
+    end_launch(logger)
+    shares = [(0, 0.0), (1, 0.25), (2, 0.5)]
+    assert [(r["step"], r["test_share"]) for r in read_log(wandb_offline / "log.jsonl") if r["kind"] == "train"] == shares
+    assert scalars(wandb_offline / "tensorboard")["train/test_share"] == shares
+    (run_dir,) = (wandb_offline / "wandb").glob("offline-run-*")
+    assert [(row["trainer/step"], row["train/test_share"]) for row in wandb_history(run_dir)
+            if "train/test_share" in row] == shares
+    lines = [line for line in capsys.readouterr().out.splitlines() if " tok/s " in line]
+    assert [line.split(" tok/s | ")[1].split(" | elapsed")[0] for line in lines] == ["share 0%", "share 25%", "share 50%"]
+
 
 def test_the_step_line_says_where_the_run_is_its_peak_memory_and_its_time():
     from training.core.logger import format_duration, format_train_line

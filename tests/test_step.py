@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import sys
 from pathlib import Path
 
@@ -75,6 +76,56 @@ def test_the_training_loop_adds_no_sync_of_its_own(shards, tmp_path, count_syncs
         totals[steps] = dict(count_syncs)
     growth = {site: totals[7].get(site, 0) - totals[3].get(site, 0) for site in {*totals[3], *totals[7]}}
     assert {site: n for site, n in growth.items() if n} == {next(s for s in totals[7] if s.startswith("training/run/lockstep.py")): 4}
+
+
+def combined_metrics(argv: list[str]) -> int:
+    """A rank body for launch(): the step's one collective (Lockstep.agree) on this rank's loss, stop vote and a
+    metric of each kind the step can record; what the rank read, printed as JSON. argv: the shards' folder."""
+    import datetime
+
+    import torch.distributed as dist
+    from common.log_fields import train_metric
+    from training.core.context import Context
+    from training.core.process_group import DistEnv
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=1))
+    rank = dist.get_rank()
+    try:
+        cfg, ctx, run = build_tiny_run(Path(argv[0]), Path(argv[0]) / f"run{rank}")
+        env = DistEnv(rank=rank, local_rank=rank, world_size=2, device=torch.device("cpu"), distributed=True)
+        metrics = {train_metric("test_mean", "mean"): torch.tensor(rank + 1.0), train_metric("test_sum", "sum"): rank + 1,
+                   train_metric("test_max", "max"): torch.tensor(5.0 - 6 * rank)}  # ranks 0, 1: 1, 2 | 1, 2 | 5, -1
+        verdict = make_lockstep(cfg, Context(env, ctx.runtime, ctx.logger)).agree(
+            run, torch.tensor(2.0 * rank + 4), torch.tensor(0.5), rank == 1, None, metrics)
+        print(json.dumps([verdict.loss, verdict.stop, verdict.grad_norm, verdict.metrics]), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def test_the_metrics_a_step_records_are_combined_over_the_ranks_as_declared_in_its_one_collective(shards):
+    """common/log_fields.py's train_metric: the mean, sum or max of the ranks' values, every rank alike, beside the
+    loss (its mean) and the votes (any rank's stop) of the same all-gather."""
+    from forked_ranks import launch
+
+    proc = launch([str(shards)], 2, target="test_step:combined_metrics", timeout=120)
+    assert proc.exitcodes == [0, 0], proc.stdout + proc.stderr
+    read = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert read == [[5.0, True, 0.5, {"test_mean": 1.5, "test_sum": 3.0, "test_max": 5.0}]] * 2
+
+
+@pytest.mark.parametrize("grad_clip", [1.0, 0.0])
+def test_each_step_records_whether_its_gradient_was_clipped(shards, tmp_path, grad_clip):
+    """training/run/step.py's metric `clipped`: 1.0 where the norm was over grad_clip, else 0.0 (0: no clipping);
+    the tiny model's first norm is over 1, the later ones under. On the default run of the one-sync test above too."""
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", grad_clip=grad_clip)
+    batches = Prefetcher(run.train_loader, 0, cfg.schedule.max_steps, ctx.runtime.device)
+    try:
+        results = [make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False) for _ in range(3)]
+    finally:
+        batches.close()
+    assert results[0].grad_norm > 1.0 > results[2].grad_norm
+    assert [r.metrics["clipped"] for r in results] == [float(0 < grad_clip < r.grad_norm) for r in results]
 
 
 def test_a_nan_loss_raises_before_the_update_is_applied(shards, tmp_path):

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from common.atomic_file import atomic_write
 from common.errors import ConfigError, WriteError, print_warning
-from common.log_fields import RECORD_FIELDS
+from common.log_fields import RECORD_FIELDS, TRAIN_METRICS
 from common.settings import Settings, Words, option, require, section
 
 LOG_NAME = "log.jsonl"
@@ -327,15 +327,18 @@ def format_train_line(r: dict, max_steps: int, elapsed_s: float, eta_s: float | 
     """The console line of a train record: where the run is (`step 1200/19073 (6.3%)`: 1,200 of max_steps updates
     done, the count an evaluation of the model they made prints, `step 1200 | val loss ...`; the train record of
     the 1,200th update has step 1199), the step's figures, the peak memory on a GPU, this launch's time so far,
-    and the time to max_steps (eta_s; None until a launch has a rate: its first step compiles)."""
+    and the time to max_steps (eta_s; None until a launch has a rate: its first step compiles). After the peak memory,
+    the text of each metric the step recorded whose declaration shows it (common/log_fields.py's train_metric)."""
     width = len(str(max_steps))
     done = r["step"] + 1
     mfu = f" | mfu {100 * r['mfu']:5.1f}%" if "mfu" in r else ""
     memory = f" | mem {r['peak_mem_gb']:5.1f} GiB" if "peak_mem_gb" in r else ""
+    texts = (m.show(r[m.name]) for m in TRAIN_METRICS.values() if m.show and m.name in r)
+    shown = "".join(f" | {text}" for text in texts if text)
     eta = f" | eta {format_duration(eta_s)}" if eta_s is not None else ""
     return (f"step {done:{width}d}/{max_steps} ({100 * done / max_steps:5.1f}%) | "
             f"loss {r['loss']:.4f} | lr {r['lr']:.3e} | norm {r['grad_norm']:6.3f} | {r['step_ms']:8.1f} ms | "
-            f"{r['tokens_per_sec']:10,.0f} tok/s{mfu}{memory} | elapsed {format_duration(elapsed_s)}{eta}")
+            f"{r['tokens_per_sec']:10,.0f} tok/s{mfu}{memory}{shown} | elapsed {format_duration(elapsed_s)}{eta}")
 
 
 def format_duration(seconds: float) -> str:

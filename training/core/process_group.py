@@ -213,6 +213,21 @@ def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return tensor
 
 
+# Every rank's tensor gathered into one output tensor: torch 2.13 names it all_gather_single and deprecates
+# all_gather_into_tensor (a FutureWarning on every rank); older torch has only the old name, same semantics.
+ALL_GATHER_INTO_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def all_gather(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Every rank's tensor in rank order, on every rank (one process: its own): (world_size, *shape). Collective."""
+    if not env.distributed:
+        return tensor.unsqueeze(0)
+    # flat: gloo takes only a 1-D output (world_size x the input), NCCL either shape
+    everyone = tensor.new_empty(env.world_size * tensor.numel())
+    ALL_GATHER_INTO_TENSOR(everyone, tensor.flatten())
+    return everyone.view(env.world_size, *tensor.shape)
+
+
 def any_rank(flag: bool, env: DistEnv) -> bool:
     """Whether flag is true on any rank, the same answer on every rank. Collective (a host sync)."""
     if not env.distributed:

@@ -35,11 +35,9 @@ import torch.distributed as dist
 from common.errors import first_line
 from common.settings import Settings, option, require, section
 from training.core.context import Context
+from training.core.process_group import all_gather
 
 STRAGGLER_INTERVALS = 3  # intervals in a row, for the same rank, before it is named
-# Every rank's tensor gathered into one output tensor: torch 2.13 names it all_gather_single and deprecates
-# all_gather_into_tensor (a FutureWarning on every rank); older torch has only the old name, same semantics.
-ALL_GATHER_INTO_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 # --- 1. the profiler window ---------------------------------------------------------------------
@@ -393,10 +391,7 @@ class RankStats:
         if not self.env.distributed:
             return [local]
         mine = torch.tensor(local, dtype=torch.float64, device=self.env.device)
-        # flat: gloo takes only a 1-D output (world_size x the input), NCCL either shape
-        everyone = torch.empty(self.env.world_size * len(local), dtype=torch.float64, device=self.env.device)
-        ALL_GATHER_INTO_TENSOR(everyone, mine)
-        return everyone.view(self.env.world_size, len(local)).tolist()  # the interval's one host sync
+        return all_gather(mine, self.env).tolist()  # the interval's one host sync
 
     def _judge(self, step: int, rows: list[list[float]], steps: int) -> dict:
         """The record of one interval from the gathered rows, and the straggler streak (every rank alike)."""

@@ -2,8 +2,8 @@
 
 Every rank must take every step's collectives, and decide the same things at the same step.
 So a step is: the math (training/run/step.py) on batches that never raise (a batch this rank
-cannot read becomes zeros, and the failure is kept), then one all-reduce that carries the
-summed loss, the ranks' stop votes and their failure votes, then the step's one host
+cannot read becomes zeros, and the failure is kept), then one all-gather of each rank's loss,
+stop vote, failure vote and the metrics the step recorded, then the step's one host
 synchronisation, which reads the result (and the gradient norm) and decides, on every rank
 alike, before the update is applied:
 
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import NonFiniteLossError, ReproError
-from training.core.process_group import DistEnv, all_reduce_sum, as_repro_error, raise_first_error
+from common.log_fields import Metric
+from training.core.process_group import DistEnv, all_gather, as_repro_error, raise_first_error
 from training.core.context import Context
 from training.run.run import Run
 from data.mixture import DataSettings
@@ -39,16 +40,35 @@ from training.run.step import apply_update, train_step
 
 
 @dataclass
-class StepResult:
-    loss: float  # mean over the whole global batch, all ranks
+class Verdict:
+    """What every rank read at the step's one host synchronisation (the same values on every rank)."""
+
+    loss: float  # the mean over the whole global batch, all ranks
     grad_norm: float  # global, before clipping
+    stop: bool  # some rank was asked to stop (SIGTERM/SIGUSR1)
+    failures: bool  # some rank failed (an unreadable batch, a log write)
+    save_failed: bool  # some rank saw a background checkpoint save fail: the loop saves again now
+    skipped: bool  # float16 only: the gradients overflowed, the scaler skips the update
+    metrics: dict[str, float]  # the metrics the step recorded, by name, each combined over the ranks as declared
+    judged: list[float]  # the spike window's verdict (SpikeWindow.judge), [] until the window is full
+    global_loss: torch.Tensor  # the same loss and norm, still on the device (for the spike window)
+    grad_norm_tensor: torch.Tensor
+
+    def judge_spike(self, threshold: float) -> str | None:
+        """Why this step is a spike, or None. An overflow is float16's scaler at work, not a spike."""
+        if not self.judged or not self.judged[0] or self.skipped:
+            return None
+        return spike_reason(self.judged, self.loss, self.grad_norm, threshold)
+
+
+@dataclass
+class StepResult(Verdict):
+    """A step's verdict, and what else the loop logs of it."""
+
     lr: float
-    stop: bool  # some rank was asked to stop (SIGTERM/SIGUSR1): all ranks see the same value
     seconds: float
-    skipped: bool = False  # float16 only: the gradients overflowed, the scaler skipped the update
-    save_failed: bool = False  # some rank saw a background checkpoint save fail: the loop saves again now
-    spike: str | None = None  # why the update was not applied: a loss spike (spike_skip)
-    data_wait: float = 0.0  # seconds this rank waited for its micro-batches (host clock)
+    spike: str | None  # why the update was not applied: a loss spike (spike_skip)
+    data_wait: float  # seconds this rank waited for its micro-batches (host clock)
 
 
 class GuardedBatches:
@@ -108,44 +128,50 @@ class Lockstep:
             torch.manual_seed(dropout_seed(self.dropout_base_seed, step, self.env.rank))
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
                                        (self.batch.micro_batch_size, self.batch.seq_len), self.env)
-        loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.max_norm)
+        metrics: dict[Metric, torch.Tensor | float] = {}  # what the step records, this rank's (training/run/step.py)
+        loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.max_norm, metrics)
         failure = self.logger.failure or micro_batches.failure
-        verdict = self.agree(run, loss, grad_norm, stop_requested, failure)
+        verdict = self.agree(run, loss, grad_norm, stop_requested, failure, metrics)
         if verdict.failures:
             raise_first_error(failure, self.env)  # every rank raises the same error
         self.check_finite(step, verdict)
-        spike = verdict.spike(self.long_run.spike_threshold)
-        apply_update(run, skip=verdict.overflow or spike is not None)
+        spike = verdict.judge_spike(self.long_run.spike_threshold)
+        apply_update(run, skip=verdict.skipped or spike is not None)
         self.track_spikes(run, step, verdict, spike)
         run.step += 1
         run.tokens_seen += self.batch.total_batch_size
-        return StepResult(loss=verdict.loss, grad_norm=verdict.grad_norm, lr=lr, stop=verdict.stop,
-                          seconds=time.perf_counter() - t0, skipped=verdict.overflow, spike=spike,
-                          save_failed=verdict.save_failed, data_wait=micro_batches.wait)
+        return StepResult(**vars(verdict), lr=lr, seconds=time.perf_counter() - t0, spike=spike,
+                          data_wait=micro_batches.wait)
 
     def agree(self, run: Run, loss: torch.Tensor, grad_norm: torch.Tensor, stop_requested: bool,
-              failure: ReproError | None) -> Verdict:
+              failure: ReproError | None, metrics: dict[Metric, torch.Tensor | float]) -> Verdict:
         """The step's one collective and its one host synchronisation: every rank gets the same verdict."""
-        # one all-reduce: the summed loss, the stop votes, the failure votes, the failed-save votes
-        stats = all_reduce_sum(torch.stack([loss, loss.new_full((), float(stop_requested)),
-                                            loss.new_full((), float(failure is not None)),
-                                            loss.new_full((), float(self.save_failed()))]), self.env)
-        # the mean over all ranks, env.world_size (the all-reduce spans them all: every rank votes). Were a
-        # replica several ranks that each hold its loss (tensor parallel), this would still be the mean over
-        # the replicas; a sum over all ranks divided by dp_size would count each replica once per rank
-        global_loss = stats[0] / self.env.world_size
-        decided = torch.stack([global_loss, stats[1], stats[2], stats[3], grad_norm])
+        # one all-gather of each rank's loss, votes (stop, failure, failed save) and metrics (0-d tensors or numbers)
+        values = (stop_requested, failure is not None, self.save_failed(), *metrics.values())
+        mine = torch.stack([loss, *(v.to(loss.dtype) if torch.is_tensor(v) else loss.new_full((), float(v))
+                                    for v in values)])
+        everyone = all_gather(mine, self.env)  # (world_size, 4 + len(metrics))
+        # every rank combines them alike: the loss's mean over all ranks, env.world_size (every rank votes; were a
+        # replica several ranks that each hold its loss (tensor parallel), still the mean over the replicas), the
+        # votes' sums, each metric as declared
+        how = ("mean", "sum", "sum", "sum", *(m.over_ranks for m in metrics))
+        summed = everyone.sum(0)
+        combined = [everyone[:, i].amax() if h == "max" else summed[i] / self.env.world_size if h == "mean"
+                    else summed[i] for i, h in enumerate(how)]
+        decided = torch.stack([*combined, grad_norm])
         if run.spikes is not None and run.spikes.full:  # the spike verdict rides on the same sync
-            decided = torch.cat([decided, run.spikes.judge(global_loss, grad_norm)])
-        loss_value, stop_votes, failures, save_failures, norm_value, *judged = decided.tolist()  # the host sync
-        return Verdict(loss_value, norm_value, bool(stop_votes), bool(failures), bool(save_failures), judged,
-                       overflow=run.scaler.is_enabled() and not math.isfinite(norm_value),
-                       global_loss=global_loss, grad_norm_tensor=grad_norm)
+            decided = torch.cat([decided, run.spikes.judge(combined[0], grad_norm)])
+        loss_value, stop_votes, failures, save_failures, *rest = decided.tolist()  # the host sync
+        recorded, (norm_value, *judged) = rest[:len(metrics)], rest[len(metrics):]
+        return Verdict(loss_value, norm_value, bool(stop_votes), bool(failures), bool(save_failures),
+                       skipped=run.scaler.is_enabled() and not math.isfinite(norm_value),
+                       metrics={metric.name: value for metric, value in zip(metrics, recorded)}, judged=judged,
+                       global_loss=combined[0], grad_norm_tensor=grad_norm)
 
     def check_finite(self, step: int, verdict: Verdict) -> None:
         """A NaN/inf loss or gradient norm (but float16's overflow, which the scaler handles) stops the
         update: a rollback with rollback_on_nonfinite, else NonFiniteLossError."""
-        if math.isfinite(verdict.loss) and (math.isfinite(verdict.grad_norm) or verdict.overflow):
+        if math.isfinite(verdict.loss) and (math.isfinite(verdict.grad_norm) or verdict.skipped):
             return
         reason = f"loss {verdict.loss} / grad norm {verdict.grad_norm} is not finite"
         if self.long_run.rollback_on_nonfinite:
@@ -159,30 +185,9 @@ class Lockstep:
             run.skips_in_a_row += 1
             if self.long_run.rollback_after and run.skips_in_a_row >= self.long_run.rollback_after:
                 raise RollbackRequested(step, f"{run.skips_in_a_row} spikes in a row, the last: {spike}")
-        elif run.spikes is not None and not verdict.overflow:
+        elif run.spikes is not None and not verdict.skipped:
             run.skips_in_a_row = 0
             run.spikes.add(verdict.global_loss, verdict.grad_norm_tensor)
-
-
-@dataclass
-class Verdict:
-    """What every rank read at the step's one host synchronisation (the same values on every rank)."""
-
-    loss: float  # the mean over the global batch
-    grad_norm: float
-    stop: bool  # some rank was asked to stop
-    failures: bool  # some rank failed (an unreadable batch, a log write)
-    save_failed: bool  # some rank saw a background save fail
-    judged: list[float]  # the spike window's verdict (SpikeWindow.judge), [] until the window is full
-    overflow: bool  # float16 only: the gradients overflowed, the scaler skips the update
-    global_loss: torch.Tensor  # the same loss and norm, still on the device (for the spike window)
-    grad_norm_tensor: torch.Tensor
-
-    def spike(self, threshold: float) -> str | None:
-        """Why this step is a spike, or None. An overflow is float16's scaler at work, not a spike."""
-        if not self.judged or not self.judged[0] or self.overflow:
-            return None
-        return spike_reason(self.judged, self.loss, self.grad_norm, threshold)
 
 
 def dropout_seed(seed: int, step: int, rank: int) -> int:
