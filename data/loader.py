@@ -249,10 +249,6 @@ class TrainLoader:
         """One folder: no sources to count apart (data/mixture.py's MixtureLoader counts them)."""
         return {}
 
-    def state_dict(self, step: int, position: int) -> None:
-        """One folder: its position is a function of the data position alone, no state (a mixture has some)."""
-        return None
-
     def row_order(self, epoch: int) -> np.ndarray:
         """With shuffle: the epoch's order of the train rows, a permutation seeded by (seed, epoch)."""
         if self._permutation is None or self._permutation[0] != epoch:

@@ -265,8 +265,8 @@ class MixtureLoader:
         if not changes:
             return None
         where = ", ".join(f"{s.name} at row {rows:,}" for s, rows in zip(self.sources, self.anchor["rows"]))
-        return (f"rows per step {', '.join(changes)} (of {self.rows_per_step}); each source reads on from the rows "
-                f"it had read ({where})")
+        return (f"the mixture's composition changed: rows per step {', '.join(changes)} (of {self.rows_per_step}); "
+                f"each source reads on from the rows it had read ({where})")
 
     def summary(self) -> str:
         """The startup line's account of the data: each source's rows per step, share and epoch."""

@@ -5,19 +5,14 @@ a damaged newer one is set aside), from `--resume PATH` or the newest checkpoint
 it, or starts fresh (`never`, or auto with nothing to resume), once the one-history rules allow it
 (one run per out_dir, with the checkpoints its log records); a rollback continues from the newest
 checkpoint of the folder, or the one this launch resumed if newer. It loads, through the
-checkpoint's format (load_into: every rank its part, under any strategy and world size): the
-model's weights; the optimizer's moments and step counts, with this run's settings (lr, betas, eps,
-weight decay); the EMA of the weights and the step it started at (the checkpoint's, not this
-config's); float16's loss scale; the step, tokens seen, lineage, latest figures (and whether they are
-the final ones) and W&B run id;
-the spike window, skips in a row, rollbacks and data offset; each mixture source's position.
-Nothing else: the data position is a function of the step and the data offset, and dropout masks
-are reseeded from (seed, step, rank). A changed setting means: another model shape or optimizer is
+checkpoint's format (load_into: every rank its part, under any strategy and world size), the run's
+state: its own values and every part it registers (training/run/run.py's Run.parts; the optimizer
+with this run's settings, the EMA from the start its run kept), a checkpoint of older code converted
+to this layout first (`current_layout`). A changed setting means: another model shape or optimizer is
 refused; a checkpoint past max_steps is refused, one at it is nothing to do once its final evaluations
 ran (a stop at the last step saves before them: the relaunch then runs them, and only them; `finished`);
-any other changed key
-is one warning naming it and whether it changes the training math (its field's on_resume); changed
-shards are a warning.
+any other changed key is one warning naming it and whether it changes the training math (its field's
+on_resume); changed shards are a warning.
 
 Every choice is taken by rank 0 before anything is written, and the other ranks get its answer or
 its error; the loading is a collective. The pieces, in that order below:
@@ -30,7 +25,8 @@ its error; the loading is a collective. The pieces, in that order below:
   run, named by the `run_id` a fresh start draws and its checkpoints, resumes and run.json carry;
   each checkpoint has its own `checkpoint_id`, and `ancestry` lists the ids its run resumed from,
   which tells the checkpoints that continued from `--resume PATH` from another run's;
-- what it loads: `resume_run` (build_run calls it), `finished`, `load_compatible_checkpoint`, `load_state`;
+- what it loads: `resume_run` (build_run calls it), `finished`, `load_compatible_checkpoint` (`current_layout`),
+  `load_state`;
 - what a changed setting means: `check_same_optimizer`, `warn_on_changed_settings`,
   `describe_ema_start`;
 - a rollback: `choose_rollback_checkpoint`, `roll_back` (launch/recovery.py calls it).
@@ -39,21 +35,20 @@ The locks on out_dir and checkpoint_dir, and the owner file of a checkpoint_dir 
 (one checkpoint folder, one run folder), are training/checkpoint/run_folder.py's: they claim the
 folders for a launch, before anything here is asked. Reading and writing a checkpoint's files is
 training/checkpoint/'s (folder.py, the formats); what a checkpoint holds of the run is the Run's
-state_dict (training/run/run.py).
+parts and its state_dict (training/run/run.py).
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 from common.errors import CheckpointError, ConfigError, DivergedError, print_warning
 from common.settings import changes_training_math
 from data.loader import TrainLoader
-from data.mixture import MixtureLoader, changed_shards, derived_state
+from data.mixture import changed_shards, derived_state
 from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, format_of,
                                         list_checkpoints, load_checkpoint, newest_readable_checkpoint,
                                         require_entries, set_aside)
@@ -275,15 +270,14 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
         logger.console(f"{path} is at max_steps {max_steps}, but its final evaluations were not run (a stop came "
                        f"first): running them, and only them")
     check_same_optimizer(cfg.optimizer.optimizer, state["config"], path)  # another's state does not fit
-    composition = load_state(run, state, path)
+    for change in load_state(run, state, path):
+        logger.warn(f"since {path} was written, {change}")
     run.resumed_from, run.resumed_step = path, run.step
-    if composition:
-        logger.warn(f"the mixture's composition changed since {path} was written: {composition}")
     moved = moved_position(run.train_loader, state["config"], run.step + run.data_offset)
     if moved:
         logger.warn(f"{moved} since {path} was written")
     if run.ema is not None:
-        describe_ema_start(run, checkpointed_start(state), cfg.ema, max_steps, path, logger.warn)
+        describe_ema_start(run, state["ema_state"], cfg.ema, max_steps, path, logger.warn)
     warn_on_changed_settings(cfg, state["config"], logger.warn)
     trained_on, fingerprint = state.get("provenance", {}).get("data_fingerprint"), run.data_fingerprint
     changed = changed_shards(trained_on, fingerprint) if trained_on is not None else None
@@ -295,12 +289,9 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
 
 
 def finished(state: dict) -> bool:
-    """Whether the checkpoint (its state) is of a finished run: one whose final evaluations, after its last step,
-    are logged and in its figures. Checkpoints of older code do not say: they count as finished at their own run's
-    max_steps, as that code took them to be."""
-    if "finished_at" in state:
-        return state["finished_at"] == state["step"]
-    return state["step"] == state["config"].get("max_steps")
+    """Whether the checkpoint (its state, in this code's layout: current_layout) is of a finished run: one whose
+    final evaluations, after its last step, are logged and in its figures."""
+    return state["finished_at"] == state["step"]
 
 
 def moved_position(loader, saved: dict, position: int) -> str | None:
@@ -332,85 +323,49 @@ def moved_position(loader, saved: dict, position: int) -> str | None:
 
 
 def load_compatible_checkpoint(path: Location, model_config) -> dict:
-    """The checkpoint's state, once it has what a resume needs and fits this run's model shape (its
-    tensors left on storage: every rank then reads only what it keeps)."""
+    """The checkpoint's state in this code's layout (current_layout), once it has what a resume needs and fits this
+    run's model shape (its tensors left on storage: every rank then reads only what it keeps)."""
     state = require_entries(load_checkpoint(path), RESUME_ENTRIES, path, "resuming")
     check_compatible(state, model_config.to_dict(), path)
-    return state
+    return current_layout(state)
 
 
-def load_state(run: Run, state: dict, path: Location) -> str | None:
-    """Continue from the checkpoint at path (its state: load_checkpoint's, on every rank), with this
-    run's optimizer settings. A collective: every rank loads its part, in the checkpoint's format.
-    Returns what changed in a mixture's composition since (its rows per step), in words, or None.
-
-    The saved optimizer state keeps its moments and step counts; its settings (lr, betas, eps,
-    weight decay, kernel choice) become this run's, so a resume with changed settings trains
-    with what config.yaml says. The lineage goes on: the same run_id, and the checkpoint's own
-    id appended to the ancestry.
-    """
-    fmt = format_of(path)
-    if run.ema is not None:  # the checkpoint's average is loaded into tensors laid out like the weights
-        run.ema.reset()
-        if fmt.holds(state, "ema"):
-            run.ema.allocate(run.model)
-    fmt.load_into(run, path, state, lambda saved: with_current_settings(saved, run.optimizer))
-    if run.ema is not None:  # the start the checkpoint's run set goes on; where it kept none, this run's own (set
-        # at build), but no earlier than the first update this run makes: the update of the checkpoint's step
-        start = checkpointed_start(state)
-        run.ema.load_progress_state(max(run.ema.start_step, state["step"]) if start is None else start,
-                                    state.get("ema_state"))
-    if run.scaler.is_enabled() and state.get("scaler"):  # the loss scale goes on where it was
-        run.scaler.load_state_dict(state["scaler"])
-    run.step = run.start_step = state["step"]
-    run.tokens_seen = state["tokens_seen"]
-    run.run_id = state.get("run_id") or run.run_id
-    run.ancestry = [*state.get("ancestry", []), state.get("checkpoint_id")]
-    run.metrics = dict(state.get("metrics", {}))
-    run.finished_at = state.get("finished_at")
-    run.wandb_run_id = state.get("wandb_run_id")
-    long_run = state.get("long_run") or {}  # older checkpoints: no skips, no rollbacks
-    if run.spikes is not None and long_run.get("spike_window"):
-        run.spikes.load_state_dict(long_run["spike_window"])
-    run.skips_in_a_row = long_run.get("skips_in_a_row", 0)
-    run.rollbacks = long_run.get("rollbacks", 0)
-    run.data_offset = long_run.get("data_offset", 0)
-    if isinstance(run.train_loader, MixtureLoader):  # each source from where it stood (older checkpoints:
-        # where the checkpoint's own config put it)
-        position = run.step + run.data_offset
-        saved = state.get("mixture") or derived_state(state.get("config") or {}, run.step, position)
-        if saved is not None:
-            return run.train_loader.load_state_dict(saved)
-    return None
+def current_layout(state: dict) -> dict:
+    """A checkpoint's entries (load_checkpoint's) as this code's run loads them (Run.load_state_dict): the one
+    conversion of what the checkpoints of older code, and a run's settings, left out or kept elsewhere.
+    - long_run (format_version 3 and before): its spike window, skips in a row, rollbacks and data offset, each
+      an entry (none in older checkpoints: none of them);
+    - finished_at, which older code did not save: finished at its config's max_steps, as that code took it;
+    - mixture, which one folder's run, and older code, keep none of: where its config puts each source
+      (data/mixture.py's derived_state), so that a mixture goes on from the rows they had read;
+    - ema_state: older code kept none before the average started: its config's start. A run without an EMA
+      keeps none: decay 0, at this step (an EMA turned on now starts no earlier: WeightAverage.load_state_dict);
+    - format_version 1: no lineage (a run id of its own, no ancestry), and what else it lacks: none."""
+    state, config = dict(state), state.get("config") or {}
+    long_run = state.pop("long_run", None) or {}
+    state.setdefault("spike_window", long_run.get("spike_window"))
+    for key in ("skips_in_a_row", "rollbacks", "data_offset"):
+        state.setdefault(key, long_run.get(key, 0))
+    state.setdefault("finished_at", state["step"] if state["step"] == config.get("max_steps") else None)
+    if state.get("mixture") is None:
+        state["mixture"] = derived_state(config, state["step"], state["step"] + state["data_offset"])
+    if state.get("ema_state") is None:
+        decay = config.get("ema_decay") or 0.0
+        averaging = EMASettings(ema_decay=decay, ema_start=config.get("ema_start", 0.0))
+        state["ema_state"] = {"decay": decay, "start_step": averaging.start_step(config["max_steps"]) if decay
+                              else state["step"], "updates": 0}
+    none = {"run_id": uuid.uuid4().hex, "ancestry": [], "checkpoint_id": None, "metrics": {}, "wandb_run_id": None}
+    return {**none, **state}
 
 
-def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
-    """The saved optimizer state (AdamW moments, step counts) with every setting of this run.
-
-    The saved groups carry the old run's lr, betas, eps, weight decay and kernel choice (fused
-    on CUDA or not); this run's values replace them, so a resume with changed settings trains
-    with what config.yaml says (weight decay stays on the decay group only).
-    """
-    if len(saved["param_groups"]) != len(optimizer.param_groups):
-        raise CheckpointError(f"the checkpoint's optimizer has {len(saved['param_groups'])} parameter groups, "
-                              f"this run's {len(optimizer.param_groups)}")
-    groups = [{**group, **{k: v for k, v in current.items() if k != "params"}}
-              for group, current in zip(saved["param_groups"], optimizer.param_groups)]
-    return {**saved, "param_groups": groups}
-
-
-def checkpointed_start(state: dict) -> int | None:
-    """The start step of the EMA kept by the run that wrote a checkpoint (its state), started or not; None where
-    that run kept none (ema_decay 0). Checkpoints of older code saved it only once the average had started:
-    before that, their config's ema_start and max_steps give it, as that run computed it."""
-    saved = state.get("ema_state")
-    if saved is not None:
-        return saved["start_step"]
-    config = state.get("config") or {}
-    if not config.get("ema_decay"):
-        return None
-    return EMASettings(ema_decay=config["ema_decay"], ema_start=config.get("ema_start", 0.0)).start_step(
-        config["max_steps"])
+def load_state(run: Run, state: dict, path: Location) -> list[str]:
+    """Continue from the checkpoint at path (its state: load_compatible_checkpoint's, on every rank) through the run's
+    parts (Run.parts). A collective: every rank loads its part, in the checkpoint's format. What a part says changed
+    since (a mixture's rows per step), in words. The lineage goes on: the checkpoint's id joins the ancestry."""
+    changes = format_of(path).load_into(run, path, state)
+    run.start_step = run.step
+    run.ancestry.append(state["checkpoint_id"])
+    return changes
 
 
 # --- what a changed setting means -------------------------------------------------------------------
@@ -445,16 +400,16 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str]
          f"(this run uses the new values; {effect})")
 
 
-def describe_ema_start(run: Run, kept: int | None, averaging: EMASettings, max_steps: int, path: Location,
+def describe_ema_start(run: Run, saved: dict, averaging: EMASettings, max_steps: int, path: Location,
                        warn: Callable[[str], None]) -> None:
     """Say where a resumed run's EMA starts when it is not where this config would start a fresh one.
 
-    kept: the start of the EMA the checkpoint's run kept (None: it had none); averaging: this run's ema
-    section, whose start would be floor(ema_start * max_steps) (max_steps: the schedule section's). A kept
+    saved: the checkpoint's ema_state (current_layout's: decay 0 where its run kept no EMA); averaging: this run's
+    ema section, whose start would be floor(ema_start * max_steps) (max_steps: the schedule section's). A kept
     start is state and goes on (a raised max_steps must not freeze the average until a later start, and then
     fold on from the stale one)."""
-    planned = averaging.start_step(max_steps)
-    if kept is None:
+    planned, kept = averaging.start_step(max_steps), saved["start_step"]
+    if not saved["decay"]:
         if run.ema.start_step != planned:  # the checkpoint's step: the first update this run makes
             warn(f"{path} holds no EMA of the weights (it was trained with ema_decay 0): the EMA starts from the "
                  f"weights of step {run.ema.start_step}, not of step {planned}")

@@ -228,7 +228,7 @@ def test_a_run_with_a_relative_checkpoint_dir_is_found_from_another_folder(check
     # a sharded checkpoint (what a URL holds) of a tiny module, written where the trainer would write it
     folder = ckpt.checkpoint_path(ckpt.checkpoints_folder(cfg.run.out_dir, cfg.checkpoint.checkpoint_dir), 2, ckpt.SHARDED)
     module = torch.nn.Linear(2, 2)
-    ckpt.sharded.start_save(module, torch.optim.SGD(module.parameters()), folder, asynchronous=False)
+    ckpt.sharded.start_save({"model": module}, folder, asynchronous=False)
     ckpt.sharded.commit(folder, {"step": 2, "format_version": ckpt.FORMAT_VERSION})
     monkeypatch.chdir(elsewhere)
     path, found = ckpt.resolve_checkpoint(launched / "run")
@@ -274,7 +274,7 @@ def test_a_checkpoint_of_format_2_keyed_by_index_is_converted_on_read_and_resume
     ckpt.delete_checkpoint(ckpt.checkpoint_path(legacy / "checkpoints", 6))  # as if it had died after step 5
     path = ckpt.checkpoint_path(legacy / "checkpoints", 3)
     current = torch.load(path, weights_only=True)
-    assert current["format_version"] == ckpt.FORMAT_VERSION == 3
+    assert current["format_version"] == ckpt.FORMAT_VERSION == 4
     assert all(isinstance(name, str) for name in current["optimizer"]["state"])  # keyed by name now
     ckpt.save_checkpoint(in_format_2(current), path)
     written = torch.load(path, weights_only=True)

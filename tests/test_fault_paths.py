@@ -159,12 +159,12 @@ def failing_background_save(monkeypatch, steps: set[int]):
     """The background save of those steps fails (an EIO, as a disk or an object store would report it)."""
     real = sharded.start_save
 
-    def start_save(model, optimizer, location, asynchronous, process_group=None, extra=None):
+    def start_save(parts, location, asynchronous, process_group=None):
         if asynchronous and ckpt.step_of(location) in steps:
             failed = concurrent.futures.Future()
             failed.set_exception(OSError(5, "Input/output error"))
             return failed
-        return real(model, optimizer, location, asynchronous, process_group, extra)
+        return real(parts, location, asynchronous, process_group)
 
     monkeypatch.setattr(sharded, "start_save", start_save)
 
@@ -204,8 +204,8 @@ def test_a_part_that_rank_0_cannot_see_after_the_save_is_not_called_saved(data, 
     out = tmp_path / "out"
     real = sharded.start_save
 
-    def start_save(model, optimizer, location, asynchronous, process_group=None, extra=None):
-        result = real(model, optimizer, location, asynchronous, process_group, extra)
+    def start_save(parts, location, asynchronous, process_group=None):
+        result = real(parts, location, asynchronous, process_group)
         if ckpt.step_of(location) == 6:
             for part in Path(location).glob("*.distcp"):
                 part.unlink()  # written where rank 0 cannot see it (another node's disk)

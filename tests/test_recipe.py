@@ -22,7 +22,7 @@ from data.loader import Prefetcher
 from common.errors import ConfigError, NonFiniteLossError
 from launch.config import TrainConfig, parse_args
 from training.optim.optimizers import MuonWithAdamW, build_optimizer, split_parameters
-from launch.resume import with_current_settings
+from training.checkpoint.format import with_current_settings
 from training.optim.schedule import cooldown_start, learning_rate
 from launch.components import make_lockstep
 

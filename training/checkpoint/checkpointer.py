@@ -104,7 +104,7 @@ class Checkpointer:
         run_on_all_ranks(self.env, self._prepare_folder)
         self.saved_step = run.step
         # the whole configuration: a checkpoint says with which settings of every section it was trained
-        metadata = {**run.progress_state(), **checkpoint_metadata(run, self.config, self.provenance)}
+        metadata = {**run.state_dict(), **checkpoint_metadata(run, self.config, self.provenance)}
         path = self.format.path(self.folder, run.step)
         started = time.perf_counter()
         asynchronous = self.asynchronous and not blocking

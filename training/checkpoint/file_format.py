@@ -1,6 +1,6 @@
 """The file checkpoint format: one `step_XXXXXXXX.pt`, written whole by rank 0.
 
-Under FSDP the state is gathered onto rank 0's CPU first (training/distributed/strategies.py's full_state).
+Under FSDP the tensor parts are gathered onto rank 0's CPU first (training/checkpoint/format.py's TensorPart).
 Tensors and plain Python values only, so it loads with `torch.load(weights_only=True)`. The
 write goes to a temp file in the same folder (`.step_XXXXXXXX.pt.tmp`), is flushed and
 fsynced, then renamed over the final name: a crash or a full disk mid-write never leaves a
@@ -27,9 +27,8 @@ import torch
 from common.atomic_file import atomic_write
 from common.errors import CheckpointError, CheckpointWriteError, first_line
 from training.core import storage
-from training.checkpoint.format import FORMAT_VERSION, CheckpointFormat, TrainingState
+from training.checkpoint.format import CheckpointFormat, TensorPart, TrainingState, tensor_parts
 from training.core.storage import Location
-from training.distributed.strategies import load_full_tensors
 
 _TEMP = re.compile(r"^\.step_\d{8}\.pt\.tmp$")  # atomic_write's temp file of a checkpoint
 BY_NAME_VERSION = 3  # the first format_version whose optimizer state is keyed by parameter name
@@ -55,10 +54,10 @@ class FileFormat(CheckpointFormat):
 
     def save(self, run: TrainingState, path: Location, metadata: dict, asynchronous: bool = False,
              process_group=None) -> None:
-        """Gather the state (a collective under FSDP), then rank 0 writes the file; returns once it is written."""
-        state = run.state_dict()  # gathered onto rank 0 under FSDP: the other ranks get empty model and optimizer
-        if run.strategy.env.master_process:
-            save_checkpoint({**state, **metadata}, path)
+        """Gather the tensor parts (a collective under FSDP), then rank 0 writes the file; returns once written."""
+        tensors = {name: part.full_state_dict() for name, part in tensor_parts(run).items()}  # {} on other ranks
+        if run.strategy.env.master_process:  # an EMA that has not started saves nothing
+            save_checkpoint({**metadata, **{name: state for name, state in tensors.items() if state}}, path)
         return None
 
     def amend(self, path: Location, entries: dict) -> None:
@@ -85,12 +84,11 @@ class FileFormat(CheckpointFormat):
                     raise CheckpointError(f"{path}: checkpoint entry 'optimizer' has no '{key}', which {reader} needs")
         return state
 
-    def load_into(self, run: TrainingState, path: Location, state: dict, adapt_optimizer) -> None:
+    def load_tensors(self, state: dict, parts: dict[str, TensorPart], path: Location) -> None:
         """Every rank has the whole file (memory-mapped) and keeps its part."""
-        run.strategy.load_full_state(run.model, run.optimizer, state["model"],
-                                     adapt_optimizer(optimizer_by_name(state)))
-        for entry, tensors in run.extra_tensors().items():  # the EMA: each rank keeps its part
-            load_full_tensors(tensors, state[entry])
+        state = self.read_full_state(path, state)  # a file of format_version 1 or 2: its optimizer keyed by name
+        for name, part in parts.items():
+            part.load_full_state_dict(state[name])
 
     def read_model(self, model: torch.nn.Module, path: Location, state: dict) -> None:
         model.load_state_dict(state["model"])
@@ -101,7 +99,7 @@ class FileFormat(CheckpointFormat):
     def read_full_state(self, path: Location, state: dict) -> dict:
         if state.get("format_version", 1) >= BY_NAME_VERSION:
             return state
-        return {**state, "optimizer": optimizer_by_name(state), "format_version": FORMAT_VERSION}
+        return {**state, "optimizer": optimizer_by_name(state), "format_version": BY_NAME_VERSION}
 
 
 def save_checkpoint(state: dict, path: str | Path) -> None:

@@ -8,7 +8,8 @@ Two formats lay a checkpoint `step_s` (the state after s optimizer updates) out 
 
 training/checkpoint/folder.py picks the format of a path (`format_of`) or by name (`FORMATS`, a
 run's checkpoint_format); nothing else asks which format a checkpoint has. Both hold the same state, so
-a checkpoint of either resumes in the other, under any strategy and world size:
+a checkpoint of either resumes in the other, under any strategy and world size: the run's parts
+(training/run/run.py's Run.parts), each under its entry. Those that hold tensors (TensorPart, below):
 
 - `model`: the unwrapped, uncompiled GPT's state dict (every key of GPT.state_dict());
 - `optimizer`: keyed by parameter name, as torch.distributed.checkpoint's
@@ -16,16 +17,18 @@ a checkpoint of either resumes in the other, under any strategy and world size:
   [names]}]} (a tied weight under its first name);
 - `ema` (only where the run keeps an EMA of the weights, training/optim/ema.py, and it has started):
   the average, keyed by parameter name like the model's parameters (a tied weight under its first
-  name), float32 (float64 in float64 runs); saved and read like the model;
-- beside them, plain Python values: the run's progress (training/run/run.py's Run.progress_state)
-  and what wrote it (training/checkpoint/checkpointer.py's checkpoint_metadata), format_version included.
+  name), float32 (float64 in float64 runs); saved and read like the model.
+
+Every other entry is a plain Python value, the same on every rank: the other parts' state and the run's own
+values (Run.state_dict), and what wrote the checkpoint (training/checkpoint/checkpointer.py's
+checkpoint_metadata), format_version included.
 """
 
 from __future__ import annotations
 
 import re
 from concurrent.futures import Future
-from typing import Callable, ClassVar, Protocol
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -33,15 +36,103 @@ from common.errors import CheckpointError
 from model import GPT
 from training.core import storage
 from training.core.storage import Location
-from training.distributed.strategies import Strategy
+from training.distributed.strategies import (Strategy, by_index, by_name, is_sharded, own_cpu_state,
+                                             parameter_names)
 
 # 1: the first format. 2: lineage (run_id, checkpoint_id, ancestry) and provenance; no RNG state.
 # 3: a file's optimizer state keyed by parameter name, as a sharded folder's always was (a file of
 #    1 or 2 is keyed by index: converted on read, see training/checkpoint/file_format.py).
+# 4: an entry per part: 3's long_run split into the spike window, skips in a row, rollbacks and data offset
+#    (launch/resume.py's current_layout converts checkpoints of older code).
 # The sharded format's commit file carries the same number.
-FORMAT_VERSION = 3
-TENSOR_ENTRIES = ("model", "optimizer")  # the entries that hold tensors; every other one is a plain value
-OPTIONAL_TENSOR_ENTRIES = ("ema",)  # tensor entries a checkpoint may lack: the run's extra_tensors()
+FORMAT_VERSION = 4
+TENSOR_ENTRIES = ("model", "optimizer")  # the tensor entries every checkpoint holds (the EMA's, only once it started)
+
+
+@runtime_checkable
+class TensorPart(Protocol):
+    """A part (Stateful) whose state is tensors laid out like the parameters. state_dict / load_state_dict: this
+    rank's part, which DCP saves and reads back in place, resharded; full_state_dict / load_full_state_dict: whole,
+    gathered onto rank 0 (a collective) / every rank keeping its part. {}: nothing to save (an EMA not started)."""
+
+    def full_state_dict(self) -> dict: ...
+
+    def load_full_state_dict(self, state: dict) -> None: ...
+
+
+def _dcp():
+    """torch.distributed.checkpoint's state dict functions, imported where used: the import takes a second."""
+    import torch.distributed.checkpoint.state_dict as dcp_state
+
+    return dcp_state
+
+
+class ModelState:
+    """The model's weights as a part of the run's state: the `model` entry, DCP's model state dict."""
+
+    def __init__(self, model: GPT):
+        self.model = model
+
+    def state_dict(self) -> dict:
+        return _dcp().get_model_state_dict(self.model)
+
+    def load_state_dict(self, state: dict) -> None:
+        _dcp().set_model_state_dict(self.model, state)
+
+    def full_state_dict(self) -> dict:  # parameters spread over the ranks: gathered onto rank 0's CPU
+        return _dcp().get_model_state_dict(self.model, options=_dcp().StateDictOptions(
+            full_state_dict=True, cpu_offload=spread(self.model)))
+
+    def load_full_state_dict(self, state: dict) -> None:
+        _dcp().set_model_state_dict(self.model, state, options=_dcp().StateDictOptions(full_state_dict=True))
+
+
+class OptimizerState:
+    """The optimizer's state as a part of the run's state: the `optimizer` entry, keyed by parameter name; loaded
+    with this run's settings (with_current_settings)."""
+
+    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        return _dcp().get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state: dict) -> None:
+        _dcp().set_optimizer_state_dict(self.model, self.optimizer, with_current_settings(state, self.optimizer))
+
+    def full_state_dict(self) -> dict:
+        """Spread over the ranks (FSDP): gathered onto rank 0's CPU. Else its own state dict, indices named: DCP's
+        without the zero-gradient step DCP takes to fill an optimizer with no state yet (float16's skipped updates)."""
+        if spread(self.model):
+            return _dcp().get_optimizer_state_dict(self.model, self.optimizer, options=_dcp().StateDictOptions(
+                full_state_dict=True, cpu_offload=True))
+        return by_name(self.optimizer.state_dict(), parameter_names(self.model, self.optimizer))
+
+    def load_full_state_dict(self, state: dict) -> None:
+        state = with_current_settings(state, self.optimizer)
+        if spread(self.model):  # every rank keeps its shard
+            _dcp().set_optimizer_state_dict(self.model, self.optimizer, state,
+                                            options=_dcp().StateDictOptions(full_state_dict=True))
+        else:  # as it is (DCP's would turn this run's settings' tuples into lists)
+            self.optimizer.load_state_dict(by_index(state, parameter_names(self.model, self.optimizer)))
+        own_cpu_state(self.optimizer)
+
+
+def spread(model: GPT) -> bool:
+    """Whether the model's parameters are spread over the ranks (DTensors: FSDP)."""
+    return any(is_sharded(p) for p in model.parameters())
+
+
+def with_current_settings(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
+    """The saved optimizer state (AdamW moments, step counts) with every setting of this run: its lr, betas, eps,
+    weight decay and kernel choice replace the old run's, so a resume with changed settings trains with what
+    config.yaml says (weight decay stays on the decay group only)."""
+    if len(saved["param_groups"]) != len(optimizer.param_groups):
+        raise CheckpointError(f"the checkpoint's optimizer has {len(saved['param_groups'])} parameter groups, "
+                              f"this run's {len(optimizer.param_groups)}")
+    groups = [{**group, **{k: v for k, v in current.items() if k != "params"}}
+              for group, current in zip(saved["param_groups"], optimizer.param_groups)]
+    return {**saved, "param_groups": groups}
 
 
 class TrainingState(Protocol):
@@ -49,19 +140,23 @@ class TrainingState(Protocol):
     run.py's Run is one; training/checkpoint/checkpointer.py writes one, the formats save and load it)."""
 
     model: GPT  # unwrapped and uncompiled (sharded in place under FSDP)
-    optimizer: torch.optim.Optimizer
-    strategy: Strategy  # full_state / load_full_state, and env (who writes)
+    strategy: Strategy  # env: who writes
     step: int  # the updates applied: the checkpoint's step
     start_step: int  # the step this launch (or a rollback) loaded: it is on storage already
     resumed_from: Location | None  # the checkpoint this launch resumed (None: a fresh start)
 
-    def state_dict(self) -> dict: ...  # everything a checkpoint holds of the run (a collective under FSDP)
+    def parts(self) -> dict: ...  # every part with state (DCP's Stateful), under its entry
 
-    def progress_state(self) -> dict: ...  # its plain values, the same on every rank
+    def state_dict(self) -> dict: ...  # the plain entries, the same on every rank
+
+    def load_state_dict(self, state: dict) -> list[str]: ...  # them back; what changed since, in words
 
     def evaluation_state(self) -> dict: ...  # those of them that the evaluations at this step change
 
-    def extra_tensors(self) -> dict[str, dict[str, torch.Tensor]]: ...  # entry -> {name: tensor}, like the weights
+
+def tensor_parts(run: TrainingState) -> dict[str, TensorPart]:
+    """The run's parts that hold tensors laid out like the parameters, by entry."""
+    return {name: part for name, part in run.parts().items() if isinstance(part, TensorPart)}
 
 
 class CheckpointFormat:
@@ -100,7 +195,8 @@ class CheckpointFormat:
     # --- writing ---------------------------------------------------------------------------------
     def save(self, run: TrainingState, path: Location, metadata: dict, asynchronous: bool = False,
              process_group=None) -> Future | None:
-        """Write the run's model and optimizer, with metadata beside them. Every rank calls it (a collective).
+        """Write the run's tensor parts, with metadata (the plain entries) beside them. Every rank calls it (a
+        collective).
 
         Returns None once written, or (asynchronous, where writes_in_background) a Future that
         completes when the files are. The checkpoint counts once `commit` returned.
@@ -136,12 +232,17 @@ class CheckpointFormat:
                                       f"expected a {kind.__name__}")
         return state
 
-    def load_into(self, run: TrainingState, path: Location, state: dict,
-                  adapt_optimizer: Callable[[dict], dict]) -> None:
-        """Load the checkpoint's model and optimizer into the run, every rank its part. Collective.
+    def load_into(self, run: TrainingState, path: Location, state: dict) -> list[str]:
+        """Load the checkpoint (state: its read_metadata, in this code's layout: launch/resume.py's current_layout)
+        into the run's parts, every rank its part. Collective. What changed since it was written, in words. The
+        plain entries first: they say which tensors a part expects (the EMA's count: whether its average started)."""
+        changes = run.load_state_dict(state)
+        parts = {name: part for name, part in tensor_parts(run).items() if self.holds(state, name) or part.state_dict()}
+        self.load_tensors(self.require_entries(state, dict.fromkeys(parts, dict), path, "resuming"), parts, path)
+        return changes
 
-        state: its read_metadata. adapt_optimizer(saved optimizer state, by name) -> the state to load.
-        """
+    def load_tensors(self, state: dict, parts: dict[str, TensorPart], path: Location) -> None:
+        """Read the checkpoint's tensor entries into those parts, every rank its part."""
         raise NotImplementedError
 
     def read_model(self, model: torch.nn.Module, path: Location, state: dict) -> None:

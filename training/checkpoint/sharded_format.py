@@ -5,9 +5,10 @@
         .metadata                         DCP's index of every tensor shard: written once all parts are
         checkpoint.json                   everything else (step, lineage, config, ...): written LAST
 
-The model and optimizer go through DCP's `get_state_dict` / `set_state_dict`, keyed by parameter
-name, the same under DDP, FSDP and one process: a checkpoint loads onto any world size and any
-strategy (DCP reshards), and a single process reads the model alone (sample.py, export, eval).
+The parts that hold tensors (model, optimizer, EMA: training/checkpoint/format.py's TensorPart) go through DCP
+as its Stateful objects, keyed by parameter name, the same under DDP, FSDP and one process: a checkpoint loads
+onto any world size and any strategy (DCP reshards), and a single process reads the model alone (sample.py,
+export, eval).
 
 A checkpoint is complete when `checkpoint.json` exists: DCP's `.metadata` is written by rank 0
 only after every rank reported its part written, and the commit file after that. A folder
@@ -31,8 +32,8 @@ import torch
 
 from common.errors import CheckpointError, first_line
 from training.core import storage
-from training.checkpoint.format import (FORMAT_VERSION, OPTIONAL_TENSOR_ENTRIES, TENSOR_ENTRIES, CheckpointFormat,
-                                        TrainingState)
+from training.checkpoint.format import (TENSOR_ENTRIES, CheckpointFormat, ModelState, TensorPart, TrainingState,
+                                        tensor_parts)
 from training.core.storage import Location
 
 COMMIT_NAME = "checkpoint.json"
@@ -114,10 +115,9 @@ def _ordinary_failure(future: Future) -> Future:
     return converted
 
 
-def start_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, location: Location,
-               asynchronous: bool, process_group=None, extra: dict | None = None):
-    """Write the model and optimizer (this rank's part) into the folder; a Future when asynchronous.
-    extra: more entries of tensors laid out like the parameters (the EMA: {"ema": {name: tensor}}).
+def start_save(parts: dict, location: Location, asynchronous: bool, process_group=None):
+    """Write the parts' tensors (this rank's part) into the folder; a Future when asynchronous. parts: entry ->
+    Stateful (training/checkpoint/format.py's TensorPart), whose state_dict DCP saves.
 
     Every rank calls it (a collective). Synchronous: returns once every part and DCP's index are
     written. Asynchronous: returns once the state is copied to host memory; the Future completes
@@ -125,17 +125,14 @@ def start_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, locatio
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state, **(extra or {})}
     storage.make_dirs(location)
     no_dist = not _distributed()
     try:
         if asynchronous:
-            return _ordinary_failure(dcp.async_save(state, storage_writer=_writer(location),
+            return _ordinary_failure(dcp.async_save(parts, storage_writer=_writer(location),
                                                     process_group=process_group, no_dist=no_dist))
-        dcp.save(state, storage_writer=_writer(location), process_group=process_group, no_dist=no_dist)
+        dcp.save(parts, storage_writer=_writer(location), process_group=process_group, no_dist=no_dist)
     except CheckpointException as e:
         raise DCPError(e) from None
     return None
@@ -177,7 +174,7 @@ def uncommit(location: Location) -> None:
 
 
 def read_commit(location: Location) -> dict:
-    """The commit file's entries, plus `tensor_entries`: the TENSOR_ENTRIES that the DCP files hold.
+    """The commit file's entries, plus `tensor_entries`: the tensor entries that the DCP files hold.
 
     Checks that every file DCP's index refers to is there and long enough, so a checkpoint whose
     parts were truncated or lost (a copy that failed half-way) is refused here, before any rank
@@ -205,10 +202,10 @@ def read_commit(location: Location) -> dict:
     return {**metadata, "tensor_entries": entries}
 
 
-def read_tensors(location: Location, entries: tuple[str, ...] = TENSOR_ENTRIES) -> dict:
-    """The whole model and optimizer in this process, as saved: {"model": {name: tensor},
-    "optimizer": {"state": {name: {...}}, "param_groups": [...]}} (parameters by name, a tied
-    weight under its first name only). For consolidation and inspection: it holds everything."""
+def read_tensors(location: Location, entries: list[str]) -> dict:
+    """Those tensor entries whole in this process, as saved: {"model": {name: tensor}, "optimizer": {"state":
+    {name: {...}}, "param_groups": [...]}, ...} (parameters by name, a tied weight under its first name only).
+    For consolidation and inspection: it holds everything."""
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
@@ -218,54 +215,16 @@ def read_tensors(location: Location, entries: tuple[str, ...] = TENSOR_ENTRIES) 
         raise CheckpointError(f"{location}: could not read the checkpoint ({first_line(_first_failure(e))})") from None
 
 
-def load_model(model: torch.nn.Module, location: Location) -> None:
-    """Read the checkpoint's model into `model`, a whole (unsharded) GPT, in this process alone."""
+def load(state: dict, location: Location, what: str, alone: bool = False) -> None:
+    """Read the checkpoint's tensors into state's in place (a Stateful's: into its state_dict's, which its
+    load_state_dict then takes), every rank its part, resharded: a collective, or (alone) in this process alone."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    model_state = get_model_state_dict(model)
     try:
-        dcp.load({"model": model_state}, storage_reader=_reader(location), no_dist=True)
+        dcp.load(state, storage_reader=_reader(location), no_dist=alone or not _distributed())
     except (Exception, CheckpointException) as e:  # a shape or key that does not match, a part unreadable
-        raise CheckpointError(f"{location}: could not read the model ({first_line(_first_failure(e))})") from None
-    set_model_state_dict(model, model_state)
-
-
-def load_entry(location: Location, entry: str, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A tensor entry keyed by name (the EMA), read whole into tensors shaped like `like`, in this process alone."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    state = {entry: {name: torch.empty_like(tensor) for name, tensor in like.items()}}
-    try:
-        dcp.load(state, storage_reader=_reader(location), no_dist=True)
-    except (Exception, CheckpointException) as e:
-        raise CheckpointError(f"{location}: could not read the {entry} entry "
-                              f"({first_line(_first_failure(e))})") from None
-    return state[entry]
-
-
-def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, location: Location,
-                        adapt_optimizer, extra: dict | None = None) -> None:
-    """Every rank reads its own part of the model and optimizer, resharded for this run. Collective.
-    extra: more entries to read in place, laid out like the parameters (the EMA: {"ema": {name: tensor}}).
-
-    adapt_optimizer(saved optimizer state dict) -> the state dict to load (this run's settings).
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state, **(extra or {})}
-    try:
-        dcp.load(state, storage_reader=_reader(location), no_dist=not _distributed())
-    except (Exception, CheckpointException) as e:
-        raise CheckpointError(f"{location}: could not read the training state "
-                              f"({first_line(_first_failure(e))})") from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=adapt_optimizer(state["optimizer"]))
+        raise CheckpointError(f"{location}: could not read {what} ({first_line(_first_failure(e))})") from None
 
 
 class ShardedFormat(CheckpointFormat):
@@ -288,7 +247,7 @@ class ShardedFormat(CheckpointFormat):
 
     def save(self, run: TrainingState, path: Location, metadata: dict, asynchronous: bool = False,
              process_group=None) -> Future | None:
-        return start_save(run.model, run.optimizer, path, asynchronous, process_group, run.extra_tensors())
+        return start_save(tensor_parts(run), path, asynchronous, process_group)
 
     def commit(self, path: Location, metadata: dict, world_size: int) -> None:
         check_parts(path, world_size)
@@ -317,29 +276,28 @@ class ShardedFormat(CheckpointFormat):
         return state
 
     def holds(self, state: dict, key: str) -> bool:
-        """The model and optimizer are in the DCP files: there when DCP's index lists them."""
-        tensors = key in TENSOR_ENTRIES + OPTIONAL_TENSOR_ENTRIES
-        return key in state.get("tensor_entries", ()) if tensors else key in state
+        """The tensor entries are in the DCP files: there when DCP's index lists them."""
+        return key in state or key in state.get("tensor_entries", ())
 
-    def load_into(self, run: TrainingState, path: Location, state: dict, adapt_optimizer) -> None:
-        load_training_state(run.model, run.optimizer, path, adapt_optimizer, run.extra_tensors())
+    def load_tensors(self, state: dict, parts: dict[str, TensorPart], path: Location) -> None:
+        load(parts, path, "the training state")
 
     def read_model(self, model: torch.nn.Module, path: Location, state: dict) -> None:
-        load_model(model, path)
+        load({"model": ModelState(model)}, path, "the model", alone=True)
 
     def read_entry(self, path: Location, state: dict, entry: str, like: dict[str, torch.Tensor]) -> dict:
-        return load_entry(path, entry, like)
+        tensors = {entry: {name: torch.empty_like(tensor) for name, tensor in like.items()}}
+        load(tensors, path, f"the {entry} entry", alone=True)
+        return tensors[entry]
 
     def read_full_state(self, path: Location, state: dict) -> dict:
         self.require_entries(state, dict.fromkeys(TENSOR_ENTRIES, dict), path, "consolidation")
-        optional = tuple(entry for entry in OPTIONAL_TENSOR_ENTRIES if self.holds(state, entry))
-        full = read_tensors(path, TENSOR_ENTRIES + optional)
+        full = read_tensors(path, state["tensor_entries"])  # the model, the optimizer, the EMA where it started
         model = dict(full["model"])
         if "transformer.wte.weight" in model:  # GPT's tied weight (model.py): one tensor under both names, as in a file
             model["lm_head.weight"] = model["transformer.wte.weight"]
         entries = {key: value for key, value in state.items() if key != "tensor_entries"}
-        return {**entries, "model": model, "optimizer": full["optimizer"], **{e: full[e] for e in optional},
-                "format_version": FORMAT_VERSION}
+        return {**entries, **full, "model": model}
 
 
 def _names_a_file(url: str) -> bool:

@@ -118,23 +118,6 @@ class Strategy:
         ranks): it pads with these. A no-op where forwards are local.
         """
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def full_state(self, model: GPT, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-        """Model and optimizer state dicts in the checkpoint format (plain tensors, optimizer state
-        keyed by parameter name), on rank 0; other ranks may get empty dicts. Collective.
-
-        The optimizer's own state dict with its parameter indices named: the dict DCP's
-        get_optimizer_state_dict gives, without the zero-gradient step DCP takes to fill an
-        optimizer that has no state yet (float16 runs whose first updates were all skipped)."""
-        return model.state_dict(), by_name(optimizer.state_dict(), parameter_names(model, optimizer))
-
-    def load_full_state(self, model: GPT, optimizer: torch.optim.Optimizer, model_state: dict,
-                        optimizer_state: dict) -> None:
-        """Load full state dicts (every rank has them; the optimizer's keyed by parameter name)."""
-        model.load_state_dict(model_state)
-        optimizer.load_state_dict(by_index(optimizer_state, parameter_names(model, optimizer)))
-        own_cpu_state(optimizer)
-
 
 class DDP(Strategy):
     """A full replica per rank; gradients all-reduced once per step. One process: no wrapper at all."""
@@ -227,29 +210,6 @@ class FSDP(Strategy):
     def idle_forward(self, model: GPT) -> None:
         with torch.no_grad():
             model.hidden_states(torch.zeros((1, 1), dtype=torch.long, device=self.runtime.device))
-
-    def full_state(self, model: GPT, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-        """Gathered onto rank 0's CPU; the other ranks get empty dicts."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state = get_model_state_dict(model, options=options)
-        optimizer_state = get_optimizer_state_dict(model, optimizer, options=options)
-        if not self.env.master_process:
-            return {}, {}
-        return model_state, optimizer_state
-
-    def load_full_state(self, model: GPT, optimizer: torch.optim.Optimizer, model_state: dict,
-                        optimizer_state: dict) -> None:
-        """Every rank keeps its own shard of the full state dicts."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                             set_optimizer_state_dict)
-
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, model_state, options=options)
-        set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
-        own_cpu_state(optimizer)  # a shard of a CPU tensor is a view of it
 
 
 def reshard_all(model: GPT) -> None:
@@ -356,11 +316,11 @@ def full_tensors(tensors: dict[str, torch.Tensor], master_process: bool) -> dict
 
 @torch.no_grad()
 def load_full_tensors(tensors: dict[str, torch.Tensor], full: dict[str, torch.Tensor]) -> None:
-    """Copy whole tensors (every rank has them: a file checkpoint's) into tensors laid out like the
-    parameters, each rank its own part, cut locally (no collective)."""
+    """Copy whole tensors (every rank has them: a file checkpoint's), or tensors laid out like these (DCP's), into
+    tensors laid out like the parameters, each rank its own part, cut locally (no collective)."""
     for name, tensor in tensors.items():
         source = full[name].to(tensor.device, tensor.dtype)
-        if is_sharded(tensor):
+        if is_sharded(tensor) and not is_sharded(source):
             from torch.distributed.tensor import distribute_tensor
 
             source = distribute_tensor(source, tensor.device_mesh, tensor.placements, src_data_rank=None)

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from training.distributed.strategies import is_sharded, local_part
+from training.distributed.strategies import full_tensors, is_sharded, load_full_tensors, local_part
 from common.settings import Settings, option, require, section
 
 
@@ -94,19 +94,18 @@ class WeightAverage:
         self.average = {name: p.detach().to(dtype=average_dtype(p), copy=True)
                         for name, p in model.named_parameters()}  # a tied weight once, under its first name
 
-    def reset(self) -> None:
-        """No average: the next update from start_step on starts one from the weights."""
-        self.average, self.updates = None, 0
-
-    # --- state -----------------------------------------------------------------------------------
-    def progress_state(self) -> dict:
-        """The plain values a checkpoint keeps beside the tensors (also before the start: start_step is state)."""
+    # --- state: the checkpoint's ema_state entry (this), and its ema entry (AverageTensors) -----------
+    def state_dict(self) -> dict:
+        """Plain values (also before the start: start_step is state)."""
         return {"decay": self.decay, "start_step": self.start_step, "updates": self.updates}
 
-    def load_progress_state(self, start_step: int, saved: dict | None) -> None:
-        """Go on with a checkpoint's start step, and its count of updates where it holds an average."""
-        self.start_step = start_step
-        self.updates = (saved or {}).get("updates", 0) if self.ready else 0
+    def load_state_dict(self, saved: dict) -> None:
+        """Go on from a checkpoint's start and count (before AverageTensors: an average not started is dropped). Its
+        run kept no EMA (decay 0): this run's start, but no earlier than saved's, the checkpoint's step."""
+        self.start_step = saved["start_step"] if saved["decay"] else max(self.start_step, saved["start_step"])
+        self.updates = saved["updates"]
+        if not self.updates:
+            self.average = None
 
     # --- evaluation ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -136,3 +135,24 @@ class WeightAverage:
             kept = live.clone()
             live.copy_(average)
             average.copy_(kept)
+
+
+class AverageTensors:
+    """The average as a part of the run's state (a TensorPart): the checkpoint's `ema` entry, once it started. The
+    EMA's own entry, loaded first, says whether it had: then its tensors are allocated, to read the saved ones into."""
+
+    def __init__(self, ema: WeightAverage, model: torch.nn.Module, master_process: bool):
+        self.ema, self.model, self.master_process = ema, model, master_process
+
+    def state_dict(self) -> dict:
+        if self.ema.updates and not self.ema.ready:  # loading an average that had started
+            self.ema.allocate(self.model)
+        return self.ema.average or {}
+
+    def load_state_dict(self, state: dict) -> None:
+        load_full_tensors(self.state_dict(), state)  # DCP's tensors, read in place, or a file's whole ones
+
+    def full_state_dict(self) -> dict:
+        return full_tensors(self.ema.average, self.master_process) if self.ema.ready else {}
+
+    load_full_state_dict = load_state_dict

@@ -2,23 +2,28 @@
 
 launch/build.py builds it at launch (fresh, or continued from the checkpoint that
 launch/resume.py picks and loads); training/checkpoint/checkpointer.py writes its
-state_dict as a checkpoint. A checkpoint `step_s` holds the state after s updates.
+state as a checkpoint. A checkpoint `step_s` holds the state after s updates.
 """
 
 from __future__ import annotations
 
+import copy
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from data.loader import TrainLoader, ValLoader
 from data.mixture import MixtureLoader
 from model import GPT
+from training.checkpoint.format import ModelState, OptimizerState, TensorPart
 from training.core.storage import Location
-from training.distributed.strategies import Strategy, full_tensors
-from training.optim.ema import WeightAverage
+from training.distributed.strategies import Strategy
+from training.optim.ema import AverageTensors, WeightAverage
 from training.optim.spikes import SpikeWindow
+
+
+STATE = {"state": True}  # the metadata of a field of the run's own state: the checkpoint entry of its name
 
 
 @dataclass
@@ -27,14 +32,12 @@ class Run:
     checkpoints, evaluation and sampling use it; the training forward goes through its
     compiled / DDP wrapper.
 
-    Its state, what a checkpoint holds, is `state_dict()` (it goes back with launch/resume.py's
-    `load_state`):
-    the model, the optimizer, float16's loss scale, the step, the tokens seen, the lineage, the
-    latest evaluation figures and whether they are the final ones, the W&B run id, and what steers a
-    long run (the spike window, skips in a row, rollbacks and the batches they passed over).
-    Nothing else is needed to resume exactly: the data position is a function of the step and
-    data_offset (data/loader.py), and of where each source of a mixture stood (its `mixture`
-    entry, data/mixture.py), and dropout masks are reseeded from (seed, step, rank) every step.
+    Its state, what a checkpoint holds, is its parts (`parts`: the model, the optimizer, float16's loss scale, the
+    EMA of the weights, the spike window, where each source of the train data stands) and its own values (fields
+    of STATE: the step, the tokens seen, the lineage, the latest figures and whether they are the final ones, the
+    W&B run id, the skips in a row, the rollbacks and the batches they passed over). Nothing else is needed to
+    resume exactly: the data position is a function of the step, data_offset and where each source stood, and
+    dropout masks are reseeded from (seed, step, rank) every step.
     """
 
     model: GPT
@@ -47,21 +50,21 @@ class Run:
     val_loaders: dict[str, ValLoader]  # the val sets by name (one, `val`, by default)
     grad_accum_steps: int
     data_fingerprint: str  # of the shards in data_dir (each source's, for a mixture): data/mixture.py
-    # --- the state (state_dict / load_state_dict)
-    step: int = 0  # optimizer updates applied so far
-    tokens_seen: int = 0
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # drawn by a fresh start, kept by resumes
-    ancestry: list[str] = field(default_factory=list)  # checkpoint_ids this run resumed from, oldest first
-    metrics: dict = field(default_factory=dict)  # the latest val / HellaSwag figures
-    # the step whose final evaluations (those after the last step) are logged, and in metrics: a checkpoint of that
-    # step is of a finished run. None until then; a stop at the last step saves before them, and the relaunch runs them
-    finished_at: int | None = None
-    wandb_run_id: str | None = None  # set on rank 0 when W&B starts (a resume continues that W&B run)
     spikes: SpikeWindow | None = None  # with spike_skip: the recent steps a spike is judged against
     ema: WeightAverage | None = None  # with ema_decay: the average of the weights (training/optim/ema.py)
-    skips_in_a_row: int = 0  # spikes skipped since the last applied update
-    rollbacks: int = 0  # rollbacks so far in this run (max_rollbacks bounds them)
-    data_offset: int = 0  # batches passed over by rollbacks: step s trains on the data of step s + data_offset
+    # --- its own state
+    step: int = field(default=0, metadata=STATE)  # optimizer updates applied so far
+    tokens_seen: int = field(default=0, metadata=STATE)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex, metadata=STATE)  # drawn fresh, kept by resumes
+    ancestry: list[str] = field(default_factory=list, metadata=STATE)  # checkpoint_ids it resumed from, oldest first
+    metrics: dict = field(default_factory=dict, metadata=STATE)  # the latest val / HellaSwag figures
+    # the step whose final evaluations (those after the last step) are logged, and in metrics: a checkpoint of that
+    # step is of a finished run. None until then; a stop at the last step saves before them, and the relaunch runs them
+    finished_at: int | None = field(default=None, metadata=STATE)
+    wandb_run_id: str | None = field(default=None, metadata=STATE)  # set on rank 0 when W&B starts (a resume goes on)
+    skips_in_a_row: int = field(default=0, metadata=STATE)  # spikes skipped since the last applied update
+    rollbacks: int = field(default=0, metadata=STATE)  # rollbacks so far in this run (max_rollbacks bounds them)
+    data_offset: int = field(default=0, metadata=STATE)  # step s trains on the data of step s + data_offset (rollbacks)
     # --- this launch
     start_step: int = 0  # where this launch began: 0, or the step of the checkpoint it resumed
     resumed_from: Location | None = None  # the checkpoint it resumed (a rollback candidate, wherever it lies)
@@ -73,44 +76,52 @@ class Run:
         """The first val set: the one the val loss of the console and the checkpoints' metrics is."""
         return next(iter(self.val_loaders.values()))
 
+    def parts(self) -> dict:
+        """Every part with state (torch.distributed.checkpoint's Stateful: state_dict / load_state_dict), under its
+        checkpoint entry: registered here, once. The tensor parts (training/checkpoint/format.py's TensorPart) are
+        saved as each format saves tensors; the others' state is plain values."""
+        parts = {"model": ModelState(self.model), "scaler": self.scaler,
+                 "optimizer": OptimizerState(self.model, self.optimizer)}
+        if isinstance(self.train_loader, MixtureLoader):  # one folder's position is a function of the step alone
+            parts["mixture"] = DataPosition(self.train_loader, self)
+        if self.ema is not None:
+            parts["ema"] = AverageTensors(self.ema, self.model, self.strategy.env.master_process)
+            parts["ema_state"] = self.ema
+        if self.spikes is not None:
+            parts["spike_window"] = self.spikes
+        return parts
+
     def state_dict(self) -> dict:
-        """Tensors and plain Python values only (loads with torch.load(weights_only=True)).
+        """A checkpoint's plain entries, the same on every rank: the run's own values (copied: a save in flight
+        keeps them as they were) and its plain parts' state (the tensor parts are the formats' to save)."""
+        own = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.metadata.get("state")}
+        return {**own, **{name: part.state_dict() for name, part in self.parts().items()
+                          if not isinstance(part, TensorPart)}}
 
-        A collective: under FSDP the model and optimizer are gathered onto rank 0's CPU (the
-        other ranks get empty dicts for them); the optimizer's state is keyed by parameter name.
-        The file format writes it; the sharded format saves the same entries: the model and
-        optimizer through DCP, each rank its part, and `progress_state()` beside them.
-        """
-        model_state, optimizer_state = self.strategy.full_state(self.model, self.optimizer)
-        extra = {entry: full_tensors(tensors, self.strategy.env.master_process)
-                 for entry, tensors in self.extra_tensors().items()}  # gathered like the model
-        return {"model": model_state, "optimizer": optimizer_state, **extra, **self.progress_state()}
-
-    def extra_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
-        """The tensor entries beside the model and optimizer, each keyed by parameter name and laid out like
-        the parameters (this rank's shards under FSDP): the EMA of the weights, once it has started."""
-        return {"ema": self.ema.average} if self.ema is not None and self.ema.ready else {}
+    def load_state_dict(self, state: dict) -> list[str]:
+        """A checkpoint's plain entries back (launch/resume.py's current_layout). One it lacks or holds empty (its run
+        had no loss scale, no spike window, one folder) leaves its part as it is. What a part says changed, in words."""
+        for f in fields(self):
+            if f.metadata.get("state"):
+                setattr(self, f.name, copy.deepcopy(state[f.name]))
+        said = [part.load_state_dict(state[name]) for name, part in self.parts().items()
+                if not isinstance(part, TensorPart) and state.get(name)]
+        return [words for words in said if words]
 
     def evaluation_state(self) -> dict:
         """What the evaluations at this step change of a checkpoint's entries: the latest figures, and whether they
         are the final ones (a checkpoint saved before its final evaluations gets these once they ran)."""
         return {"metrics": dict(self.metrics), "finished_at": self.finished_at}
 
-    def progress_state(self) -> dict:
-        """The state beside the model and optimizer: plain Python values, the same on every rank."""
-        return {
-            "scaler": self.scaler.state_dict(),  # {} unless float16
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "run_id": self.run_id,
-            "ancestry": list(self.ancestry),
-            **self.evaluation_state(),
-            "wandb_run_id": self.wandb_run_id,
-            "ema_state": self.ema.progress_state() if self.ema is not None else None,  # its start, before it too
-            # a mixture: each source's rows read and tokens given (None: one folder)
-            "mixture": (self.train_loader.state_dict(self.step, self.step + self.data_offset)
-                        if self.train_loader is not None else None),
-            "long_run": {"spike_window": self.spikes.state_dict() if self.spikes else None,
-                         "skips_in_a_row": self.skips_in_a_row, "rollbacks": self.rollbacks,
-                         "data_offset": self.data_offset},
-        }
+
+class DataPosition:
+    """Where the train data stands after the run's step, as a part of its state (`mixture`; data/mixture.py)."""
+
+    def __init__(self, loader: MixtureLoader, run: Run):
+        self.loader, self.run = loader, run
+
+    def state_dict(self) -> dict:
+        return self.loader.state_dict(self.run.step, self.run.step + self.run.data_offset)
+
+    def load_state_dict(self, state: dict) -> str | None:
+        return self.loader.load_state_dict(state)

@@ -1,0 +1,162 @@
+"""The run's state: every part of it saved and loaded back exactly in either format, nothing that holds state left
+out of Run.parts, and checkpoints of older code (tests/fixtures/old_layout) resumed exactly through
+launch/resume.py's current_layout."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import build_tiny_run, make_shards
+from data.loader import Prefetcher
+from launch.components import make_checkpointer, make_lockstep
+from training.checkpoint.folder import list_checkpoints, load_checkpoint
+from training.distributed.strategies import by_name, parameter_names
+from training.optim.spikes import SpikeWindow
+
+OLD_LAYOUT = Path(__file__).parent / "fixtures" / "old_layout"
+# the runs the old-layout checkpoints are of (their README), with every part that has state: float16's loss scale,
+# an EMA of the weights, a spike window, a mixture of two sources
+SETTINGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, seq_len=16, vocab_size=64, total_batch_size=256,
+                max_steps=6, eval_interval=3, val_tokens=64, dtype="float16", ema_decay=0.9, spike_skip="true",
+                spike_window=2)
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory) -> str:
+    """data_dir of the two sources the old-layout checkpoints were trained on (the same shards, elsewhere)."""
+    root = tmp_path_factory.mktemp("sources")
+    edu = make_shards(root / "edu", seed=1, vocab=64)
+    code = make_shards(root / "code", seed=2, train_sizes=(2100,), prefix="code", vocab=64)
+    return f"{edu}:0.75,{code}:0.25"
+
+
+def train(cfg, ctx, run, steps: int) -> list[float]:
+    """The losses of `steps` steps of an in-process run, from where its data stands."""
+    offset = run.data_offset
+    batches = Prefetcher(run.train_loader, run.step + offset, cfg.schedule.max_steps + offset, ctx.runtime.device)
+    lockstep = make_lockstep(cfg, ctx)
+    try:
+        return [lockstep.step(run, run.model, batches, stop_requested=False).loss for _ in range(steps)]
+    finally:
+        batches.close()
+
+
+def snapshot(run) -> dict:
+    """All of a run's state, read from its objects themselves (not through Run.parts, which is what is checked)."""
+    return {
+        "model": run.model.state_dict(),
+        "optimizer": by_name(run.optimizer.state_dict(), parameter_names(run.model, run.optimizer))["state"],
+        "scaler": run.scaler.state_dict(),
+        "ema": [run.ema.average, run.ema.start_step, run.ema.updates],
+        "spikes": [run.spikes.values, run.spikes.filled, run.spikes.position],
+        "data": run.train_loader.state_dict(run.step, run.step + run.data_offset),
+        "own": {key: getattr(run, key) for key in ("step", "tokens_seen", "run_id", "metrics", "finished_at",
+                                                    "wandb_run_id", "skips_in_a_row", "rollbacks", "data_offset")},
+    }
+
+
+def assert_same(a, b, where: str = "") -> None:
+    """Equal values, and bitwise equal tensors of the same dtype."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif torch.is_tensor(a):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("fmt", ["file", "sharded"])
+def test_every_part_of_the_run_saves_and_loads_back_exactly(mixture, tmp_path, fmt):
+    """A run with every part that has state, and its own values all set, saved in either format and resumed by a
+    fresh run: the same run, every part bitwise, the lineage going on; and the next steps are the same."""
+    settings = dict(SETTINGS, checkpoint_format=fmt, checkpoint_async="false")
+    cfg, ctx, run = build_tiny_run(mixture, tmp_path / "run", **settings)
+    train(cfg, ctx, run, 3)
+    run.rollbacks, run.skips_in_a_row, run.data_offset = 1, 1, 2  # as a rollback past two batches leaves them
+    run.metrics, run.finished_at, run.wandb_run_id = {"val_loss": 4.5}, 2, "w8nd8"
+    checkpointer = make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer.save(run)
+    checkpointer.wait()
+    ((_, path),) = list_checkpoints(checkpointer.folder)
+
+    again, ctx_again, resumed = build_tiny_run(mixture, tmp_path / "resumed", **settings, resume=path)
+    assert resumed.ancestry == [*run.ancestry, load_checkpoint(path)["checkpoint_id"]]
+    assert resumed.ema.ready and resumed.spikes.filled == 2 and resumed.scaler.is_enabled()  # every part is in it
+    assert_same(snapshot(resumed), snapshot(run))
+    assert train(again, ctx_again, resumed, 2) == train(cfg, ctx, run, 2)
+    assert_same(snapshot(resumed), snapshot(run))
+
+
+def unregistered(run) -> list[str]:
+    """The attributes of the run that hold state (state_dict and load_state_dict) that are no part of Run.parts,
+    nor what a part holds."""
+    held = [value for part in run.parts().values() for value in (part, *vars(part).values())]
+    return [name for name, value in vars(run).items() if hasattr(value, "state_dict") and
+            hasattr(value, "load_state_dict") and not any(value is h for h in held)]
+
+
+def plain_fields(run) -> dict:
+    """The run's fields that hold plain values (what a checkpoint could keep as they are), copied."""
+    def plain(value) -> bool:
+        try:
+            json.dumps(value)
+        except TypeError:
+            return False
+        return True
+
+    return {f.name: copy.deepcopy(getattr(run, f.name)) for f in fields(run) if plain(getattr(run, f.name))}
+
+
+def test_nothing_of_the_run_that_holds_state_is_left_out_of_its_state(mixture, tmp_path):
+    """Every attribute of the Run that has state is a part (Run.parts) or held by one, and every plain field that
+    training changes is of the run's own state (STATE: saved and loaded as it is); an attribute or a field left
+    out is found."""
+    cfg, ctx, run = build_tiny_run(mixture, tmp_path / "run", **SETTINGS)
+    own = {f.name for f in fields(run) if f.metadata.get("state")}
+    assert own <= run.state_dict().keys() and run.parts().keys() <= run.state_dict().keys() | {"model", "optimizer",
+                                                                                               "ema"}
+    assert unregistered(run) == []
+    before = plain_fields(run)
+    train(cfg, ctx, run, 3)
+    changed = {name for name, value in plain_fields(run).items() if value != before[name]}
+    assert {"step", "tokens_seen"} <= changed <= own
+
+    run.resumed_step += 1  # as a counter nobody declared
+    run.window = SpikeWindow(2, 6.0, torch.device("cpu"), torch.float32)  # as a part nobody registered
+    assert {name for name, value in plain_fields(run).items() if value != before[name]} - own == {"resumed_step"}
+    assert unregistered(run) == ["window"]
+
+
+@pytest.mark.parametrize("name", ["step_00000003.pt", "step_00000003"], ids=["file", "sharded"])
+def test_a_checkpoint_of_the_old_layout_resumes_exactly(mixture, tmp_path, name):
+    """Checkpoint 3 of a run of the code at 0b24ab4 (tests/fixtures/old_layout/README.md): format_version 3, its
+    spike window and counters in long_run, no mixture entry (each source's position is its config's), no
+    finished_at. Resumed through current_layout, the run is the one today's code has after the same 3 steps,
+    every part bitwise, and it trains on the same."""
+    old = load_checkpoint(OLD_LAYOUT / name)
+    assert old["format_version"] == 3 and old["long_run"]["spike_window"]["filled"] == 2 and old["ema_state"]
+    assert not {"mixture", "finished_at", "spike_window", "rollbacks"} & old.keys()
+    path = tmp_path / name
+    (shutil.copytree if (OLD_LAYOUT / name).is_dir() else shutil.copy2)(OLD_LAYOUT / name, path)
+
+    cfg, ctx, straight = build_tiny_run(mixture, tmp_path / "straight", **SETTINGS)
+    train(cfg, ctx, straight, 3)
+    again, ctx_again, resumed = build_tiny_run(mixture, tmp_path / "resumed", **SETTINGS, resume=path)
+    assert (resumed.run_id, resumed.metrics, resumed.finished_at) == (old["run_id"], old["metrics"], None)
+    straight.run_id, straight.metrics = resumed.run_id, resumed.metrics  # the old run's id and evaluations
+    assert_same(snapshot(resumed), snapshot(straight))
+    assert train(again, ctx_again, resumed, 3) == train(cfg, ctx, straight, 3)
+    assert_same(snapshot(resumed), snapshot(straight))
