@@ -14,7 +14,7 @@ arguments. On each node (one task per node, under srun) it checks, and fails the
     checkpoint (each rank's part lands where rank 0 cannot see it), or at the first requeue onto
     other nodes (the checkpoints stay behind). A job of one node has no other node to meet: there
     the folder's filesystem tells, and one in the node's memory (tmpfs) or its scratch space
-    (/tmp, /var/tmp) is refused, since a requeue may start the job on another node;
+    (/tmp, /var/tmp, or NODE_LOCAL_DIRS) is refused, since a requeue may start the job on another node;
   - a requeued job (SLURM_RESTART_COUNT above 0) in the run folder its earlier start used: node 0
     records the job id in each folder (RECORD) first, once it has read the config, and a requeued
     start that finds another job's record, or none, stops rather than start the run over from
@@ -44,7 +44,16 @@ from launch.config import parse_args  # noqa: E402
 SHARED_WAIT_S = float(os.environ.get("PREFLIGHT_SHARED_WAIT_S", 120))  # a network filesystem's caches may lag
 RECORD = ".slurm-job"  # in each run folder: the id of the job that last started there
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")  # a node's memory: no other node sees them, and a reboot empties them
-SCRATCH_ROOTS = (Path("/tmp"), Path("/var/tmp"))  # a node's own scratch space, on every cluster
+
+
+def scratch_roots(environ) -> tuple[Path, ...]:
+    """Each node's own scratch space: /tmp and /var/tmp, or the site's folders that NODE_LOCAL_DIRS names
+    (colon-separated, in their place: `/tmp:/var/tmp:/scratch` where every node has its own /scratch, or `/var/tmp`
+    where the nodes of a one-machine cluster share its /tmp)."""
+    return tuple(Path(p) for p in environ.get("NODE_LOCAL_DIRS", "/tmp:/var/tmp").split(":") if p)
+
+
+SCRATCH_ROOTS = scratch_roots(os.environ)
 MOUNTS = Path("/proc/self/mounts")
 
 

@@ -211,8 +211,11 @@ def test_a_ladder_trains_two_rungs_as_an_array_job(cluster, data, tmp_path):
     command = [sys.executable, str(REPO / "ladder.py"), "--config", str(base), "--depths", "1", "2", "--flops",
                "1.6e9", "2.9e10", "--out", str(out), "--launch", "slurm",
                "--sbatch_args=--nodes=1 --gpus-per-node=0 --cpus-per-task=1"]
+    # each task has one node: its health check meets no other node, and reads the folder's filesystem instead;
+    # this cluster's nodes are processes of one machine, which share its /tmp (where the test's folders are)
     env = {**cluster.env, "GPUS_PER_NODE": "1", "OMP_NUM_THREADS": "1", "RDZV_PORT": str(free_port()),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1",
+           "NODE_LOCAL_DIRS": "/var/tmp"}
     first = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=guard(120))
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     (job,) = json.loads((out / "slurm" / "jobs.json").read_text())

@@ -72,6 +72,14 @@ def test_one_node_refuses_an_out_dir_that_its_filesystem_says_is_the_nodes_own(m
         "nor its log; put it on a filesystem every node mounts"]
 
 
+def test_node_local_dirs_names_the_sites_own_scratch_in_place_of_tmp():
+    """A site whose nodes each have a /scratch adds it; a cluster of one machine, whose nodes share /tmp, leaves
+    /tmp out; unset, /tmp and /var/tmp."""
+    assert slurm_preflight.scratch_roots({}) == (Path("/tmp"), Path("/var/tmp"))
+    assert slurm_preflight.scratch_roots({"NODE_LOCAL_DIRS": "/tmp:/var/tmp:/scratch"})[-1] == Path("/scratch")
+    assert slurm_preflight.scratch_roots({"NODE_LOCAL_DIRS": "/var/tmp"}) == (Path("/var/tmp"),)
+
+
 def test_an_out_dir_that_the_other_nodes_do_not_see_is_refused_naming_it(monkeypatch, capfd, tmp_path):
     """Node 1 of 2 writes its file and never sees node 0's: out_dir is on a disk of its own."""
     status, errors = preflight(monkeypatch, capfd, tmp_path, node_id=1, nodes=2)

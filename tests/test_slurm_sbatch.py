@@ -29,7 +29,10 @@ FAKES = {
 case "$*" in
     *%l*) [[ -z ${FAKE_SQUEUE_FAILS:-} ]] || { echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1; }
           [[ ${FAKE_SIGNAL_AT:-} != squeue ]] || kill -USR1 "$(batch_pid)"
-          echo "${FAKE_TIME_LIMIT:-1-00:00:00}" ;;
+          echo "${FAKE_TIME_LIMIT:-1-00:00:00}"
+          # an array's id names every task: Slurm answers for each (FAKE_ARRAY_TASKS of them)
+          [[ " $* " != *" -j $SLURM_JOB_ID "* ]] || for ((i = 1; i < ${FAKE_ARRAY_TASKS:-1}; i++)); do
+              echo "${FAKE_TIME_LIMIT:-1-00:00:00}"; done ;;
     *%T*) [[ -e $FAKE_DIR/requeued ]] && echo COMPLETING || echo "${FAKE_STATE:-RUNNING}" ;;
 esac
 """,
@@ -153,3 +156,15 @@ def test_usr1_during_training_saves_requeues_and_says_so_though_slurm_then_ends_
     assert lines[-3:] == ["USR1: the time limit is near; asking the trainer to save a checkpoint", "trainer: USR1, saved",
                           "requeued job 5"], out
     assert job.calls()[-1] == "requeue 5"
+
+
+def test_an_array_task_asks_and_requeues_itself_not_its_array(tmp_path):
+    """ladder.py's rungs are the tasks of one array job, and a task's own id may be the array's, which names every
+    task: squeue then answered with each task's time limit (the job failed at its start), and `scontrol requeue`
+    would have requeued the whole array. The task is ARRAY_TASK to both."""
+    job = Job(tmp_path, FAKE_HEALTH_CHECK_S="0", SLURM_ARRAY_JOB_ID="5", SLURM_ARRAY_TASK_ID="1", FAKE_ARRAY_TASKS="2")
+    job.wait_until_running("torchrun")
+    job.proc.send_signal(signal.SIGUSR1)
+    status, out, err = job.finish()
+    assert status == 0 and err == "", (out, err)
+    assert job.calls()[-1] == "requeue 5_1" and out.rstrip().endswith("requeued job 5_1"), out
