@@ -63,7 +63,6 @@ T = TypeVar("T")
 OrNone = Annotated[T | None, BeforeValidator(none_word)]  # OrNone[int]: an integer, or None as none_word reads it
 # A list of strings: comma-separated as text (--wandb_tags a,b; '' is none), or a YAML list.
 Words = Annotated[list[str], BeforeValidator(lambda v: [w for w in v.split(",") if w] if isinstance(v, str) else v)]
-_ENTRIES = TypeAdapter(dict[str, str | int | float])  # a mapping's names and their values, each a scalar
 
 
 def mapping_text(separator: str):
@@ -74,11 +73,9 @@ def mapping_text(separator: str):
     def as_text(value):
         if not isinstance(value, dict):
             return value
-        try:
-            _ENTRIES.validate_python(value)
-        except ValidationError:
-            raise ValueError(f"expected a mapping of names to values, got {value!r}") from None
         for name, entry in value.items():
+            if not isinstance(entry, str | int | float):
+                raise ValueError(f"expected a mapping of names to values, got {value!r}")
             if "," in f"{name}{entry}":
                 raise ValueError(f"{name!r}: {entry!r} holds a comma, which separates the entries")
         return ",".join(f"{name}{separator}{entry}" for name, entry in value.items())
@@ -158,17 +155,13 @@ class Settings:
         start with a space), any other value (YAML's, or one given in code) as it is. A ConfigError names the key
         and the value."""
         try:
-            if isinstance(value, str):
-                return _type_of(cls, key).validate_strings(value, strict=False)
-            return _type_of(cls, key).validate_python(value)
+            return _type_of(cls, key).validate_python(value, strict=not isinstance(value, str))
         except ValidationError as e:
             error = e.errors()[0]
-            if error["type"] == "value_error":  # the type's own check (a YAML mapping's entries), saying what is wrong
-                raise ConfigError(f"{key}: {error['ctx']['error']}") from None
-            if error["type"] == "finite_number":
-                raise ConfigError(f"{key}: must be a finite number, got {float(value)}") from None
-            raise ConfigError(f"{key}: expected {' or '.join(name for _, name in cls.kinds(key))}, got {value!r}") \
-                from None
+            message = (error["ctx"]["error"] if error["type"] == "value_error"  # a mapping's own check
+                       else f"must be a finite number, got {float(value)}" if error["type"] == "finite_number"
+                       else f"expected {' or '.join(name for _, name in cls.kinds(key))}, got {value!r}")
+            raise ConfigError(f"{key}: {message}") from None
 
     @classmethod
     def kinds(cls, key: str) -> list[tuple[str, str]]:

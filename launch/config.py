@@ -138,10 +138,9 @@ _FIELDS = {f.name: f for section in SECTIONS for f in dataclasses.fields(section
 
 def known_key(key: str) -> str:
     """key, or a ConfigError naming it with the keys it may have meant."""
-    if key not in _FIELDS:
-        close = [k for k in _FIELDS if key and k.startswith(key[:4])]
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ConfigError(f"{key or repr(key)}: unknown config key{hint}")
+    close = ", ".join(k for k in _FIELDS if key and k.startswith(key[:4]))
+    hint = f" (did you mean {close}?)" if close else ""
+    require(key in _FIELDS, key or repr(key), f"unknown config key{hint}")
     return key
 
 
@@ -151,17 +150,13 @@ def coerce(key: str, value):
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, with each mapping's keys as written and each given once.
+    """PyYAML's safe loader of an open file, with each mapping's keys as written and each given once.
 
     A key is a name: YAML's own reading of `on`, `yes`, `no`, `null` or `1` as a boolean, null
     or number (which no key's name is) would turn it into something a message cannot name, or
     fail on. PyYAML keeps the last of a key given twice in one mapping, silently dropping the
-    first; that is an error, naming the key and both lines. `path` names the file in messages.
+    first; that is an error, naming the key and both lines. Messages name the file (self.name).
     """
-
-    def __init__(self, text: str, path: Path):
-        super().__init__(text)
-        self.path = path
 
     def construct_mapping(self, node, deep=False):
         if not isinstance(node, yaml.MappingNode):
@@ -170,18 +165,16 @@ class _ConfigLoader(yaml.SafeLoader):
         for key_node, _ in node.value:  # the keys as written (a merge's, `<<: *base`, may be overridden)
             if key_node.tag != "tag:yaml.org,2002:merge":
                 key, line = self._name(key_node), key_node.start_mark.line + 1
-                if key in lines:
-                    raise ConfigError(f"{key}: set twice in {self.path} (lines {lines[key]} and {line})"
-                                      + _SECTION_HINT.get(key, ""))
+                require(key not in lines, key, f"set twice in {self.name} (lines {lines.get(key)} and {line})"
+                                               + _SECTION_HINT.get(key, ""))
                 lines[key] = line
         self.flatten_mapping(node)  # the merged keys first, so that the mapping's own win
         return {self._name(key_node): self.construct_object(value_node, deep=deep)
                 for key_node, value_node in node.value}
 
     def _name(self, key_node) -> str:
-        if not isinstance(key_node, yaml.ScalarNode):
-            raise ConfigError(f"config: {self.path} line {key_node.start_mark.line + 1}: a key must be a name, "
-                              f"not a {'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'}")
+        require(isinstance(key_node, yaml.ScalarNode), "config", f"{self.name} line {key_node.start_mark.line + 1}: "
+                f"a key must be a name, not a {'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'}")
         return key_node.value
 
 
@@ -197,7 +190,8 @@ def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     require(path.is_file(), "config", f"no such file {path}")
     try:
-        data = yaml.load(path.read_text(), lambda text: _ConfigLoader(text, path)) or {}
+        with path.open() as file:
+            data = yaml.load(file, _ConfigLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config: {path} is not valid YAML ({first_line(e)})") from None
     require(isinstance(data, dict), "config", f"{path} must hold a mapping of keys to values")
@@ -263,15 +257,12 @@ def _indented(text: str) -> str:
 def parse_args(argv: list[str]) -> TrainConfig:
     """`[--config FILE] [--key value | --key=value ...]` -> a validated TrainConfig: the YAML files' keys (a later
     file's winning), then the command line's (the last of a key winning)."""
-    values, given = {}, {}
-    for key, value in _pairs(argv):
+    values = {}
+    for key, value in sorted(_pairs(argv), key=lambda pair: pair[0] != "config"):  # the files first, in order
         require(key is not None, value, "expected --key value or --key=value")
         require(value is not None, key if key == "config" else known_key(key), "missing value")
-        if key == "config":
-            values.update(load_yaml(value))
-        else:
-            given[key] = value
-    return TrainConfig(**{**values, **given})
+        values.update(load_yaml(value) if key == "config" else {key: value})
+    return TrainConfig(**values)
 
 
 def config_yaml(config: TrainConfig) -> str:
