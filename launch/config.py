@@ -1,12 +1,6 @@
-"""The training configuration: one settings section per component, held by TrainConfig as its fields.
+"""The training configuration: TrainConfig holds one settings section per component as its fields.
 
-Every key is a typed field of a pydantic dataclass with its help text and what another value does
-to a resumed run beside it (common/settings.py's option), declared by the one section of the
-component it configures, and checked by its type and that section's validate(). TrainConfig holds
-each section as a field named for it (cfg.schedule.max_lr, cfg.checkpoint.keep_last), and its own
-validate() holds the rules that span sections. A component is handed its own section (and any key
-of another section it needs, as a value), never the whole configuration. The sections, and where
-each is declared:
+Each section (common/settings.py) is declared beside the component it configures:
 
     run          out_dir                                     training/checkpoint/run_folder.py
     data         the shards and the batch geometry           data/mixture.py
@@ -21,15 +15,13 @@ each is declared:
     diagnostics  rank stats, profiler, memory snapshots      training/observe/diagnostics.py
     logging      the console, TensorBoard, W&B               training/core/logger.py
 
-The keys users type stay flat: TrainConfig(max_lr=1e-3), `--max_lr 1e-3`, `max_lr: 1e-3` in YAML,
-and config.yaml and every checkpoint's `config` hold them flat (to_dict), so older run folders and
-checkpoints, and the tools that read them, read the same keys. Precedence: the defaults (the
-faithful GPT-2 124M recipe) < `--config FILE.yaml` (flat keys, or a section's keys nested under
-its name) < `--key value` / `--key=value`. Every value, text or YAML's, is converted and checked
-by its field's type (common/settings.py's Settings.coerce, through pydantic); `--help` lists the
-keys by section, generated from the fields. The whole configuration is validated as it is made,
-before any work starts. A problem is a `ConfigError` whose message names the key: the trainer
-prints it on one line and exits 2.
+TrainConfig's own validate() holds the rules that span sections. The keys users type stay flat:
+TrainConfig(max_lr=1e-3), `--max_lr 1e-3`, `max_lr: 1e-3` in YAML, and config.yaml and every
+checkpoint's `config` hold them flat (to_dict), so older run folders and the tools that read them
+read the same keys. Precedence: the defaults (the faithful GPT-2 124M recipe) < `--config
+FILE.yaml` (flat keys, or a section's keys nested under its name) < `--key value` / `--key=value`.
+`--help` lists the keys by section, generated from the fields. The whole configuration is checked
+as it is made, before any work starts; a problem is a ConfigError naming the key (one line, exit 2).
 """
 
 from __future__ import annotations
@@ -113,12 +105,10 @@ class TrainConfig:
         """Every key, flat, in order: the sections' keys, section by section."""
         return tuple(key for section in SECTIONS for key in section.keys())
 
-    def sections(self) -> tuple[Settings, ...]:
-        return tuple(getattr(self, section.SECTION) for section in SECTIONS)
-
     def to_dict(self) -> dict:
         """Every key and its value, flat (config.yaml, a checkpoint's `config`, W&B's config)."""
-        return {key: value for section in self.sections() for key, value in dataclasses.asdict(section).items()}
+        return {key: value for section in SECTIONS
+                for key, value in dataclasses.asdict(getattr(self, section.SECTION)).items()}
 
 
 SECTIONS: tuple[type[Settings], ...] = tuple(typing.get_type_hints(TrainConfig).values())
@@ -126,14 +116,11 @@ SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
 SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
-# --- what a changed key does to a run's steps (the resume warning, launch/resume.py) ----------------
-# Each key's field declares it (option's on_resume: one of common/settings.py's ON_RESUME, or a function of the
-# other settings); key -> its declaration.
-ON_RESUME_OF = {f.name: f.metadata["on_resume"] for section in SECTIONS for f in dataclasses.fields(section)}
-
 # --- parsing: each key's type converts and checks its values (pydantic) -------------------------------
 
 _FIELDS = {f.name: f for section in SECTIONS for f in dataclasses.fields(section)}  # every key's field
+# what another value of each key does to a resumed run (its option's on_resume; the resume warning, launch/resume.py)
+ON_RESUME_OF = {key: field.metadata["on_resume"] for key, field in _FIELDS.items()}
 
 
 def known_key(key: str) -> str:
