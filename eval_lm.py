@@ -170,8 +170,7 @@ def main(argv: list[str]) -> int:
     written = write_results(out_dir, path, state, entries)
     print(format_table(entries))
     print(f"results: {written}")
-    run_id = log_to_wandb(state, entries, out_dir, args.wandb_mode)
-    if run_id:
+    if run_id := log_to_wandb(state, entries, out_dir, args.wandb_mode):
         print(f"logged to W&B run {run_id}")
     return 0
 
@@ -234,9 +233,7 @@ def hub_offline() -> bool:
 def eval_dtype(requested: str | None, config: dict | None) -> str:
     """The precision to evaluate in: --dtype, else the run's own (its config's dtype: what its logged figures were
     computed in; `auto` resolves as the trainer resolves it, for this device), else auto (a Hugging Face model)."""
-    if requested is not None:
-        return requested
-    return (config or {}).get("dtype", "auto")
+    return requested if requested is not None else (config or {}).get("dtype", "auto")
 
 
 def load_tasks(tasks: dict[str, str], task_manager, offline: bool, spare: str = "") -> dict[str, list]:

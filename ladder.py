@@ -420,8 +420,7 @@ def submit_rungs(args, rungs: list[Rung]) -> None:
     jobs_file = args.out / "slurm" / "jobs.json"
     jobs = json.loads(jobs_file.read_text()) if jobs_file.exists() else []
     queued = slurm(["squeue", "-h", "-u", getpass.getuser(), "-o", "%F"]).split()  # array tasks by their job's id
-    waiting = [job["job"] for job in jobs if job["job"] in queued]
-    if waiting:
+    if waiting := [job["job"] for job in jobs if job["job"] in queued]:
         print(f"ladder: job(s) {', '.join(waiting)} still queued or running; run this command again when they end")
         return
     todo = [r for r in rungs if final_figures(r, args.out) is None]
@@ -604,8 +603,7 @@ def law_lines(fit: dict, name: str) -> list[str]:
     run_iv = "" if p["run_interval"] is None else f"; one run, 95%: {p['run_interval'][0]:.4f} to " \
                                                  f"{p['run_interval'][1]:.4f}"
     lines += ["", f"Predicted for {p['size']} (C = {p['flops']:.3e}): {p['value']:.4f}{law_iv}{run_iv}."]
-    check = fit["check"]
-    if check:
+    if check := fit["check"]:
         runs = ", ".join(f"seed {c['seed']} {c['value']:.4f}" + ("" if c["inside"] is None else
                                                                   " (inside)" if c["inside"] else " (outside)")
                          for c in check["runs"])
@@ -649,8 +647,7 @@ def draw(path: Path, rungs: list[Rung], results: dict[str, dict], fits: dict, ti
         low, high = p["run_interval"] or (p["value"], p["value"])  # no interval from as many runs as parameters
         ax.errorbar([p["flops"]], [p["value"]], yerr=[[p["value"] - low], [high - p["value"]]], fmt="s",
                     color=colour, ms=6, capsize=4, mfc="white", zorder=4, label=f"{recipe}: {p['size']} predicted")
-        checked = [r for r in own if r.check]
-        if checked:
+        if checked := [r for r in own if r.check]:
             # a little to the right of the prediction, which they would hide
             ax.scatter([r.flops * 1.08 for r in checked], [results[r.name]["loss"] for r in checked], marker="*", s=90,
                        color=colour, edgecolor="black", lw=0.5, zorder=5, label=f"{recipe}: {p['size']} trained")
@@ -779,8 +776,7 @@ def main(argv: list[str]) -> int:
         write_rung_config(rung, args.out)
     submit = args.launch in ("slurm", "slurm-jobs")
     if submit:
-        pending = [r for r in ladder if final_figures(r, args.out) is None]
-        if pending:
+        if any(final_figures(r, args.out) is None for r in ladder):
             submit_rungs(args, ladder)
             return 0
     elif not train_rungs(args, ladder):

@@ -88,8 +88,7 @@ def parse_sources(text: str) -> list[Source]:
         raise ConfigError(f"data_dir: two sources are named {duplicate!r} (a source is named by its folder's last "
                           f"part; rename a folder)")
     for source in sources:  # the name makes the train record's tokens_<name> (common/log_fields.py)
-        problem = source_name_problem(source.name)
-        if problem:
+        if problem := source_name_problem(source.name):
             raise ConfigError(f"data_dir: source {source.path} is named {source.name!r} (its folder's last part), "
                               f"and {problem}; rename the folder")
     return sources
@@ -105,8 +104,7 @@ def parse_val_sets(text: str, data_dir: str) -> dict[str, str]:
         if len(sources) == 1:
             return {"val": sources[0].path}
         for source in sources:
-            problem = val_set_name_problem(source.name)
-            if problem:
+            if problem := val_set_name_problem(source.name):
                 raise ConfigError(f"data_dir: source {source.path} names its val set {source.name!r} by default, "
                                   f"and {problem}; rename the folder, or name the val sets with val_sets "
                                   f"(name=folder,...)")
@@ -118,8 +116,7 @@ def parse_val_sets(text: str, data_dir: str) -> dict[str, str]:
             raise ConfigError(f"val_sets: {part!r} is not name=folder (or name=val shard)")
         if name in sets:
             raise ConfigError(f"val_sets: the name {name!r} is used twice")
-        problem = val_set_name_problem(name)
-        if problem:
+        if problem := val_set_name_problem(name):
             raise ConfigError(f"val_sets: the name {name!r} cannot name a val set: {problem}")
         sets[name] = path
     return sets

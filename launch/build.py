@@ -78,6 +78,4 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
               val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes,
               micro_batch=micro_batch, ema=ema)
-    if resume_path is None:
-        return run
-    return run if resume_run(cfg, ctx, run, resume_path) else None
+    return run if resume_path is None or resume_run(cfg, ctx, run, resume_path) else None

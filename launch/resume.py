@@ -98,8 +98,7 @@ def find_resume_checkpoint(folder: Location, resume: str, warn=print_warning) ->
         raise ConfigError(f"resume: no checkpoint file or folder at {resume!r} (use auto, never, or the path of a "
                           f"step_XXXXXXXX.pt file or step_XXXXXXXX folder)")
     state = load_checkpoint(path)
-    descendants = descendants_of(folder, path, state, warn)
-    if descendants:
+    if descendants := descendants_of(folder, path, state, warn):
         return descendants[-1], load_checkpoint(descendants[-1]), f"the newest checkpoint that continued from {path}"
     return path, state, "resume"
 
@@ -185,8 +184,7 @@ def check_one_history(out_dir: str | Path, checkpoints: Location, chosen: tuple[
 def runs_in(out_dir: Path, checkpoints: Location) -> dict[str, str]:
     """run_id -> what carries it (for a message): run.json's, then each readable checkpoint's."""
     owners: dict[str, str] = {}
-    recorded = recorded_run_id(out_dir)
-    if recorded:
+    if recorded := recorded_run_id(out_dir):
         owners[recorded] = f"{RUN_RECORD} and {LOG_NAME}"
     for _, path in list_checkpoints(checkpoints):
         try:
@@ -230,8 +228,7 @@ def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> Non
         raise ConfigError(f"resume: {out_dir} holds a run that saved checkpoints ({'; '.join(found)}), but there is "
                           f"none to resume in {checkpoints}; starting over would replace its log: point "
                           f"--checkpoint_dir or --resume at its checkpoints, or give this run another out_dir")
-    steps = [r["step"] for r in records if r.get("kind") == "train"]
-    if steps:
+    if steps := [r["step"] for r in records if r.get("kind") == "train"]:
         warn(f"{out_dir} holds the log of a launch that saved no checkpoint (steps {min(steps)}-{max(steps)}): "
              f"starting that run over, and its log with it")
 
@@ -374,8 +371,7 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str]
     if not keys:
         return
     changed = ", ".join(f"{key} {saved[key]!r} -> {now[key]!r}" for key in keys)
-    math = [key for key in keys if changes_training_math(ON_RESUME_OF[key], now)]
-    if math:
+    if math := [key for key in keys if changes_training_math(ON_RESUME_OF[key], now)]:
         effect = (f"{', '.join(math)} {'changes' if len(math) == 1 else 'change'} the training math: the steps "
                   f"after the resume differ from an uninterrupted run")
     else:

@@ -546,8 +546,7 @@ def prepare(source, out: Path, prefix: str, settings: dict, num_proc: int, overw
     run = json.loads(json.dumps({"source": source.identity, "settings": {"prefix": prefix, **settings},
                                  "tokenizer_sha256": BPE_RANKS_SHA256}))  # as it reads back from JSON
     record = start_or_resume(out, prefix, run, overwrite)
-    others = sorted({*out.glob("*_val_*.npy"), *out.glob("*_train_*.npy")} - set(prep_files(out, prefix)))
-    if others:
+    if others := sorted({*out.glob("*_val_*.npy"), *out.glob("*_train_*.npy")} - set(prep_files(out, prefix))):
         print_warning(f"{out} also holds shards of another prefix ({others[0].name}, ...); "
                       f"the trainer reads every *_train_*.npy and *_val_*.npy in it")
 
