@@ -17,8 +17,6 @@ samples' text), and hides the values of the dropped records, so each step shows 
 in the log. W&B gets every record as one row, at W&B's own step (which only goes forward) with
 the training step as `trainer/step`, the x-axis of the charts; W&B cannot drop the rows of the
 redone steps, so a `rewind/to_step` row marks where they stop counting (see _wandb_log).
-
-LoggingSettings (at the end) is the config's logging section: the console, TensorBoard and W&B keys.
 """
 
 from __future__ import annotations
