@@ -1,9 +1,5 @@
-"""Building the run a launch trains: the data, the model and the optimizer, fresh or continued from a checkpoint.
-
-`build_run` opens the data (each data-parallel replica its share), builds the model (its initial
-weights: training/run/weights.py) and the optimizer, and hands the run to launch/resume.py
-when the launch continues a checkpoint (which one, what it loads, what a changed setting means).
-"""
+"""Building the run a launch trains: the data, the model and the optimizer, fresh or continued from a checkpoint
+(launch/resume.py)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import CheckpointError, ConfigError, DivergedError, print_warning
-from common.settings import changes_training_math
+from common.settings import changes_training_math, require
 from data.loader import TrainLoader
 from data.mixture import changed_shards, derived_state
 from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, format_of,
@@ -94,9 +94,8 @@ def find_resume_checkpoint(folder: Location, resume: str, warn=print_warning) ->
         found = newest_readable_checkpoint(folder, warn)
         return None if found is None else (*found, "the newest checkpoint in out_dir")
     path = storage.as_location(resume)
-    if not storage.exists(path):
-        raise ConfigError(f"resume: no checkpoint file or folder at {resume!r} (use auto, never, or the path of a "
-                          f"step_XXXXXXXX.pt file or step_XXXXXXXX folder)")
+    require(storage.exists(path), "resume", f"no checkpoint file or folder at {resume!r} (use auto, never, or the "
+                                            f"path of a step_XXXXXXXX.pt file or step_XXXXXXXX folder)")
     state = load_checkpoint(path)
     if descendants := descendants_of(folder, path, state, warn):
         return descendants[-1], load_checkpoint(descendants[-1]), f"the newest checkpoint that continued from {path}"
@@ -140,9 +139,8 @@ def refuse_used_out_dir(out_dir: Path, folder: Location) -> None:
     used = [name_of(p) for _, p in list_checkpoints(folder)][-2:]
     if (out_dir / LOG_NAME).exists():
         used.insert(0, LOG_NAME)
-    if used:
-        raise ConfigError(f"resume: {out_dir} already holds a run ({', '.join(used)}); "
-                          f"continue it with --resume auto, or give this run another out_dir")
+    require(not used, "resume", f"{out_dir} already holds a run ({', '.join(used)}); continue it with --resume auto, "
+                                f"or give this run another out_dir")
 
 
 def recorded_run_id(out_dir: str | Path) -> str | None:
@@ -165,9 +163,9 @@ def check_one_history(out_dir: str | Path, checkpoints: Location, chosen: tuple[
     """
     out_dir = Path(out_dir)
     owners = runs_in(out_dir, checkpoints)
-    if len(owners) > 1:
-        raise ConfigError(f"resume: {out_dir} holds more than one run ({describe(owners)}); one folder holds one "
-                          f"line of history: move the other run's files out, or give this run another out_dir")
+    require(len(owners) <= 1, "resume", f"{out_dir} holds more than one run ({describe(owners)}); one folder holds "
+                                        f"one line of history: move the other run's files out, or give this run "
+                                        f"another out_dir")
     if chosen is None:
         return
     path, state = chosen

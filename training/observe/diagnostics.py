@@ -132,10 +132,8 @@ class ProfileWindow:
     def _close_region(self) -> None:
         if self._region is not None:
             region, self._region = self._region, None
-            try:
+            with contextlib.suppress(Exception):  # a region the profiler already closed
                 region.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001 - a region the profiler already closed
-                pass
 
     def _finish(self, last_step: int) -> None:
         profiler, self._profiler = self._profiler, None

@@ -15,7 +15,6 @@ skips exactly the steps a straight one skips.
 
 from __future__ import annotations
 
-
 import torch
 
 from common.settings import Settings, option, require, section
