@@ -137,10 +137,8 @@ class Settings:
 
     @classmethod
     def coerce(cls, key: str, value):
-        """One value of key, converted and checked by its field's type: text (the command line, and YAML's `6e-4`,
-        which PyYAML reads as a string) as that type reads text (a string stays exactly as written: a prompt may
-        start with a space), any other value (YAML's, or one given in code) as it is. A ConfigError names the key
-        and the value."""
+        """One value of key, converted and checked by its field's type: text as that type reads text (a string
+        stays exactly as written: a prompt may start with a space), any other value strictly, as it is."""
         try:
             return _type_of(cls, key).validate_python(value, strict=not isinstance(value, str))
         except ValidationError as e:
