@@ -33,6 +33,7 @@ from common.errors import ArgumentParser, ConfigError, DataError, print_warning,
 from evals.base import EMA_PREFIX
 from evals.stats import Difference, format_p, paired, verdict, welch
 from common.log_fields import BPB, BPB_PREFIX, val_set_names
+from common.settings import require
 from training.core.logger import LOG_NAME, read_log, write_text_file
 
 CARD = "report"  # eval_lm.py --card's report.json (report_ema.json of the EMA weights)
@@ -179,8 +180,8 @@ def compare(a: list[Path], b: list[Path], a_weights: str = "live", b_weights: st
     ids_a, ids_b = run_identities(a, "--a"), run_identities(b, "--b")
     shared = set(ids_a) & set(ids_b)
     same_runs = set(ids_a) == set(ids_b)
-    if same_runs and a_weights == b_weights:
-        raise ConfigError("--b: the same runs with the same weights as --a: nothing to compare (--b_weights ema?)")
+    require(not same_runs or a_weights != b_weights, "--b",
+            "the same runs with the same weights as --a: nothing to compare (--b_weights ema?)")
     if shared and not same_runs:
         run = next(run for run, identity in zip(b, ids_b) if identity in shared)
         raise ConfigError(f"--b: {run} is in --a too, but the groups are not the same runs: the same runs in both "
@@ -241,10 +242,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     names = tuple(n.strip() for n in args.names.split(","))
-    if len(names) != 2 or not all(names):
-        raise ConfigError(f"--names: two names, A's and B's, separated by a comma, got {args.names!r}")
-    if not 0 < args.alpha < 1:
-        raise ConfigError(f"--alpha: must be in (0, 1), got {args.alpha}")
+    require(len(names) == 2 and all(names), "--names",
+            f"two names, A's and B's, separated by a comma, got {args.names!r}")
+    require(0 < args.alpha < 1, "--alpha", f"must be in (0, 1), got {args.alpha}")
     rows = compare(args.a, args.b, args.a_weights, args.b_weights, names, args.alpha)
     if not rows:
         raise DataError("no metric that every run has (a final val record; report.json for the card's tasks)")

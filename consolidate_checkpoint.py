@@ -17,7 +17,8 @@ import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below lo
 import sys
 from pathlib import Path
 
-from common.errors import ArgumentParser, ConfigError, run_cli
+from common.errors import ArgumentParser, run_cli
+from common.settings import require
 from training.core import storage
 from training.checkpoint.folder import consolidate, step_of
 
@@ -28,11 +29,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", help="the .pt file to write (step_XXXXXXXX.pt keeps it readable as a checkpoint name)")
     args = parser.parse_args(argv)
     source = storage.as_location(args.ckpt)
-    if step_of(source) is None or not storage.is_dir(source):
-        raise ConfigError(f"ckpt: {args.ckpt} is not a sharded checkpoint folder (step_XXXXXXXX)")
+    require(step_of(source) is not None and storage.is_dir(source), "ckpt",
+            f"{args.ckpt} is not a sharded checkpoint folder (step_XXXXXXXX)")
     out = Path(args.out)
-    if out.exists():
-        raise ConfigError(f"out: {out} exists; give another name (nothing is overwritten)")
+    require(not out.exists(), "out", f"{out} exists; give another name (nothing is overwritten)")
     state = consolidate(source, out)
     print(f"wrote {out}: step {state['step']}, {out.stat().st_size / 2**20:.1f} MiB")
     return 0

@@ -65,6 +65,7 @@ from data.loader import ValLoader
 from data.mixture import parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, token_byte_lengths
 from common.errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
+from common.settings import require
 from evals.report_card import DEFAULT_METRIC, SUITE, build_card, card_markdown, task_figure, val_figures
 from evals.val_loss import val_row_losses
 from hf_interop.convert import load_hf_gpt2
@@ -122,24 +123,19 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     for name, low in (("batch_size", 1), ("limit", 1), ("num_fewshot", 0), ("seq_len", 1), ("val_tokens", 1)):
         value = getattr(args, name)
-        if value is not None and value < low:
-            raise ConfigError(f"--{name}: must be >= {low}, got {value}")
+        require(value is None or value >= low, f"--{name}", f"must be >= {low}, got {value}")
+    require(not args.include_path or Path(args.include_path).is_dir(), "--include_path",
+            f"{args.include_path} is not a folder")
     if args.card:
         return report_card(args)
     for name in ("data_dir", "seq_len", "val_tokens"):
-        if getattr(args, name) is not None:
-            raise ConfigError(f"--{name}: only for the report card (--card)")
-    if args.tasks is None:
-        raise ConfigError("--tasks: needed without --card (comma-separated lm_eval task names)")
+        require(getattr(args, name) is None, f"--{name}", "only for the report card (--card)")
+    require(args.tasks is not None, "--tasks", "needed without --card (comma-separated lm_eval task names)")
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    if not tasks:
-        raise ConfigError("--tasks: no task names given")
-    if is_hf_model(args.ckpt):
-        raise ConfigError(f"{args.ckpt}: a Hugging Face model is evaluated with --card here, or with lm_eval's own "
-                          f"`--model hf` (docs/INTEROP.md)")
+    require(tasks, "--tasks", "no task names given")
+    require(not is_hf_model(args.ckpt), args.ckpt, "a Hugging Face model is evaluated with --card here, or with "
+                                                   "lm_eval's own `--model hf` (docs/INTEROP.md)")
     check_checkpoint_argument(args)
-    if args.include_path and not Path(args.include_path).is_dir():
-        raise ConfigError(f"--include_path: {args.include_path} is not a folder")
 
     lm_eval = import_lm_eval()
     from lm_eval.tasks import TaskManager
@@ -170,8 +166,7 @@ def main(argv: list[str]) -> int:
     written = write_results(out_dir, path, state, entries)
     print(format_table(entries))
     print(f"results: {written}")
-    run_id = log_to_wandb(state, entries, out_dir, args.wandb_mode)
-    if run_id:
+    if run_id := log_to_wandb(state, entries, out_dir, args.wandb_mode):
         print(f"logged to W&B run {run_id}")
     return 0
 
@@ -180,8 +175,8 @@ def check_checkpoint_argument(args) -> None:
     """A checkpoint that is not there, or one at a URL without --out_dir: one line, before the slow task index."""
     if not storage.exists(storage.as_location(args.ckpt)):
         raise CheckpointError(f"{args.ckpt}: no such checkpoint file or run folder")
-    if storage.is_url(args.ckpt) and not args.out_dir:
-        raise ConfigError(f"--out_dir: needed for a checkpoint at a URL ({args.ckpt}): where the results go")
+    require(args.out_dir or not storage.is_url(args.ckpt), "--out_dir",
+            f"needed for a checkpoint at a URL ({args.ckpt}): where the results go")
 
 
 def is_hf_model(ckpt: str) -> bool:
@@ -234,9 +229,7 @@ def hub_offline() -> bool:
 def eval_dtype(requested: str | None, config: dict | None) -> str:
     """The precision to evaluate in: --dtype, else the run's own (its config's dtype: what its logged figures were
     computed in; `auto` resolves as the trainer resolves it, for this device), else auto (a Hugging Face model)."""
-    if requested is not None:
-        return requested
-    return (config or {}).get("dtype", "auto")
+    return requested if requested is not None else (config or {}).get("dtype", "auto")
 
 
 def load_tasks(tasks: dict[str, str], task_manager, offline: bool, spare: str = "") -> dict[str, list]:
@@ -305,8 +298,7 @@ def card_tasks(text: str | None) -> dict[str, str]:
     for part in (p.strip() for p in text.split(",") if p.strip()):
         task, _, metric = part.partition(":")
         tasks[task.strip()] = metric.strip() or SUITE.get(task.strip(), DEFAULT_METRIC)
-    if not tasks:
-        raise ConfigError("--tasks: no task names given (none: the card without tasks)")
+    require(tasks, "--tasks", "no task names given (none: the card without tasks)")
     return tasks
 
 
@@ -314,11 +306,9 @@ def load_card_model(args):
     """(model on the CPU, the card's description of it, the trainer config it was trained with or None,
     the folder its report goes to)."""
     if is_hf_model(args.ckpt):
-        if args.weights != "live":
-            raise ConfigError(f"--weights: {args.weights} needs one of our checkpoints; {args.ckpt} has its weights "
-                              f"only")
-        if not args.out_dir:
-            raise ConfigError(f"--out_dir: needed for {args.ckpt}: where report.md and report.json go")
+        require(args.weights == "live", "--weights",
+                f"{args.weights} needs one of our checkpoints; {args.ckpt} has its weights only")
+        require(args.out_dir, "--out_dir", f"needed for {args.ckpt}: where report.md and report.json go")
         model = load_hf_gpt2(args.ckpt)
         return model, {"name": f"Hugging Face GPT-2 {args.ckpt}", "hf_model": args.ckpt}, None, Path(args.out_dir)
     model, state, path = read_model(args.ckpt, "eval_lm.py", args.weights)
@@ -332,29 +322,24 @@ def card_val_window(args, config: dict | None, block_size: int) -> tuple[dict[st
     """(the val sets to score {name: folder or shard}, seq_len, val_tokens) of the card."""
     if args.data_dir == "none":
         return {}, 0, 0
-    if args.data_dir is None and config is None:
-        raise ConfigError(f"--data_dir: needed for {args.ckpt}'s val loss and bpb (the folder whose val split to "
-                          f"score, your run's data_dir to compare; none leaves them out)")
+    require(args.data_dir is not None or config is not None, "--data_dir", f"needed for {args.ckpt}'s val loss and "
+            f"bpb (the folder whose val split to score, your run's data_dir to compare; none leaves them out)")
     defaults = config or trainer_defaults([]).to_dict()
     sets = {"val": args.data_dir} if args.data_dir else parse_val_sets(defaults.get("val_sets") or "",
                                                                         defaults["data_dir"])
     seq_len = args.seq_len or (defaults["seq_len"] if config else min(defaults["seq_len"], block_size))
-    if seq_len > block_size:
-        raise ConfigError(f"--seq_len: {seq_len} exceeds the model's block_size {block_size}")
+    require(seq_len <= block_size, "--seq_len", f"{seq_len} exceeds the model's block_size {block_size}")
     return sets, seq_len, args.val_tokens or defaults["val_tokens"]
 
 
 def report_card(args) -> int:
     """eval_lm.py --card: see the module docstring."""
     tasks = card_tasks(args.tasks)
-    if args.num_fewshot:
-        raise ConfigError(f"--num_fewshot: the report card is zero-shot, got {args.num_fewshot}")
-    if args.wandb_mode is not None:
-        raise ConfigError("--wandb_mode: the report card logs nothing to W&B (its files are report.md and report.json)")
+    require(not args.num_fewshot, "--num_fewshot", f"the report card is zero-shot, got {args.num_fewshot}")
+    require(args.wandb_mode is None, "--wandb_mode",
+            "the report card logs nothing to W&B (its files are report.md and report.json)")
     if not is_hf_model(args.ckpt):
         check_checkpoint_argument(args)
-    if args.include_path and not Path(args.include_path).is_dir():
-        raise ConfigError(f"--include_path: {args.include_path} is not a folder")
     if tasks:  # the task names first: a typo is one line before the model loads
         lm_eval = import_lm_eval()
         from lm_eval.tasks import TaskManager
@@ -440,8 +425,8 @@ def check_metric(task: str, metric: str, loaded: list) -> None:
 
     if len(loaded) == 1 and isinstance(loaded[0], Task):
         names = list(loaded[0].aggregation())  # lm_eval's metric names; a filter's "name/filter" ends in one
-        if metric.partition("/")[0] not in names:
-            raise ConfigError(f"--tasks: {task} has no metric {metric!r} (it has {', '.join(names)})")
+        require(metric.partition("/")[0] in names, "--tasks",
+                f"{task} has no metric {metric!r} (it has {', '.join(names)})")
 
 
 def import_lm_eval():

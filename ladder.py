@@ -72,6 +72,7 @@ import torch
 import yaml
 
 from common.errors import ArgumentParser, ConfigError, DataError, ReproError, run_cli
+from common.settings import require
 from compare_runs import compare, format_rows, run_figures, summary
 from evals.scaling_law import LawFit, fit_with_bootstrap, trend
 from evals.stats import format_p
@@ -167,11 +168,9 @@ def parse_sets(pairs: list[str]) -> dict:
     for pair in pairs:
         key, equals, value = pair.partition("=")
         key = key.strip().lstrip("-").replace("-", "_")
-        if not equals:
-            raise ConfigError(f"--set: expected KEY=VALUE, got {pair!r}")
-        if key in OWNED:
-            raise ConfigError(f"--set: {key} is set per rung by the ladder (the sizes, the budget rule, --seeds, "
-                              f"--out)")
+        require(equals == "=", "--set", f"expected KEY=VALUE, got {pair!r}")
+        require(key not in OWNED, "--set", f"{key} is set per rung by the ladder (the sizes, the budget rule, --seeds, "
+                                           f"--out)")
         values[known_key(key)] = coerce(key, value)
     return values
 
@@ -214,12 +213,10 @@ def flop_budgets(args, n_sizes: int) -> list[float] | None:
         return None
     budgets = list(args.flops)
     if len(budgets) == n_sizes:
-        if n_sizes < 2:
-            raise ConfigError("--flops: with one size, give the next size's budget too (two values)")
+        require(n_sizes >= 2, "--flops", "with one size, give the next size's budget too (two values)")
         budgets.append(budgets[-1] * budgets[-1] / budgets[-2])
-    if len(budgets) != n_sizes + 1:
-        raise ConfigError(f"--flops: one budget per size ({n_sizes}), and optionally the next size's, got "
-                          f"{len(args.flops)}")
+    require(len(budgets) == n_sizes + 1, "--flops",
+            f"one budget per size ({n_sizes}), and optionally the next size's, got {len(args.flops)}")
     return budgets
 
 
@@ -228,25 +225,24 @@ def ladder_sizes(args) -> tuple[list[Size], Size]:
     or the next preset)."""
     if args.presets:
         for flag, name in [*(("--presets", p) for p in args.presets), ("--next", args.next or args.presets[0])]:
-            if name not in PRESETS:
-                raise ConfigError(f"{flag}: unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+            require(name in PRESETS, flag, f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
         names = list(PRESETS)
-        if args.next is None and names.index(args.presets[-1]) + 1 == len(names):
-            raise ConfigError(f"--next: no preset after {args.presets[-1]}; name the size to predict")
+        require(args.next is not None or args.presets[-1] != names[-1], "--next",
+                f"no preset after {args.presets[-1]}; name the size to predict")
         following = args.next or names[names.index(args.presets[-1]) + 1]
         sizes, next_size = [preset_size(p) for p in args.presets], preset_size(following)
     else:
         depths = args.depths
-        if any(d < 1 for d in depths) or depths != sorted(set(depths)):
-            raise ConfigError(f"--depths: increasing positive depths, got {' '.join(map(str, depths))}")
+        require(all(d >= 1 for d in depths) and depths == sorted(set(depths)), "--depths",
+                f"increasing positive depths, got {' '.join(map(str, depths))}")
         try:
             following = int(args.next) if args.next else depths[-1] + (depths[-1] - depths[-2] if len(depths) > 1
                                                                        else 1)
         except ValueError:
             raise ConfigError(f"--next: a depth with --depths, got {args.next!r}") from None
         sizes, next_size = [depth_size(d) for d in depths], depth_size(following)
-    if next_size.label in [s.label for s in sizes]:
-        raise ConfigError(f"--next: {next_size.label} is a size of the ladder; predict another")
+    require(next_size.label not in [s.label for s in sizes], "--next",
+            f"{next_size.label} is a size of the ladder; predict another")
     return sizes, next_size
 
 
@@ -420,8 +416,7 @@ def submit_rungs(args, rungs: list[Rung]) -> None:
     jobs_file = args.out / "slurm" / "jobs.json"
     jobs = json.loads(jobs_file.read_text()) if jobs_file.exists() else []
     queued = slurm(["squeue", "-h", "-u", getpass.getuser(), "-o", "%F"]).split()  # array tasks by their job's id
-    waiting = [job["job"] for job in jobs if job["job"] in queued]
-    if waiting:
+    if waiting := [job["job"] for job in jobs if job["job"] in queued]:
         print(f"ladder: job(s) {', '.join(waiting)} still queued or running; run this command again when they end")
         return
     todo = [r for r in rungs if final_figures(r, args.out) is None]
@@ -604,8 +599,7 @@ def law_lines(fit: dict, name: str) -> list[str]:
     run_iv = "" if p["run_interval"] is None else f"; one run, 95%: {p['run_interval'][0]:.4f} to " \
                                                  f"{p['run_interval'][1]:.4f}"
     lines += ["", f"Predicted for {p['size']} (C = {p['flops']:.3e}): {p['value']:.4f}{law_iv}{run_iv}."]
-    check = fit["check"]
-    if check:
+    if check := fit["check"]:
         runs = ", ".join(f"seed {c['seed']} {c['value']:.4f}" + ("" if c["inside"] is None else
                                                                   " (inside)" if c["inside"] else " (outside)")
                          for c in check["runs"])
@@ -649,8 +643,7 @@ def draw(path: Path, rungs: list[Rung], results: dict[str, dict], fits: dict, ti
         low, high = p["run_interval"] or (p["value"], p["value"])  # no interval from as many runs as parameters
         ax.errorbar([p["flops"]], [p["value"]], yerr=[[p["value"] - low], [high - p["value"]]], fmt="s",
                     color=colour, ms=6, capsize=4, mfc="white", zorder=4, label=f"{recipe}: {p['size']} predicted")
-        checked = [r for r in own if r.check]
-        if checked:
+        if checked := [r for r in own if r.check]:
             # a little to the right of the prediction, which they would hide
             ax.scatter([r.flops * 1.08 for r in checked], [results[r.name]["loss"] for r in checked], marker="*", s=90,
                        color=colour, edgecolor="black", lw=0.5, zorder=5, label=f"{recipe}: {p['size']} trained")
@@ -742,20 +735,15 @@ def parse(argv: list[str]):
             or any(r not in RECIPE_FILES for r in args.recipes):
         raise ConfigError(f"--recipes: one or two of {', '.join(RECIPE_FILES)}, got {','.join(args.recipes)!r}")
     for name in ("checkpoints_per_rung", "nproc_per_node"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name}: must be at least 1, got {getattr(args, name)}")
-    if args.flops is None and not args.tokens_per_param > 0:
-        raise ConfigError(f"--tokens_per_param: must be positive, got {args.tokens_per_param}")
-    if args.flops is not None and not all(c > 0 for c in args.flops):
-        raise ConfigError("--flops: every budget must be positive")
-    if len(set(args.seeds)) != len(args.seeds):
-        raise ConfigError(f"--seeds: a seed given twice ({' '.join(map(str, args.seeds))})")
-    if not 0 < args.mfu <= 1:
-        raise ConfigError(f"--mfu: must be in (0, 1], got {args.mfu}")
-    if args.bootstrap < 0:
-        raise ConfigError(f"--bootstrap: must be >= 0, got {args.bootstrap}")
-    if not args.config.is_file():
-        raise ConfigError(f"--config: no such file {args.config}")
+        require(getattr(args, name) >= 1, f"--{name}", f"must be at least 1, got {getattr(args, name)}")
+    require(args.flops is not None or args.tokens_per_param > 0, "--tokens_per_param",
+            f"must be positive, got {args.tokens_per_param}")
+    require(args.flops is None or all(c > 0 for c in args.flops), "--flops", "every budget must be positive")
+    require(len(set(args.seeds)) == len(args.seeds), "--seeds",
+            f"a seed given twice ({' '.join(map(str, args.seeds))})")
+    require(0 < args.mfu <= 1, "--mfu", f"must be in (0, 1], got {args.mfu}")
+    require(args.bootstrap >= 0, "--bootstrap", f"must be >= 0, got {args.bootstrap}")
+    require(args.config.is_file(), "--config", f"no such file {args.config}")
     args.out = args.out.resolve()
     return args
 
@@ -779,8 +767,7 @@ def main(argv: list[str]) -> int:
         write_rung_config(rung, args.out)
     submit = args.launch in ("slurm", "slurm-jobs")
     if submit:
-        pending = [r for r in ladder if final_figures(r, args.out) is None]
-        if pending:
+        if any(final_figures(r, args.out) is None for r in ladder):
             submit_rungs(args, ladder)
             return 0
     elif not train_rungs(args, ladder):

@@ -176,9 +176,7 @@ def reference_fits(ref: float, values: list[np.ndarray]) -> bool:
     if data.size == 0:
         return False
     lo, hi = float(data.min()), float(data.max())
-    if lo <= ref <= hi:
-        return True
-    return (hi - lo) / (max(hi, ref) - min(lo, ref)) >= MIN_FILL
+    return lo <= ref <= hi or (hi - lo) / (max(hi, ref) - min(lo, ref)) >= MIN_FILL
 
 
 def gpt2_size(config: dict) -> str | None:
@@ -396,8 +394,7 @@ def describe(fig: Figure) -> str:
             lines.append(f"  collection {shown_label(collection)}: {look}; {count} {items}, "
                          f"x {box.x0:.4g} to {box.x1:.4g}, y {box.y0:.4g} to {box.y1:.4g}")
         lines += [f"  note {text.get_text()!r}" for text in ax.texts]
-        legend = ax.get_legend()
-        if legend:
+        if legend := ax.get_legend():
             lines.append(f"  legend: {', '.join(repr(text.get_text()) for text in legend.get_texts())}")
     return "\n".join(lines) + "\n"
 

@@ -22,6 +22,7 @@ import torch
 
 from data.tokenizer import get_tokenizer
 from common.errors import ArgumentParser, ConfigError, run_cli
+from common.settings import require
 from hf_interop.convert import load_hf_gpt2
 from model import GPT, PRESETS
 from training.checkpoint.folder import WEIGHTS, read_model
@@ -33,8 +34,7 @@ def load_model(ckpt: str, device: torch.device, weights: str = "live") -> tuple[
     """The model of --ckpt (see above), in eval mode on device, and what it is for the header line.
     weights: live, or ema (a checkpoint's EMA of the weights)."""
     if ckpt in PRESETS or (Path(ckpt) / "config.json").is_file():  # OpenAI's GPT-2, or an HF export
-        if weights != "live":
-            raise ConfigError(f"--weights: {weights} needs one of our checkpoints; {ckpt} has its weights only")
+        require(weights == "live", "--weights", f"{weights} needs one of our checkpoints; {ckpt} has its weights only")
         model, what = load_hf_gpt2(ckpt), f"Hugging Face GPT-2 {ckpt}"
     else:
         model, state, path = read_model(ckpt, "sample.py", weights)
@@ -58,8 +58,7 @@ def main(argv: list[str]) -> int:
                         help="live (the trained weights) or ema (the checkpoint's EMA of them)")
     args = parser.parse_args(argv)
     for name, low in (("max_new_tokens", 1), ("num_samples", 1), ("top_k", 0), ("temperature", 0), ("seed", 0)):
-        if getattr(args, name) < low:
-            raise ConfigError(f"--{name}: must be >= {low}, got {getattr(args, name)}")
+        require(getattr(args, name) >= low, f"--{name}", f"must be >= {low}, got {getattr(args, name)}")
 
     device = pick_device(args.device, 0)
     model, what = load_model(args.ckpt, device, args.weights)

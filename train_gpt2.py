@@ -10,23 +10,17 @@ collective (the step's all-reduce, val loss, HellaSwag, checkpoint agreement) is
 all ranks, and an error that only one rank can see is shared with the others before they go
 on, so every rank stops with the same one-line message instead of hanging.
 
-The pieces: launch/build.py builds the run (data, model, optimizer), and launch/resume.py continues
-it from the checkpoint it resumes (which one, what it loads, what a changed setting means);
-training/run/step.py is one optimizer step's math, and training/run/lockstep.py the ranks' agreement
-around it; launch/components.py makes each component below from its own settings section. The loop
-below calls components that decide their own timing: evals/ (val loss, HellaSwag, samples, each at
-its interval), training/checkpoint/checkpointer.py (when a checkpoint is due, saves in the
-background, a failed save's retry), training/distributed/preemption.py (the stop vote),
-launch/recovery.py (the data feed, and rollbacks), training/observe/diagnostics.py (profiler, memory
-snapshots, rank timings); training/core/logger.py is rank 0's console, files, W&B and TensorBoard.
-Here the configuration is split: each component is made from its own settings section, and any key
-of another section it reads is passed to it as a value.
+The pieces: launch/build.py builds the run (data, model, optimizer) and launch/resume.py continues
+it from a checkpoint; training/run/step.py is one optimizer step's math, training/run/lockstep.py the
+ranks' agreement around it; launch/components.py makes each component of the loop below from its own
+settings section (a key of another section it reads is passed to it as a value). Each component
+decides its own timing: the evaluations, the checkpoints, the stop vote, rollbacks, diagnostics.
 
 Exit codes (common/errors.py): 0 done, preempted and checkpointed, or nothing to do; 2 bad
 configuration or input; 3 the loss went NaN/inf (the update was not applied), or spikes went on
-past max_rollbacks rollbacks; 1 anything else
-(e.g. a checkpoint write failed). Under torchrun one worker prints the error for all, each exits with its
-code, and the shell sees torchrun's own status, 1 (docs/OPERATIONS.md, "When things go wrong").
+past max_rollbacks rollbacks; 1 anything else (e.g. a checkpoint write failed). Under torchrun one
+worker prints the error for all, each exits with its code, and the shell sees torchrun's own
+status, 1 (docs/OPERATIONS.md, "When things go wrong").
 """
 
 from __future__ import annotations
@@ -163,10 +157,6 @@ def train(cfg: TrainConfig, ctx: Context, run: Run, preemption: PreemptionFlag, 
         recovery.close()
         diagnostics.close()  # a profile window or memory recording still open is written
         checkpointer.close()  # after a failure: a background save that finishes still counts
-
-
-def cli(argv: list[str]) -> int:
-    return run_cli(main, argv)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,6 @@ import tempfile
 from pathlib import Path
 
 
-def temp_path(path: str | os.PathLike) -> Path:
-    """Where a write of `path` goes first: `.NAME.tmp` beside it (hidden, and never a name readers match)."""
-    path = Path(path)
-    return path.with_name(f".{path.name}.tmp")
-
-
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None, unique: bool = False,
                  permissions: int | None = None):
@@ -40,7 +34,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
         os.close(fd)
         tmp = Path(name)
     else:
-        tmp = temp_path(path)
+        tmp = path.with_name(f".{path.name}.tmp")  # hidden, and never a name readers match
     try:
         with open(tmp, mode, encoding=(encoding or "utf-8") if mode == "w" else None) as f:
             yield f

@@ -1,23 +1,15 @@
 """Settings sections: each component's keys, typed, with their help, their rules and what they do on resume.
 
-A section is a pydantic dataclass (the `section` decorator) deriving from `Settings`: its fields
-made with option() (the default, the help text --help prints, and what another value does to a
-resumed run: one of ON_RESUME, or a function of the other settings where they decide it), typed
-(pydantic checks each value: strictly, so `true` is no integer; no float is inf or nan), its own
-rules in validate(), each a require() whose ConfigError names the key; it checks itself when it
-is made. So a new key is written in one place, its field, plus its line in docs/CONFIGURATION.md
-(tests/test_config.py checks that every key has both). Every value goes through Settings.coerce
-first: text (the command line, and YAML's `6e-4`, which PyYAML reads as a string) is read as the
-field's type reads text; a problem is a ConfigError naming the key and the value. The types below
-add what users write beyond pydantic's own spellings: None's words, comma-separated lists, and a
-YAML mapping kept as its command-line text.
-
-A section sits beside the component it configures (training/optim/optimizers.py's
-OptimizerSettings, data/mixture.py's DataSettings, ...), and that component is handed the section
-itself, not the whole configuration. TrainConfig (launch/config.py) holds every section as
-a field named for it (cfg.schedule.max_lr) and holds the rules that span sections. The keys users
-type stay flat (--max_lr, `max_lr:` in YAML, each declared by the one section it belongs to). The
-kit lives in common/, the lowest layer, so that a section can sit in any layer above it.
+A section is a `Settings` made with the `section` decorator (a pydantic dataclass). It sits beside the
+component it configures (training/optim/optimizers.py's OptimizerSettings, ...), which is handed the
+section itself, not the whole configuration. Each key is a field made with option(): its default, the
+help --help prints, and what another value does to a resumed run. Every value goes through
+Settings.coerce: text (the command line, and YAML's `6e-4`, which PyYAML reads as a string) as the
+field's type reads text, any other value strictly (`true` is no integer); the types below add None's
+words, comma-separated lists and a YAML mapping kept as its command-line text. Then the section's
+validate() checks its rules, each a require(). A problem is a ConfigError naming the key. So a new key
+is its field plus its line in docs/CONFIGURATION.md (tests/test_config.py checks that it has both).
+The kit lives in common/, the lowest layer, so that a section can sit in any layer above it.
 """
 
 from __future__ import annotations
@@ -34,11 +26,9 @@ from pydantic import BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 
 from common.errors import ConfigError
 
-# What another value of a key does to a run resumed with it: every field declares one (option's on_resume), and
-# the resume warning names the keys whose change makes the steps differ (launch/resume.py's
-# warn_on_changed_settings). Beside these two, a field may declare a function of the resumed run's configuration
-# (its keys, flat, as users type them) that says whether it does: a key whose effect depends on other settings
-# (a feature's settings do nothing while the feature is off; dropout_on below).
+# What another value of a key does to a run resumed with it, as each field declares it (option's on_resume; the
+# resume warning names the keys whose change makes the steps differ), unless a function of the run's flat
+# configuration decides it: a key whose effect depends on other settings (dropout_on below).
 ON_RESUME = (
     "trajectory",  # in the training math: resumed with another value, a run's steps differ from an uninterrupted one's
     # never in the training math: where files go, logging, evaluation (which draws from its own generator; the
@@ -47,9 +37,8 @@ ON_RESUME = (
     "none",
 )
 
-# How every section checks its values (Settings.coerce): strictly, as typed values (a YAML `true` is no integer,
-# 2.5 no integer either; an integer is a fine float), and no float is inf or nan (where a key can be off, 0 is that
-# value, and the range checks would let inf through, inf > 0).
+# How every value is checked: strictly (a YAML `true` is no integer, 2.5 neither; an integer is a fine float), and
+# no float is inf or nan (where a key can be off, 0 is that value, and a range check would let inf through).
 CHECKS = ConfigDict(strict=True, allow_inf_nan=False)
 
 
@@ -63,7 +52,6 @@ T = TypeVar("T")
 OrNone = Annotated[T | None, BeforeValidator(none_word)]  # OrNone[int]: an integer, or None as none_word reads it
 # A list of strings: comma-separated as text (--wandb_tags a,b; '' is none), or a YAML list.
 Words = Annotated[list[str], BeforeValidator(lambda v: [w for w in v.split(",") if w] if isinstance(v, str) else v)]
-_ENTRIES = TypeAdapter(dict[str, str | int | float])  # a mapping's names and their values, each a scalar
 
 
 def mapping_text(separator: str):
@@ -74,11 +62,9 @@ def mapping_text(separator: str):
     def as_text(value):
         if not isinstance(value, dict):
             return value
-        try:
-            _ENTRIES.validate_python(value)
-        except ValidationError:
-            raise ValueError(f"expected a mapping of names to values, got {value!r}") from None
         for name, entry in value.items():
+            if not isinstance(entry, str | int | float):
+                raise ValueError(f"expected a mapping of names to values, got {value!r}")
             if "," in f"{name}{entry}":
                 raise ValueError(f"{name!r}: {entry!r} holds a comma, which separates the entries")
         return ",".join(f"{name}{separator}{entry}" for name, entry in value.items())
@@ -95,10 +81,8 @@ def dropout_on(config: dict) -> bool:
 
 
 def option(default, help: str, on_resume: str | Callable[[dict], bool], none: str = "null"):
-    """A settings field with its help text beside it (printed by --help). on_resume: what another value does
-    to a resumed run, one of ON_RESUME, or a function of that run's configuration (flat) saying whether it
-    changes the training math. none: how a user writes the field's None, for a field that takes one
-    (`auto` where None means "chosen at launch"; YAML's null, none and auto all read as None)."""
+    """A settings field: its default, the help --help prints, on_resume (one of ON_RESUME, or a function of the
+    run's flat configuration), and none, how a user writes its None (`auto` where it means "chosen at launch")."""
     if not callable(on_resume) and on_resume not in ON_RESUME:
         raise ValueError(f"on_resume must be one of {', '.join(ON_RESUME)} or a function, got {on_resume!r}")
     metadata = {"help": help, "none": none, "on_resume": on_resume}
@@ -153,22 +137,16 @@ class Settings:
 
     @classmethod
     def coerce(cls, key: str, value):
-        """One value of key, converted and checked by its field's type: text (the command line, and YAML's `6e-4`,
-        which PyYAML reads as a string) as that type reads text (a string stays exactly as written: a prompt may
-        start with a space), any other value (YAML's, or one given in code) as it is. A ConfigError names the key
-        and the value."""
+        """One value of key, converted and checked by its field's type: text as that type reads text (a string
+        stays exactly as written: a prompt may start with a space), any other value strictly, as it is."""
         try:
-            if isinstance(value, str):
-                return _type_of(cls, key).validate_strings(value, strict=False)
-            return _type_of(cls, key).validate_python(value)
+            return _type_of(cls, key).validate_python(value, strict=not isinstance(value, str))
         except ValidationError as e:
             error = e.errors()[0]
-            if error["type"] == "value_error":  # the type's own check (a YAML mapping's entries), saying what is wrong
-                raise ConfigError(f"{key}: {error['ctx']['error']}") from None
-            if error["type"] == "finite_number":
-                raise ConfigError(f"{key}: must be a finite number, got {float(value)}") from None
-            raise ConfigError(f"{key}: expected {' or '.join(name for _, name in cls.kinds(key))}, got {value!r}") \
-                from None
+            message = (error["ctx"]["error"] if error["type"] == "value_error"  # a mapping's own check
+                       else f"must be a finite number, got {float(value)}" if error["type"] == "finite_number"
+                       else f"expected {' or '.join(name for _, name in cls.kinds(key))}, got {value!r}")
+            raise ConfigError(f"{key}: {message}") from None
 
     @classmethod
     def kinds(cls, key: str) -> list[tuple[str, str]]:

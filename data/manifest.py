@@ -42,9 +42,7 @@ def prep_files(out_dir: str | os.PathLike, prefix: str) -> list[Path]:
     name = re.escape(prefix) + r"_(?:(?:val|train)_\d{6}\.npy|progress\.json|manifest\.json)"
     pattern = re.compile(rf"\.{name}\.tmp|{name}(?:\.tmp)?")
     out_dir = Path(out_dir)
-    if not out_dir.is_dir():
-        return []
-    return sorted(p for p in out_dir.iterdir() if pattern.fullmatch(p.name))
+    return sorted(p for p in out_dir.iterdir() if pattern.fullmatch(p.name)) if out_dir.is_dir() else []
 
 
 def file_sha256(path: str | os.PathLike, chunk: int = 1 << 24) -> str:

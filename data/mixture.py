@@ -70,26 +70,24 @@ def parse_sources(text: str) -> list[Source]:
     sources = []
     for part in parts:
         path, sep, weight = part.rpartition(":")
-        if not sep or not path:
-            raise ConfigError(f"data_dir: {part!r} is not folder:weight (a mixture names each folder with its weight)")
+        require(sep and path, "data_dir", f"{part!r} is not folder:weight (a mixture names each folder with its "
+                                          f"weight)")
         try:
             value = float(weight)
         except ValueError:
             raise ConfigError(f"data_dir: the weight of {path} is {weight!r}, not a number") from None
-        if not (value > 0 and np.isfinite(value)):
-            raise ConfigError(f"data_dir: the weight of {path} must be a positive number, got {weight}")
+        require(value > 0 and np.isfinite(value), "data_dir", f"the weight of {path} must be a positive number, "
+                                                                f"got {weight}")
         sources.append(Source(Path(path).name, path, value))
-    if not np.isfinite(sum(s.weight for s in sources)):  # step_composition divides by it
-        raise ConfigError(f"data_dir: the weights ({', '.join(f'{s.weight:g}' for s in sources)}) sum to more "
-                          f"than a float holds; they are relative: give them a usual size (0.7,0.3 or 7,3)")
+    require(np.isfinite(sum(s.weight for s in sources)), "data_dir",  # step_composition divides by it
+            f"the weights ({', '.join(f'{s.weight:g}' for s in sources)}) sum to more than a float holds; they are "
+            f"relative: give them a usual size (0.7,0.3 or 7,3)")
     names = [s.name for s in sources]
     duplicate = next((n for n in names if names.count(n) > 1), None)
-    if duplicate is not None:
-        raise ConfigError(f"data_dir: two sources are named {duplicate!r} (a source is named by its folder's last "
-                          f"part; rename a folder)")
+    require(duplicate is None, "data_dir", f"two sources are named {duplicate!r} (a source is named by its folder's "
+                                           f"last part; rename a folder)")
     for source in sources:  # the name makes the train record's tokens_<name> (common/log_fields.py)
-        problem = source_name_problem(source.name)
-        if problem:
+        if problem := source_name_problem(source.name):
             raise ConfigError(f"data_dir: source {source.path} is named {source.name!r} (its folder's last part), "
                               f"and {problem}; rename the folder")
     return sources
@@ -105,8 +103,7 @@ def parse_val_sets(text: str, data_dir: str) -> dict[str, str]:
         if len(sources) == 1:
             return {"val": sources[0].path}
         for source in sources:
-            problem = val_set_name_problem(source.name)
-            if problem:
+            if problem := val_set_name_problem(source.name):
                 raise ConfigError(f"data_dir: source {source.path} names its val set {source.name!r} by default, "
                                   f"and {problem}; rename the folder, or name the val sets with val_sets "
                                   f"(name=folder,...)")
@@ -114,12 +111,9 @@ def parse_val_sets(text: str, data_dir: str) -> dict[str, str]:
     sets = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, path = part.partition("=")
-        if not sep or not name or not path:
-            raise ConfigError(f"val_sets: {part!r} is not name=folder (or name=val shard)")
-        if name in sets:
-            raise ConfigError(f"val_sets: the name {name!r} is used twice")
-        problem = val_set_name_problem(name)
-        if problem:
+        require(sep and name and path, "val_sets", f"{part!r} is not name=folder (or name=val shard)")
+        require(name not in sets, "val_sets", f"the name {name!r} is used twice")
+        if problem := val_set_name_problem(name):
             raise ConfigError(f"val_sets: the name {name!r} cannot name a val set: {problem}")
         sets[name] = path
     return sets
@@ -189,9 +183,8 @@ class MixtureLoader:
         self.sources = sources
         self.counts = step_composition([s.weight for s in sources], self.rows_per_step)
         for source, count in zip(sources, self.counts):
-            if count == 0:
-                raise ConfigError(f"data_dir: source {source.name}'s weight {source.weight} gives it none of the "
-                                  f"{self.rows_per_step} rows of a step; raise its weight or total_batch_size")
+            require(count > 0, "data_dir", f"source {source.name}'s weight {source.weight} gives it none of the "
+                                           f"{self.rows_per_step} rows of a step; raise its weight or total_batch_size")
         self.streams = [SourceStream(s, k, seq_len, seed, shuffle, doc_aligned) for k, s in enumerate(sources)]
         for stream, count in zip(self.streams, self.counts):  # as one folder must hold one step's rows
             if stream.num_rows < count:

@@ -1,8 +1,5 @@
-"""The trainer's periodic evaluations: the registry, and the runner the training loop calls each step.
-
-Adding an evaluation is one Evaluator subclass (evals/base.py) with its keys in the evaluation
-section (EvalSettings, evals/settings.py), listed here: the runner schedules it, logs its
-records, keeps its figure for checkpoints, and plot_log.py draws its series.
+"""The trainer's periodic evaluations: the registry (EVALUATORS: what one is, evals/base.py), and the runner the
+training loop calls each step, which schedules each, logs its records and keeps its figure for checkpoints.
 
 With an EMA of the weights (training/optim/ema.py), an evaluator whose `averaged` is set runs again on
 the average, swapped into the model and back out (bitwise), and its figures join the live record

@@ -1,11 +1,6 @@
-"""The evaluation section: the keys of val loss, HellaSwag and the samples, each evaluator made from it.
-
-TrainConfig (launch/config.py) holds it beside the other sections; evals/periodic.py makes every
-evaluator from it, and each evaluator reads its own keys.
-"""
+"""The evaluation section: the keys of val loss, HellaSwag and the samples, each evaluator made from it."""
 
 from __future__ import annotations
-
 
 from common.settings import Settings, mapping_text, option, require, section
 

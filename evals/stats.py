@@ -56,9 +56,7 @@ def regularized_beta(x: float, a: float, b: float) -> float:
 def t_two_sided(t: float, df: float) -> float:
     """P(|T| >= |t|) for Student's t with df degrees of freedom: the two-sided p of a t statistic, from the
     incomplete beta directly (as 1 - P(T <= |t|) it would lose its digits and cancel to 0 below about 1e-16)."""
-    if math.isinf(t):
-        return 0.0
-    return regularized_beta(df / (df + t * t), df / 2, 0.5)
+    return 0.0 if math.isinf(t) else regularized_beta(df / (df + t * t), df / 2, 0.5)
 
 
 def t_cdf(t: float, df: float) -> float:

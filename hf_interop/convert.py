@@ -153,8 +153,7 @@ def hf_to_ours(hf_state: dict[str, torch.Tensor], config: GPTConfig, source: str
     for key in expected:
         if key not in state:
             raise HFInteropError(f"{source}: weights have no {key.removeprefix('transformer.')}")
-    unexpected = sorted(state.keys() - set(expected))
-    if unexpected:
+    if unexpected := sorted(state.keys() - set(expected)):
         raise HFInteropError(f"{source}: unexpected weight {unexpected[0]} (not part of a GPT-2 LM)")
     wte = state["transformer.wte.weight"]
     if lm_head is not None and not torch.equal(lm_head, wte):
@@ -207,8 +206,7 @@ def fit_to_model(state: dict[str, torch.Tensor], source_config: GPTConfig, targe
     state = dict(state)
     state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: target.block_size]
     wte = state["transformer.wte.weight"]  # (V_source, C)
-    pad = target.vocab_size - wte.size(0)
-    if pad:
+    if pad := target.vocab_size - wte.size(0):
         wte = torch.cat([wte, wte.float().mean(dim=0, keepdim=True).to(wte.dtype).expand(pad, -1)])
     state["transformer.wte.weight"] = state["lm_head.weight"] = wte  # (V_target, C)
     return state

@@ -116,8 +116,7 @@ def export_hf(state: dict, out_dir: str | Path, license: str = "mit") -> Path:
         raise HFInteropError(f"vocab_size: the model has {config.vocab_size} rows, "
                              f"fewer than GPT-2's {GPT2_VOCAB_SIZE}")
     names = set(param_names(config))
-    mismatched = sorted(names ^ state["model"].keys())
-    if mismatched:
+    if mismatched := sorted(names ^ state["model"].keys()):
         key = mismatched[0]
         where = "missing from" if key in names else "unexpected in"
         raise HFInteropError(f"{key}: {where} the checkpoint's model (n_layer {config.n_layer})")

@@ -1,9 +1,5 @@
-"""Building the run a launch trains: the data, the model and the optimizer, fresh or continued from a checkpoint.
-
-`build_run` opens the data (each data-parallel replica its share), builds the model (its initial
-weights: training/run/weights.py) and the optimizer, and hands the run to launch/resume.py
-when the launch continues a checkpoint (which one, what it loads, what a changed setting means).
-"""
+"""Building the run a launch trains: the data, the model and the optimizer, fresh or continued from a checkpoint
+(launch/resume.py)."""
 
 from __future__ import annotations
 
@@ -78,6 +74,4 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
               val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes,
               micro_batch=micro_batch, ema=ema)
-    if resume_path is None:
-        return run
-    return run if resume_run(cfg, ctx, run, resume_path) else None
+    return run if resume_path is None or resume_run(cfg, ctx, run, resume_path) else None

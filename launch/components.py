@@ -34,14 +34,8 @@ from training.run.run import Run
 def open_run_folder(cfg: TrainConfig, ctx: Context, run: Run, record: dict) -> None:
     """Rank 0 creates out_dir, config.yaml, run.json and log.jsonl (and the W&B run); a failure stops every rank."""
     env, logger, out_dir, logging = ctx.env, ctx.logger, cfg.run.out_dir, cfg.logging
-
-    def open_files() -> None:
-        logger.open_run_folder(out_dir, run.start_step, {
-            "config.yaml": config_yaml(cfg),
-            "run.json": json.dumps(record, indent=2) + "\n",
-        })
-
-    run_on_all_ranks(env, open_files)
+    run_on_all_ranks(env, lambda: logger.open_run_folder(out_dir, run.start_step, {
+        "config.yaml": config_yaml(cfg), "run.json": json.dumps(record, indent=2) + "\n"}))
     if logging.wandb:  # network or credentials trouble is seen by rank 0 alone
         run_on_all_ranks(env, lambda: logger.start_wandb(
             logging.wandb_project, logging.wandb_run_name, logging.wandb_mode, {**cfg.to_dict(), "provenance": record},
@@ -51,7 +45,6 @@ def open_run_folder(cfg: TrainConfig, ctx: Context, run: Run, record: dict) -> N
         run.wandb_run_id = logger.wandb_run_id  # on rank 0, which writes the checkpoints
     if logging.tensorboard:
         run_on_all_ranks(env, lambda: logger.start_tensorboard(Path(out_dir) / "tensorboard", run.start_step))
-
 
 
 def make_evaluation(cfg: TrainConfig, ctx: Context, strategy: Strategy, tokenizer) -> PeriodicEvaluation:
@@ -87,8 +80,7 @@ def describe_launch(cfg: TrainConfig, ctx: Context, run: Run) -> None:
          if run.micro_batch else "") +
         f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.summary()}"
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))
-    schedule_warning = cfg.schedule.warning()
-    if schedule_warning:
+    if schedule_warning := cfg.schedule.warning():
         ctx.logger.warn(schedule_warning)
 
 
@@ -151,10 +143,8 @@ class StepRecords:
 def resume_hint(resume: str, last_step: bool) -> str:
     """The command that continues this run (resume: the checkpoint section's; a fresh start would refuse a used
     out_dir); at the last step, what is left of it is its final evaluations."""
-    what = "run the final evaluations" if last_step else "resume"
-    if resume == "never":
-        return f"run the same command with --resume auto to {what}"
-    return f"run the same command again to {what}"
+    again = "with --resume auto" if resume == "never" else "again"
+    return f"run the same command {again} to {'run the final evaluations' if last_step else 'resume'}"
 
 
 def check_optional_packages(cfg: TrainConfig) -> None:
@@ -168,5 +158,3 @@ def check_optional_packages(cfg: TrainConfig) -> None:
         raise ConfigError(TENSORBOARD_MISSING)
     if is_url(checkpoint_dir):
         filesystem(checkpoint_dir)  # a ConfigError naming the package a URL's scheme needs (s3fs, gcsfs)
-
-

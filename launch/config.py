@@ -1,12 +1,6 @@
-"""The training configuration: one settings section per component, held by TrainConfig as its fields.
+"""The training configuration: TrainConfig holds one settings section per component as its fields.
 
-Every key is a typed field of a pydantic dataclass with its help text and what another value does
-to a resumed run beside it (common/settings.py's option), declared by the one section of the
-component it configures, and checked by its type and that section's validate(). TrainConfig holds
-each section as a field named for it (cfg.schedule.max_lr, cfg.checkpoint.keep_last), and its own
-validate() holds the rules that span sections. A component is handed its own section (and any key
-of another section it needs, as a value), never the whole configuration. The sections, and where
-each is declared:
+Each section (common/settings.py) is declared beside the component it configures:
 
     run          out_dir                                     training/checkpoint/run_folder.py
     data         the shards and the batch geometry           data/mixture.py
@@ -21,15 +15,13 @@ each is declared:
     diagnostics  rank stats, profiler, memory snapshots      training/observe/diagnostics.py
     logging      the console, TensorBoard, W&B               training/core/logger.py
 
-The keys users type stay flat: TrainConfig(max_lr=1e-3), `--max_lr 1e-3`, `max_lr: 1e-3` in YAML,
-and config.yaml and every checkpoint's `config` hold them flat (to_dict), so older run folders and
-checkpoints, and the tools that read them, read the same keys. Precedence: the defaults (the
-faithful GPT-2 124M recipe) < `--config FILE.yaml` (flat keys, or a section's keys nested under
-its name) < `--key value` / `--key=value`. Every value, text or YAML's, is converted and checked
-by its field's type (common/settings.py's Settings.coerce, through pydantic); `--help` lists the
-keys by section, generated from the fields. The whole configuration is validated as it is made,
-before any work starts. A problem is a `ConfigError` whose message names the key: the trainer
-prints it on one line and exits 2.
+TrainConfig's own validate() holds the rules that span sections. The keys users type stay flat:
+TrainConfig(max_lr=1e-3), `--max_lr 1e-3`, `max_lr: 1e-3` in YAML, and config.yaml and every
+checkpoint's `config` hold them flat (to_dict), so older run folders and the tools that read them
+read the same keys. Precedence: the defaults (the faithful GPT-2 124M recipe) < `--config
+FILE.yaml` (flat keys, or a section's keys nested under its name) < `--key value` / `--key=value`.
+`--help` lists the keys by section, generated from the fields. The whole configuration is checked
+as it is made, before any work starts; a problem is a ConfigError naming the key (one line, exit 2).
 """
 
 from __future__ import annotations
@@ -113,12 +105,10 @@ class TrainConfig:
         """Every key, flat, in order: the sections' keys, section by section."""
         return tuple(key for section in SECTIONS for key in section.keys())
 
-    def sections(self) -> tuple[Settings, ...]:
-        return tuple(getattr(self, section.SECTION) for section in SECTIONS)
-
     def to_dict(self) -> dict:
         """Every key and its value, flat (config.yaml, a checkpoint's `config`, W&B's config)."""
-        return {key: value for section in self.sections() for key, value in dataclasses.asdict(section).items()}
+        return {key: value for section in SECTIONS
+                for key, value in dataclasses.asdict(getattr(self, section.SECTION)).items()}
 
 
 SECTIONS: tuple[type[Settings], ...] = tuple(typing.get_type_hints(TrainConfig).values())
@@ -126,22 +116,18 @@ SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
 SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
 
 
-# --- what a changed key does to a run's steps (the resume warning, launch/resume.py) ----------------
-# Each key's field declares it (option's on_resume: one of common/settings.py's ON_RESUME, or a function of the
-# other settings); key -> its declaration.
-ON_RESUME_OF = {f.name: f.metadata["on_resume"] for section in SECTIONS for f in dataclasses.fields(section)}
-
 # --- parsing: each key's type converts and checks its values (pydantic) -------------------------------
 
 _FIELDS = {f.name: f for section in SECTIONS for f in dataclasses.fields(section)}  # every key's field
+# what another value of each key does to a resumed run (its option's on_resume; the resume warning, launch/resume.py)
+ON_RESUME_OF = {key: field.metadata["on_resume"] for key, field in _FIELDS.items()}
 
 
 def known_key(key: str) -> str:
     """key, or a ConfigError naming it with the keys it may have meant."""
-    if key not in _FIELDS:
-        close = [k for k in _FIELDS if key and k.startswith(key[:4])]
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ConfigError(f"{key or repr(key)}: unknown config key{hint}")
+    close = ", ".join(k for k in _FIELDS if key and k.startswith(key[:4]))
+    hint = f" (did you mean {close}?)" if close else ""
+    require(key in _FIELDS, key or repr(key), f"unknown config key{hint}")
     return key
 
 
@@ -151,17 +137,13 @@ def coerce(key: str, value):
 
 
 class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, with each mapping's keys as written and each given once.
+    """PyYAML's safe loader of an open file, with each mapping's keys as written and each given once.
 
     A key is a name: YAML's own reading of `on`, `yes`, `no`, `null` or `1` as a boolean, null
     or number (which no key's name is) would turn it into something a message cannot name, or
     fail on. PyYAML keeps the last of a key given twice in one mapping, silently dropping the
-    first; that is an error, naming the key and both lines. `path` names the file in messages.
+    first; that is an error, naming the key and both lines. Messages name the file (self.name).
     """
-
-    def __init__(self, text: str, path: Path):
-        super().__init__(text)
-        self.path = path
 
     def construct_mapping(self, node, deep=False):
         if not isinstance(node, yaml.MappingNode):
@@ -170,18 +152,16 @@ class _ConfigLoader(yaml.SafeLoader):
         for key_node, _ in node.value:  # the keys as written (a merge's, `<<: *base`, may be overridden)
             if key_node.tag != "tag:yaml.org,2002:merge":
                 key, line = self._name(key_node), key_node.start_mark.line + 1
-                if key in lines:
-                    raise ConfigError(f"{key}: set twice in {self.path} (lines {lines[key]} and {line})"
-                                      + _SECTION_HINT.get(key, ""))
+                require(key not in lines, key, f"set twice in {self.name} (lines {lines.get(key)} and {line})"
+                                               + _SECTION_HINT.get(key, ""))
                 lines[key] = line
         self.flatten_mapping(node)  # the merged keys first, so that the mapping's own win
         return {self._name(key_node): self.construct_object(value_node, deep=deep)
                 for key_node, value_node in node.value}
 
     def _name(self, key_node) -> str:
-        if not isinstance(key_node, yaml.ScalarNode):
-            raise ConfigError(f"config: {self.path} line {key_node.start_mark.line + 1}: a key must be a name, "
-                              f"not a {'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'}")
+        require(isinstance(key_node, yaml.ScalarNode), "config", f"{self.name} line {key_node.start_mark.line + 1}: "
+                f"a key must be a name, not a {'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'}")
         return key_node.value
 
 
@@ -197,7 +177,8 @@ def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     require(path.is_file(), "config", f"no such file {path}")
     try:
-        data = yaml.load(path.read_text(), lambda text: _ConfigLoader(text, path)) or {}
+        with path.open() as file:
+            data = yaml.load(file, _ConfigLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"config: {path} is not valid YAML ({first_line(e)})") from None
     require(isinstance(data, dict), "config", f"{path} must hold a mapping of keys to values")
@@ -263,15 +244,12 @@ def _indented(text: str) -> str:
 def parse_args(argv: list[str]) -> TrainConfig:
     """`[--config FILE] [--key value | --key=value ...]` -> a validated TrainConfig: the YAML files' keys (a later
     file's winning), then the command line's (the last of a key winning)."""
-    values, given = {}, {}
-    for key, value in _pairs(argv):
+    values = {}
+    for key, value in sorted(_pairs(argv), key=lambda pair: pair[0] != "config"):  # the files first, in order
         require(key is not None, value, "expected --key value or --key=value")
         require(value is not None, key if key == "config" else known_key(key), "missing value")
-        if key == "config":
-            values.update(load_yaml(value))
-        else:
-            given[key] = value
-    return TrainConfig(**{**values, **given})
+        values.update(load_yaml(value) if key == "config" else {key: value})
+    return TrainConfig(**values)
 
 
 def config_yaml(config: TrainConfig) -> str:

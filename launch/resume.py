@@ -1,41 +1,26 @@
 """Resuming: what a launch or a rollback continues from, what it loads into what, and what a changed setting means.
 
-A relaunch continues from the newest readable checkpoint of its checkpoint folder (`resume: auto`;
-a damaged newer one is set aside), from `--resume PATH` or the newest checkpoint that continued from
-it, or starts fresh (`never`, or auto with nothing to resume), once the one-history rules allow it
-(one run per out_dir, with the checkpoints its log records); a rollback continues from the newest
-checkpoint of the folder, or the one this launch resumed if newer. It loads, through the
-checkpoint's format (load_into: every rank its part, under any strategy and world size), the run's
-state: its own values and every part it registers (training/run/run.py's Run.parts; the optimizer
-with this run's settings, the EMA from the start its run kept), a checkpoint of older code converted
-to this layout first (`current_layout`). A changed setting means: another model shape or optimizer is
-refused; a checkpoint past max_steps is refused, one at it is nothing to do once its final evaluations
-ran (a stop at the last step saves before them: the relaunch then runs them, and only them; `finished`);
-any other changed key is one warning naming it and whether it changes the training math (its field's
-on_resume); changed shards are a warning.
-
 Every choice is taken by rank 0 before anything is written, and the other ranks get its answer or
 its error; the loading is a collective. The pieces, in that order below:
 
-- what a launch continues from: `choose_resume_checkpoint` resolves `resume`
-  (`find_resume_checkpoint`: auto, never, a path and its descendants), then refuses what would
-  mix two runs in one folder: a fresh start over a used out_dir (`refuse_used_out_dir`), a folder
-  or a chosen checkpoint of another run (`check_one_history`), a fresh start over a run whose
-  checkpoints went missing (`refuse_lost_history`). A run folder holds one line of history: one
-  run, named by the `run_id` a fresh start draws and its checkpoints, resumes and run.json carry;
-  each checkpoint has its own `checkpoint_id`, and `ancestry` lists the ids its run resumed from,
-  which tells the checkpoints that continued from `--resume PATH` from another run's;
-- what it loads: `resume_run` (build_run calls it), `finished`, `load_compatible_checkpoint` (`current_layout`),
-  `load_state`;
-- what a changed setting means: `check_same_optimizer`, `warn_on_changed_settings`,
-  `describe_ema_start`;
-- a rollback: `choose_rollback_checkpoint`, `roll_back` (launch/recovery.py calls it).
+- what a launch continues from (`choose_resume_checkpoint`): with `resume: auto` the newest readable
+  checkpoint of its folder (a damaged newer one is set aside), with `--resume PATH` that one or the
+  newest checkpoint that continued from it, with `never` (or auto and nothing to resume) a fresh start;
+  then what would mix two runs in one folder is refused. A run folder holds one line of history: one
+  run, named by the `run_id` a fresh start draws and its checkpoints, resumes and run.json carry; each
+  checkpoint has its own `checkpoint_id`, and `ancestry` lists the ids its run resumed from;
+- what it loads (`resume_run`): the run's own values and every part it registers (training/run/run.py's
+  Run.parts), through the checkpoint's format (every rank its part, under any strategy and world
+  size), a checkpoint of older code converted to this layout first (`current_layout`);
+- what a changed setting means: another model shape or optimizer is refused, and a checkpoint past
+  max_steps; one at it is nothing to do once its final evaluations ran (`finished`); any other changed
+  key is one warning naming it and whether it changes the training math (its field's on_resume);
+- a rollback (`roll_back`, launch/recovery.py calls it): from the newest checkpoint of the folder, or
+  the one this launch resumed if newer.
 
-The locks on out_dir and checkpoint_dir, and the owner file of a checkpoint_dir outside out_dir
-(one checkpoint folder, one run folder), are training/checkpoint/run_folder.py's: they claim the
-folders for a launch, before anything here is asked. Reading and writing a checkpoint's files is
-training/checkpoint/'s (folder.py, the formats); what a checkpoint holds of the run is the Run's
-parts and its state_dict (training/run/run.py).
+The locks on out_dir and checkpoint_dir are training/checkpoint/run_folder.py's: they claim the
+folders for a launch before anything here is asked. Reading and writing a checkpoint's files is
+training/checkpoint/'s (folder.py, the formats).
 """
 
 from __future__ import annotations
@@ -46,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.errors import CheckpointError, ConfigError, DivergedError, print_warning
-from common.settings import changes_training_math
+from common.settings import changes_training_math, require
 from data.loader import TrainLoader
 from data.mixture import changed_shards, derived_state
 from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, format_of,
@@ -109,12 +94,10 @@ def find_resume_checkpoint(folder: Location, resume: str, warn=print_warning) ->
         found = newest_readable_checkpoint(folder, warn)
         return None if found is None else (*found, "the newest checkpoint in out_dir")
     path = storage.as_location(resume)
-    if not storage.exists(path):
-        raise ConfigError(f"resume: no checkpoint file or folder at {resume!r} (use auto, never, or the path of a "
-                          f"step_XXXXXXXX.pt file or step_XXXXXXXX folder)")
+    require(storage.exists(path), "resume", f"no checkpoint file or folder at {resume!r} (use auto, never, or the "
+                                            f"path of a step_XXXXXXXX.pt file or step_XXXXXXXX folder)")
     state = load_checkpoint(path)
-    descendants = descendants_of(folder, path, state, warn)
-    if descendants:
+    if descendants := descendants_of(folder, path, state, warn):
         return descendants[-1], load_checkpoint(descendants[-1]), f"the newest checkpoint that continued from {path}"
     return path, state, "resume"
 
@@ -156,9 +139,8 @@ def refuse_used_out_dir(out_dir: Path, folder: Location) -> None:
     used = [name_of(p) for _, p in list_checkpoints(folder)][-2:]
     if (out_dir / LOG_NAME).exists():
         used.insert(0, LOG_NAME)
-    if used:
-        raise ConfigError(f"resume: {out_dir} already holds a run ({', '.join(used)}); "
-                          f"continue it with --resume auto, or give this run another out_dir")
+    require(not used, "resume", f"{out_dir} already holds a run ({', '.join(used)}); continue it with --resume auto, "
+                                f"or give this run another out_dir")
 
 
 def recorded_run_id(out_dir: str | Path) -> str | None:
@@ -181,9 +163,9 @@ def check_one_history(out_dir: str | Path, checkpoints: Location, chosen: tuple[
     """
     out_dir = Path(out_dir)
     owners = runs_in(out_dir, checkpoints)
-    if len(owners) > 1:
-        raise ConfigError(f"resume: {out_dir} holds more than one run ({describe(owners)}); one folder holds one "
-                          f"line of history: move the other run's files out, or give this run another out_dir")
+    require(len(owners) <= 1, "resume", f"{out_dir} holds more than one run ({describe(owners)}); one folder holds "
+                                        f"one line of history: move the other run's files out, or give this run "
+                                        f"another out_dir")
     if chosen is None:
         return
     path, state = chosen
@@ -200,8 +182,7 @@ def check_one_history(out_dir: str | Path, checkpoints: Location, chosen: tuple[
 def runs_in(out_dir: Path, checkpoints: Location) -> dict[str, str]:
     """run_id -> what carries it (for a message): run.json's, then each readable checkpoint's."""
     owners: dict[str, str] = {}
-    recorded = recorded_run_id(out_dir)
-    if recorded:
+    if recorded := recorded_run_id(out_dir):
         owners[recorded] = f"{RUN_RECORD} and {LOG_NAME}"
     for _, path in list_checkpoints(checkpoints):
         try:
@@ -245,8 +226,7 @@ def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> Non
         raise ConfigError(f"resume: {out_dir} holds a run that saved checkpoints ({'; '.join(found)}), but there is "
                           f"none to resume in {checkpoints}; starting over would replace its log: point "
                           f"--checkpoint_dir or --resume at its checkpoints, or give this run another out_dir")
-    steps = [r["step"] for r in records if r.get("kind") == "train"]
-    if steps:
+    if steps := [r["step"] for r in records if r.get("kind") == "train"]:
         warn(f"{out_dir} holds the log of a launch that saved no checkpoint (steps {min(steps)}-{max(steps)}): "
              f"starting that run over, and its log with it")
 
@@ -273,8 +253,7 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
     for change in load_state(run, state, path):
         logger.warn(f"since {path} was written, {change}")
     run.resumed_from, run.resumed_step = path, run.step
-    moved = moved_position(run.train_loader, state["config"], run.step + run.data_offset)
-    if moved:
+    if moved := moved_position(run.train_loader, state["config"], run.step + run.data_offset):
         logger.warn(f"{moved} since {path} was written")
     if run.ema is not None:
         describe_ema_start(run, state["ema_state"], cfg.ema, max_steps, path, logger.warn)
@@ -390,8 +369,7 @@ def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str]
     if not keys:
         return
     changed = ", ".join(f"{key} {saved[key]!r} -> {now[key]!r}" for key in keys)
-    math = [key for key in keys if changes_training_math(ON_RESUME_OF[key], now)]
-    if math:
+    if math := [key for key in keys if changes_training_math(ON_RESUME_OF[key], now)]:
         effect = (f"{', '.join(math)} {'changes' if len(math) == 1 else 'change'} the training math: the steps "
                   f"after the resume differ from an uninterrupted run")
     else:

@@ -66,6 +66,7 @@ from data.manifest import (  # noqa: E402
 from data.shards import ShardWriter, open_shard  # noqa: E402
 from data.tokenizer import BPE_RANKS_SHA256, EOT_TOKEN, get_tokenizer  # noqa: E402
 from common.errors import ArgumentParser, ConfigError, DataError, ReproError, print_warning, run_cli  # noqa: E402
+from common.settings import require  # noqa: E402
 
 HUB_DATASET = "HuggingFaceFW/fineweb-edu"
 HUB_SUBSET = "sample-10BT"
@@ -546,8 +547,7 @@ def prepare(source, out: Path, prefix: str, settings: dict, num_proc: int, overw
     run = json.loads(json.dumps({"source": source.identity, "settings": {"prefix": prefix, **settings},
                                  "tokenizer_sha256": BPE_RANKS_SHA256}))  # as it reads back from JSON
     record = start_or_resume(out, prefix, run, overwrite)
-    others = sorted({*out.glob("*_val_*.npy"), *out.glob("*_train_*.npy")} - set(prep_files(out, prefix)))
-    if others:
+    if others := sorted({*out.glob("*_val_*.npy"), *out.glob("*_train_*.npy")} - set(prep_files(out, prefix))):
         print_warning(f"{out} also holds shards of another prefix ({others[0].name}, ...); "
                       f"the trainer reads every *_train_*.npy and *_val_*.npy in it")
 
@@ -623,10 +623,9 @@ def main(argv: list[str]) -> int:
                         help="first delete this prefix's shards, progress and manifest in --out")
     args = parser.parse_args(argv)
     for name in ("shard_size", "val_size", "num_proc"):
-        if getattr(args, name) is not None and getattr(args, name) <= 0:
-            raise ConfigError(f"--{name}: must be positive, got {getattr(args, name)}")
-    if args.max_tokens < 0:
-        raise ConfigError(f"--max_tokens: must be 0 (all) or positive, got {args.max_tokens}")
+        require(getattr(args, name) is None or getattr(args, name) > 0, f"--{name}",
+                f"must be positive, got {getattr(args, name)}")
+    require(args.max_tokens >= 0, "--max_tokens", f"must be 0 (all) or positive, got {args.max_tokens}")
 
     if args.input:
         out = Path(args.out or REPO / "data" / "local")

@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
             trainer_args = [*trainer_args, "--data_dir", str(work / "data")]
         bench_args = ["--out_dir", str(work / "run"), "--max_steps", str(total_steps),
                       "--val_tokens", str(user_data.seq_len * user_data.micro_batch_size), *quiet]
-        code = train_gpt2.cli(bench_args + trainer_args)  # the user's keys come last and win
+        code = run_cli(train_gpt2.main, bench_args + trainer_args)  # the user's keys come last and win
         if code != 0 or rank != 0:
             return code
         cfg = parse_args(bench_args + trainer_args)

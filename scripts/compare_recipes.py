@@ -118,8 +118,7 @@ def tables(rows: list[dict], runs: dict[tuple[str, int], Path], seeds: list[int]
         speedup = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
         lines.append(f"| {r['seed']} | {r['faithful_final_val']:.4f} | {r['modern_final_val']:.4f} | "
                      f"{r['faithful_steps']} | {r['modern_steps'] or 'not reached'} | {speedup} |")
-    speedups = [r["speedup"] for r in rows if r["speedup"]]
-    if speedups:
+    if speedups := [r["speedup"] for r in rows if r["speedup"]]:
         lines.append(f"\nMean speed-up over {len(speedups)} seed(s): {statistics.mean(speedups):.2f}x "
                      f"(min {min(speedups):.2f}x, max {max(speedups):.2f}x).")
     group = {recipe: [runs[recipe, seed] for seed in seeds] for recipe in RECIPES}

@@ -74,8 +74,7 @@ def load_definitions(path: Path) -> types.ModuleType:
                            warmup_steps=schedule.warmup_steps, max_steps=schedule.max_steps)
     body = ast.Module(body=[node for node in tree.body if wanted(node)], type_ignores=[])
     exec(compile(body, str(path), "exec"), module.__dict__)
-    missing = [name for name in NEEDED if name not in module.__dict__]
-    if missing:
+    if missing := [name for name in NEEDED if name not in module.__dict__]:
         raise SystemExit(f"error: {path} defines no {', '.join(missing)}: not build-nanogpt's train_gpt2.py?")
     return module
 

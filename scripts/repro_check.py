@@ -299,8 +299,7 @@ def verdict(comparison: dict | None) -> str:
 def markdown(report: dict) -> str:
     md = [f"## Reproducibility (scripts/repro_check.py): {report['model']}, {report['steps']} steps, "
           f"{report['device']}", ""]
-    runs = report.get("runs", [])
-    if runs:
+    if runs := report.get("runs", []):
         default_ms = next((statistics.mean(r["ms_per_step"].values()) for r in runs
                            if r["mode"] == "default" and r["ms_per_step"]), None)
         md += ["| mode | two straight runs | straight vs resumed | ms/step | cost | errors |",

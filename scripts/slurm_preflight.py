@@ -91,8 +91,7 @@ def gpus_asked() -> int:
     """The GPUs the job asked Slurm for on this node (0: none): SLURM_GPUS_ON_NODE, else --gpus-per-node's
     SLURM_GPUS_PER_NODE, whose count may come with its type (a100:8), or be one per type (a100:4,h100:4)."""
     for name in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
-        value = os.environ.get(name, "")
-        if value:
+        if value := os.environ.get(name, ""):
             try:
                 return sum(int(item.rsplit(":", 1)[-1]) for item in value.split(","))
             except ValueError:
@@ -120,8 +119,7 @@ def check_shared(key: str, folder: Path, node: str, node_id: int, nodes: int, at
         (meeting / f"wrote_{node_id}").write_text(node)
     except OSError as e:
         raise ConfigError(f"{key} {folder}: not writable on node {node} ({e.strerror or e})") from None
-    missing = wait_for(meeting, "wrote", nodes)
-    if missing:
+    if missing := wait_for(meeting, "wrote", nodes):
         raise ConfigError(f"{key} {folder}: not shared between the job's nodes: node {node} sees no file from "
                           f"node(s) {', '.join(map(str, missing))} after {SHARED_WAIT_S:.0f} s; put it on a "
                           f"filesystem every node mounts")
@@ -133,8 +131,7 @@ def check_shared(key: str, folder: Path, node: str, node_id: int, nodes: int, at
 
 def check_not_node_local(key: str, folder: Path, node: str) -> None:
     """A job of one node meets no other node in folder: refuse a folder that its filesystem says is this node's own."""
-    where = node_local(folder)
-    if where:
+    if where := node_local(folder):
         raise ConfigError(f"{key} {folder}: {where} of node {node}: a requeue (the time limit, a preemption, a node "
                           f"failure) may start this job on another node, which would find neither its checkpoints "
                           f"nor its log; put it on a filesystem every node mounts")

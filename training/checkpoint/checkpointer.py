@@ -263,8 +263,7 @@ class Checkpointer:
         cause = e
         # DCP reports the failures of every rank together; an OSError says what went wrong (torch.save's
         # zip writer turns a failed write into an opaque size mismatch on the rank it hit), else the first
-        failures = getattr(e, "failures", None)
-        if failures:
+        if failures := getattr(e, "failures", None):
             causes = [f[0] if isinstance(f, tuple) else f for f in failures.values()]  # (exception, traceback)
             cause = next((c for c in causes if isinstance(c, OSError)), causes[0])
         reason = getattr(cause, "strerror", None) or first_line(cause)

@@ -38,7 +38,6 @@ class FileFormat(CheckpointFormat):
     name = "file"
     suffix = ".pt"
 
-
     def lives_at(self, folder: Location) -> bool:
         # a .pt file at a URL is no checkpoint this code reads (one copied there would be set aside as unreadable)
         return not storage.is_url(folder)

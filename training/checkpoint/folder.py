@@ -2,14 +2,7 @@
 
 The checkpoint folder is `out_dir/checkpoints` unless `checkpoint_dir` names another place (a
 local path or an fsspec URL, see training/core/storage.py). A checkpoint `step_s` holds the state
-after s optimizer updates (training/checkpoint/format.py says what it holds), in one of two
-formats, each a class behind the interface of training/checkpoint/format.py:
-
-- file (training/checkpoint/file_format.py): one `.pt` written by rank 0; it loads with
-  `torch.load(weights_only=True)`, and is never half-written.
-- sharded (training/checkpoint/sharded_format.py): a folder that every rank writes its part of,
-  possibly in the background; complete once its commit file is there.
-
+after s optimizer updates, in one of two formats (training/checkpoint/format.py says what they hold).
 `format_of` (a path) and FORMATS (by name: the checkpoint_format a run writes, auto resolved by
 training/checkpoint/checkpointer.py's CheckpointSettings) are the only places that tell them
 apart. Everything here takes both: listing, "newest readable", retention, and the readers

@@ -88,8 +88,7 @@ def adopt_checkpoint_folder(checkpoints: Location, out_dir: str | Path, console)
     and every check that could refuse the launch has passed. A checkpoint_dir outside out_dir gets
     its owner file, naming the run folder.
     """
-    removed = remove_stale_temp_files(checkpoints)
-    if removed:
+    if removed := remove_stale_temp_files(checkpoints):
         console(f"removed what {len(removed)} interrupted checkpoint save(s) left: "
                 f"{', '.join(name_of(p) for p in removed)}")
     if not inside(checkpoints, out_dir) and not storage.exists(storage.join(checkpoints, OWNER_NAME)):

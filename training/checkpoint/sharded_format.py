@@ -168,11 +168,6 @@ def _part_problem(location: Location, index) -> str | None:
     return None
 
 
-def uncommit(location: Location) -> None:
-    """The first step of deleting a checkpoint: from now on it is incomplete, whatever happens next."""
-    storage.remove(storage.join(location, COMMIT_NAME))
-
-
 def read_commit(location: Location) -> dict:
     """The commit file's entries, plus `tensor_entries`: the tensor entries that the DCP files hold.
 
@@ -234,7 +229,6 @@ class ShardedFormat(CheckpointFormat):
     suffix = ""
     writes_in_background = True
 
-
     def is_complete(self, path: Location) -> bool:
         return is_complete(path)
 
@@ -242,7 +236,7 @@ class ShardedFormat(CheckpointFormat):
         return self.step_of(storage.name_of(path)) is not None and not is_complete(path)
 
     def delete(self, path: Location) -> None:
-        uncommit(path)  # first: a deletion cut short leaves no 'complete' half
+        storage.remove(storage.join(path, COMMIT_NAME))  # first: from now on it is incomplete, whatever happens next
         storage.remove(path)
 
     def save(self, run: TrainingState, path: Location, metadata: dict, asynchronous: bool = False,

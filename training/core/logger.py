@@ -17,12 +17,11 @@ samples' text), and hides the values of the dropped records, so each step shows 
 in the log. W&B gets every record as one row, at W&B's own step (which only goes forward) with
 the training step as `trainer/step`, the x-axis of the charts; W&B cannot drop the rows of the
 redone steps, so a `rewind/to_step` row marks where they stop counting (see _wandb_log).
-
-LoggingSettings (at the end) is the config's logging section: the console, TensorBoard and W&B keys.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -52,10 +51,8 @@ def read_log(path: str | Path) -> list[dict]:
     records = []
     with open(path) as f:
         for line in f:
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 records.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
     return records
 
 
@@ -307,16 +304,12 @@ class RunLogger:
 
     def close(self) -> None:
         if self._jsonl is not None:
-            try:
+            with contextlib.suppress(OSError):  # its failure was reported when the record was written
                 self._jsonl.close()
-            except OSError:
-                pass  # its failure was reported when the record was written
             self._jsonl = None
         if self.tensorboard is not None:
-            try:
-                self.tensorboard.close()  # flushes the events
-            except OSError:
-                pass  # its failure was reported when the record was written
+            with contextlib.suppress(OSError):  # flushes the events; a failure was reported when a record was written
+                self.tensorboard.close()
             self.tensorboard = None
         if self.wandb_run is not None:
             self.wandb_run.finish()

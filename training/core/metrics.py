@@ -56,9 +56,7 @@ def model_flops_utilization(flops_per_token: float, tokens_per_sec: float, world
     world_size counts every device of the run (env.world_size), not the data-parallel size: a
     replica split over several devices (tensor parallel) still has the peak of all of them.
     """
-    if not peak_flops:
-        return None
-    return flops_per_token * tokens_per_sec / (peak_flops * world_size)
+    return flops_per_token * tokens_per_sec / (peak_flops * world_size) if peak_flops else None
 
 
 _IMPORTED = time.time()  # the fallback launch time where /proc is missing: close after the first imports

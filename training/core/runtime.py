@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import ConfigError
+from common.settings import require
 from training.core.metrics import detect_peak_flops
 
 # The fused chunked lm_head + cross-entropy never holds the (B*T, V) logits: at B=64, T=1024
@@ -118,16 +119,14 @@ def pick_device(requested: str, local_rank: int = 0) -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if requested.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ConfigError(f"device: {requested} requested but CUDA is not available")
+        require(torch.cuda.is_available(), "device", f"{requested} requested but CUDA is not available")
         try:
             return torch.device("cuda", local_rank) if requested == "cuda" else torch.device(requested)
         except RuntimeError:
             raise ConfigError(f"device: unknown device {requested!r}; choose auto, cuda, cuda:N, mps or cpu") from None
-    if requested == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("device: mps requested but MPS is not available")
-    if requested not in ("cpu", "mps"):
-        raise ConfigError(f"device: unknown device {requested!r}; choose auto, cuda, cuda:N, mps or cpu")
+    require(requested != "mps" or torch.backends.mps.is_available(), "device", "mps requested but MPS is not available")
+    require(requested in ("cpu", "mps"), "device",
+            f"unknown device {requested!r}; choose auto, cuda, cuda:N, mps or cpu")
     return torch.device(requested)
 
 

@@ -9,7 +9,6 @@ which this floor holds and which itself imports the core's Runtime.
 
 from __future__ import annotations
 
-
 from common.settings import OrNone, Settings, dropout_on, option, require, section
 from training.core.runtime import Runtime, resolve_runtime
 from training.distributed.strategies import STRATEGIES, strategies_help

@@ -17,14 +17,11 @@ so a run can resume under another strategy or world size. Gradient accumulation 
 gradients before the last micro-step (DDP's no_sync, FSDP's set_requires_gradient_sync);
 gradient clipping uses the global norm.
 
-What the rest of the trainer reads of a strategy is its data-parallel view (dp_rank and dp_size:
-the loaders, the evaluation shards and grad_accum_steps use them, never env.rank; mesh) and its
-class attributes (name, help, default_checkpoint_format, forwards_are_collective:
-the config checks and the evaluations use them, never the strategy's name). So another strategy
-whose every rank is a data-parallel replica (a DDP or FSDP variant) is one Strategy subclass and
-one entry in STRATEGIES. One whose replicas span several ranks (tensor or context
-parallel: dp_size < world size) also needs the model split, and the evaluations' all-reduces
-(val loss sums, HellaSwag counts), which sum over every rank, made to count each replica once.
+What the rest of the trainer reads of a strategy is its data-parallel view (dp_rank, dp_size, mesh)
+and its class attributes, never its name. So another strategy whose every rank is a data-parallel
+replica is one Strategy subclass and one entry in STRATEGIES; one whose replicas span several ranks
+(tensor or context parallel) also needs the model split, and the evaluations' all-reduces (val loss
+sums, HellaSwag counts) made to count each replica once.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Diagnostics of a long run: a profiler window, CUDA memory snapshots, the ranks' timings.
 
 Three independent pieces, each off unless its key of the diagnostics section (DiagnosticsSettings)
-turns it on, and a small bundle (`Diagnostics`) that drives all three from the training loop in a
-few lines. Each is made from its section (DiagnosticsSettings, at the end: kept as `settings`) and
-the launch's Context (training/core/context.py); the files go into the run folder (out_dir, the
-run section's key, passed as a value).
-
-- `ProfileWindow` (profile_from, profile_steps): torch.profiler over a few steps, one Chrome
-  trace per rank in out_dir/profile/ (open it in https://ui.perfetto.dev or chrome://tracing).
-- `MemorySnapshot` (memory_snapshot, CUDA only): every allocation of the first steps recorded,
-  one snapshot per rank in out_dir/memory/ (and one on out-of-memory), for
-  https://pytorch.org/memory_viz.
-- `RankStats` (rank_stats_interval, straggler_factor): each rank times its own compute and its
-  waits for data, every interval the ranks share their means in ONE small all-gather, rank 0
-  logs a `ranks` record, and a rank that stays slower than the others is named in a warning.
-
-None of them synchronises with the host inside a step: CUDA timings are events read at the
-interval, the profiler and the snapshots write only at their window's end. What each method
-expects from the loop is in its docstring; `Diagnostics` says where the trainer calls it.
+turns it on: ProfileWindow (a torch.profiler trace per rank), MemorySnapshot (every CUDA allocation
+of the first steps) and RankStats (each rank's compute and data-wait times, shared at an interval,
+a straggler named); `Diagnostics` drives the three from the training loop. Their files go into the
+run folder (out_dir). None of them synchronises with the host inside a step: CUDA timings are
+events read at the interval, the profiler and the snapshots write only at their window's end.
 Nothing here is checkpointed: diagnostics are not part of a run's course.
 """
 
@@ -144,10 +132,8 @@ class ProfileWindow:
     def _close_region(self) -> None:
         if self._region is not None:
             region, self._region = self._region, None
-            try:
+            with contextlib.suppress(Exception):  # a region the profiler already closed
                 region.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001 - a region the profiler already closed
-                pass
 
     def _finish(self, last_step: int) -> None:
         profiler, self._profiler = self._profiler, None
@@ -434,20 +420,9 @@ class RankStats:
 
 
 class Diagnostics:
-    """The three diagnostics, driven from the training loop; each is off unless configured.
-
-    In train_gpt2.py's train(), after the training model is made (every rank; a collective):
-        diagnostics = Diagnostics(cfg.diagnostics, ctx, cfg.run.out_dir, cfg.schedule.max_steps)
-        diagnostics.watch(model)                      # model: the training model the step calls
-    around take_step (step = run.step before it):
-        diagnostics.step_started(run.step)
-        result = take_step(...)                       # times its waits for batches: result.data_wait
-        diagnostics.step_finished(run.step - 1, result.data_wait)  # every rank; at the interval a collective
-    in `except torch.OutOfMemoryError:` around take_step, before re-raising:
-        diagnostics.out_of_memory(run.step)
-    in the loop's `finally`:
-        diagnostics.close()
-    """
+    """The three diagnostics, driven from the training loop (train_gpt2.py's train()); each is off unless configured.
+    Made on every rank once the training model is (a collective: the host names), which watch() then times; each
+    step runs in `with diagnostics.step(step)`, then step_finished(step, data_wait); close() in the loop's finally."""
 
     def __init__(self, settings: DiagnosticsSettings, ctx: Context, out_dir: str, max_steps: int):
         """settings: the diagnostics section; out_dir: the run folder the files go into (run section);
@@ -471,7 +446,7 @@ class Diagnostics:
         try:
             yield
         except torch.OutOfMemoryError:
-            self.out_of_memory(step)
+            self.memory.out_of_memory(step)
             raise
 
     def step_started(self, step: int) -> None:
@@ -487,9 +462,6 @@ class Diagnostics:
         self.memory.step_finished(step)
         self.profile.step_finished(step)
         self.ranks.maybe_share(step)
-
-    def out_of_memory(self, step: int | None = None) -> None:
-        self.memory.out_of_memory(step)
 
     def close(self) -> None:
         """Once, in a finally: the profile window and a memory recording still open are written."""

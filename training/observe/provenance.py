@@ -45,14 +45,9 @@ def provenance(ctx: Context, argv: list[str], data_fingerprint: str, run_id: str
         "command": shlex.join([Path(sys.argv[0]).name, *argv]),
         "config_sha256": hashlib.sha256(config_yaml.encode()).hexdigest(),  # the whole configuration
         "data_fingerprint": data_fingerprint,
-        "kernel_env": kernel_environment(),
+        "kernel_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(KERNEL_ENV_PREFIXES)},
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-
-
-def kernel_environment() -> dict[str, str]:
-    """The set environment variables that can change which kernels run, or their rounding (sorted)."""
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(KERNEL_ENV_PREFIXES)}
 
 
 def git_state(folder: Path) -> tuple[str | None, bool | None]:

@@ -57,11 +57,6 @@ class EMASettings(Settings):
         return math.floor(self.ema_start * max_steps)
 
 
-def average_dtype(p: torch.Tensor) -> torch.dtype:
-    """float32, or the parameter's own dtype where that is wider (float64 runs)."""
-    return torch.promote_types(p.dtype, torch.float32)
-
-
 class WeightAverage:
     """The EMA of a model's parameters (see the module docstring). Every rank holds one and does the same work."""
 
@@ -91,7 +86,8 @@ class WeightAverage:
     @torch.no_grad()
     def allocate(self, model: torch.nn.Module) -> None:
         """The average set to the model's weights (each laid out like its parameter)."""
-        self.average = {name: p.detach().to(dtype=average_dtype(p), copy=True)
+        # float32, or the parameter's own dtype where that is wider (float64 runs)
+        self.average = {name: p.detach().to(dtype=torch.promote_types(p.dtype, torch.float32), copy=True)
                         for name, p in model.named_parameters()}  # a tied weight once, under its first name
 
     # --- state: the checkpoint's ema_state entry (this), and its ema entry (AverageTensors) -----------

@@ -15,9 +15,6 @@ The training loop sets every group's "lr" to the schedule's value, in max_lr's u
 (training/run/step.py). Each group carries its own peak lr as "base_lr" (max_lr for the AdamW
 groups, muon_lr for Muon's), and the update uses lr * base_lr / max_lr: the schedule scales both
 optimizers alike, and the AdamW groups get the schedule's value exactly (base_lr / max_lr is 1).
-
-OptimizerSettings (below) is the config's optimizer section: its keys and their rules (max_lr, the
-peak of every group, is the schedule's: training/optim/schedule.py).
 """
 
 from __future__ import annotations

@@ -8,8 +8,6 @@ wsd     warmup-stable-decay: the same linear warmup, max_lr held constant, then 
 
 The value is in max_lr's units: the optimizer groups whose base lr is not max_lr (Muon's,
 training/optim/optimizers.py) scale it by their base lr / max_lr.
-
-ScheduleSettings (below) is the config's schedule section: its keys, their rules, and lr(step).
 """
 
 from __future__ import annotations

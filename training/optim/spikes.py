@@ -11,12 +11,9 @@ on the step's one host synchronisation (training/run/lockstep.py). The loss is a
 gradient norm global, so every rank judges the same values the same way. The window, the skips
 in a row and the rollback count are part of the run's state (checkpoints), so a resumed run
 skips exactly the steps a straight one skips.
-
-LongRunSettings (below) is the config's long-run section: the spike and rollback keys and their rules.
 """
 
 from __future__ import annotations
-
 
 import torch
 

@@ -138,11 +138,6 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     return torch.cuda.mem_get_info(device)
 
 
-def reserved_bytes(device: torch.device) -> int:
-    """Bytes the caching allocator holds now (0 off CUDA)."""
-    return torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
-
-
 def later_state_bytes(model: torch.nn.Module, ddp_buckets: bool) -> int:
     """What the run allocates after the probes that they do not: the optimizer state (AdamW: two moments
     per parameter of this rank; Muon keeps less), and DDP's gradient buckets (one more gradient's worth)."""
@@ -219,7 +214,7 @@ def search_with_probe_model(ctx: Context, strategy: Strategy, candidates: list[i
     def probe(size: int) -> int:
         reset_compiler(runtime.compile)  # each size compiled afresh: no dynamic shapes, no recompile limit
         x = torch.zeros((size, seq_len), dtype=torch.long, device=device)
-        before = reserved_bytes(device)
+        before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0  # what the allocator holds
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout draws

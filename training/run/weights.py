@@ -10,7 +10,6 @@ row, see hf_interop/convert.fit_to_model for why not zeros.
 
 from __future__ import annotations
 
-
 from common.errors import ConfigError
 from common.settings import OrNone, Settings, option, require, section
 from hf_interop.convert import HFInteropError, load_hf_into
