@@ -10,6 +10,7 @@ until stopped, or FAKE_HEALTH_CHECK_S; the trainer until a USR1 or TERM, which i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -168,3 +169,24 @@ def test_an_array_task_asks_and_requeues_itself_not_its_array(tmp_path):
     status, out, err = job.finish()
     assert status == 0 and err == "", (out, err)
     assert job.calls()[-1] == "requeue 5_1" and out.rstrip().endswith("requeued job 5_1"), out
+
+
+def test_signals_that_keep_coming_while_it_requeues_change_nothing_it_does(tmp_path):
+    """Slurm TERMs the batch script of a job it has just requeued, and a scancel or a preemption may add more. Bash
+    (5.2) that runs a trap while it parses a $(...) loses that command with 'unexpected EOF while looking for
+    matching )': the 'requeued job' line went missing in a real Slurm so, and the requeue itself could have. The
+    flood here, a thousand signals or more, also made bash crash mid-trap, leaving the rendezvous store running."""
+    job = Job(tmp_path, FAKE_HEALTH_CHECK_S="0")
+    job.wait_until_running("torchrun")
+    job.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + guard(20)
+    while not (tmp_path / "requeued").exists() and time.monotonic() < deadline:
+        pass  # no sleep: the storm must begin while the script still runs
+    sent = 0
+    while job.proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(job.proc.pid, (signal.SIGTERM, signal.SIGUSR1)[sent % 2])
+            sent += 1
+    status, out, err = job.finish()
+    assert status == 0 and err == "", (sent, out, err)
+    assert out.rstrip().endswith("requeued job 5") and job.calls()[-1] == "requeue 5", (sent, out)
