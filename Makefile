@@ -87,7 +87,7 @@ test: install lint
 	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10 -m "not slurm and not smoke"
 
 # `make smoke` run for real through make, into a temporary SMOKE_DIR, and its run folder checked
-# (tests/test_smoke.py); about 30 s on 2 idle CPU cores.
+# (tests/test_smoke.py); about 10 s on 2 idle CPU cores.
 test-smoke: install
 	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m smoke tests/test_smoke.py
 
