@@ -17,7 +17,7 @@ endif
 # keeping it mapped makes CPU training (the demo) about 1.7x faster.
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
 
-.PHONY: install demo smoke pictures test test-fast test-slurm lint lock clean-demo
+.PHONY: install demo smoke pictures test test-fast test-smoke test-slurm lint lock clean-demo
 
 # requirements.txt holds lower bounds; requirements.lock the exact versions CI passed with
 $(VENV)/.installed: requirements.txt requirements.lock
@@ -81,10 +81,15 @@ endif
 # Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once.
 XDIST := -n 2 --dist loadfile
 
-# everything but the Slurm scenarios (CI runs those next); about 6 minutes on 2 idle CPU cores. The 10
-# slowest tests are listed, so growth shows.
+# everything but `make smoke` run for real and the Slurm scenarios (CI runs those next); about 6 minutes on 2
+# idle CPU cores. The 10 slowest tests are listed, so growth shows.
 test: install lint
-	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10 -m "not slurm"
+	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10 -m "not slurm and not smoke"
+
+# `make smoke` run for real through make, into a temporary SMOKE_DIR, and its run folder checked
+# (tests/test_smoke.py); about 10 s on 2 idle CPU cores.
+test-smoke: install
+	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m smoke tests/test_smoke.py
 
 # scripts/slurm.sbatch submitted to a real Slurm on this machine (tests/test_slurm.py: munge, slurmctld and
 # two slurmd, started and stopped by the tests); installs Debian's Slurm and munge first where they are

@@ -2,8 +2,9 @@
 
 The target runs torchrun on 2 ranks with configs/gpt2_124m.yaml as it is, shrunk on the command line (the
 Makefile says which keys and why), on a data folder it prepares from the repository's own text. Here it runs
-for real through make, into a temporary SMOKE_DIR, with the environment this test runs in (make's install
-step is taken as done: it would reach the network).
+for real through make (pytest marker `smoke`: `make test-smoke`, which CI runs after `make test`), into a
+temporary SMOKE_DIR, with the environment this test runs in (make's install step is taken as done: it would
+reach the network).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def test_the_smoke_target_runs_the_documented_124m_launch():
     assert " ".join(launch) in readme, launch
 
 
+@pytest.mark.smoke
 @pytest.mark.slow  # make, prep and torchrun on 2 ranks
 def test_make_smoke_trains_the_shrunk_124m_config_on_two_ranks(tmp_path):
     venv = Path(sys.executable).parent.parent  # this test's environment stands in for make's .venv
