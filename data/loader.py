@@ -187,15 +187,23 @@ def batches_that_fit(total_batch_size: int, seq_len: int, micro_batch_size: int,
     advice = (f"on {ranks} with micro_batch_size {micro_batch_size}, total_batch_size "
               f"{' or '.join(str(t) for t in totals)} works "
               f"(grad_accum_steps {' or '.join(str(t // step) for t in totals)})")
-    rows = total_batch_size // seq_len
-    if rows % world_size:
-        return advice + (f"; no micro_batch_size works for {total_batch_size} itself, whose {rows} rows of seq_len "
-                         f"{seq_len} do not split over {ranks}")
-    per_rank = rows // world_size
-    largest = max(b for b in range(1, micro_batch_size) if per_rank % b == 0)  # 1 always divides
+    sizes = candidate_sizes(total_batch_size, seq_len, world_size)
+    if not sizes:
+        return advice + (f"; no micro_batch_size works for {total_batch_size} itself, whose "
+                         f"{total_batch_size // seq_len} rows of seq_len {seq_len} do not split over {ranks}")
+    largest = max(b for b in sizes if b < micro_batch_size)  # 1 always is one
     return advice + (f"; or keep {total_batch_size} with micro_batch_size {largest} "
-                     f"(grad_accum_steps {per_rank // largest})")
+                     f"(grad_accum_steps {sizes[-1] // largest})")
 
+
+def candidate_sizes(total_batch_size: int, seq_len: int, dp_size: int) -> list[int]:
+    """The micro-batches that keep grad_accum_steps whole, ascending: the divisors of the rows each rank
+    reads per step (total_batch_size / seq_len / dp_size); none when the rows do not split over the ranks."""
+    rows = total_batch_size // seq_len
+    if total_batch_size % seq_len or rows % dp_size:
+        return []
+    per_rank = rows // dp_size
+    return [b for b in range(1, per_rank + 1) if per_rank % b == 0]
 
 
 def nearest_multiples(value: int, unit: int) -> list[int]:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.errors import ConfigError, ReproError
-from data.loader import nearest_multiples
+from data.loader import candidate_sizes, nearest_multiples
 from data.mixture import DataSettings
 from model import GPTConfig
 from training.core.process_group import DistEnv, as_repro_error, raise_first_error
@@ -50,16 +50,6 @@ from training.distributed.strategies import Strategy, local_nbytes
 
 HEADROOM = 0.10  # of the GPU's total memory, left free beyond the probe's peak (allocator fragmentation, evals)
 FAILED = -1  # a rank's vote when its search raised: every rank stops
-
-
-def candidate_sizes(total_batch_size: int, seq_len: int, dp_size: int) -> list[int]:
-    """The micro-batches that keep grad_accum_steps whole, ascending: the divisors of the rows each rank
-    reads per step (total_batch_size / seq_len / dp_size); none when the rows do not split over the ranks."""
-    rows = total_batch_size // seq_len
-    if total_batch_size % seq_len or rows % dp_size:
-        return []
-    per_rank = rows // dp_size
-    return [b for b in range(1, per_rank + 1) if per_rank % b == 0]
 
 
 @dataclass
