@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evals.stats import CONFIDENCE, t_quantile, t_two_sided
+from evals.stats import CONFIDENCE, t_test
 
 ALPHA_RANGE = (1e-3, 3.0)  # the exponents searched; one at either end is reported as at its bound
 GRID = np.geomspace(*ALPHA_RANGE, 241)  # adjacent exponents 3.4% apart: refinement only polishes the best one
@@ -233,7 +233,5 @@ def trend(x, y, confidence: float = CONFIDENCE) -> Trend:
     if n < 3:
         return Trend(slope, intercept, None, None, n)
     se = math.sqrt(float(((y - intercept - slope * x) ** 2).sum()) / (n - 2) / sxx)
-    if se == 0:
-        return Trend(slope, intercept, Interval(slope, slope), 1.0 if slope == 0 else 0.0, n)
-    half = t_quantile(0.5 + confidence / 2, n - 2) * se
-    return Trend(slope, intercept, Interval(slope - half, slope + half), t_two_sided(slope / se, n - 2), n)
+    (low, high), _, p = t_test(slope, se, n - 2, confidence)
+    return Trend(slope, intercept, Interval(low, high), p, n)

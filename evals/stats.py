@@ -132,7 +132,7 @@ class Difference:
     n_b: int
 
 
-def _test(diff: float, se: float, df: float, confidence: float) -> tuple[tuple[float, float], float, float]:
+def t_test(diff: float, se: float, df: float, confidence: float) -> tuple[tuple[float, float], float, float]:
     """(interval, t, p) of a difference with standard error se and df degrees of freedom. Zero spread (se 0):
     the interval is the difference itself and p is 1 for no difference, else 0 (every value says it)."""
     if se == 0:
@@ -160,7 +160,7 @@ def welch(a: list[float], b: list[float], confidence: float = CONFIDENCE) -> Dif
     va, vb = ma.sd ** 2 / ma.n, mb.sd ** 2 / mb.n  # the squared standard errors of the two means
     se = math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va ** 2 / (ma.n - 1) + vb ** 2 / (mb.n - 1)) if se > 0 else ma.n + mb.n - 2
-    interval, t, p = _test(diff, se, df, confidence)
+    interval, t, p = t_test(diff, se, df, confidence)
     return Difference(ma.value, mb.value, diff, interval, t, df, p, "welch", ma.n, mb.n)
 
 
@@ -173,7 +173,7 @@ def paired(a: list[float], b: list[float], confidence: float = CONFIDENCE) -> Di
     ma, mb = math.fsum(a) / len(a), math.fsum(b) / len(b)
     if d.n < 2:
         return Difference(ma, mb, d.value, None, None, None, None, "paired", d.n, d.n)
-    interval, t, p = _test(d.value, d.sd / math.sqrt(d.n), d.n - 1, confidence)
+    interval, t, p = t_test(d.value, d.sd / math.sqrt(d.n), d.n - 1, confidence)
     return Difference(ma, mb, d.value, interval, t, d.n - 1, p, "paired", d.n, d.n)
 
 
