@@ -79,7 +79,7 @@ from evals.stats import format_p
 from model import GPT, PRESETS, GPTConfig
 from training.core.logger import LOG_NAME, read_log, write_text_file
 from training.core.metrics import PEAK_BF16_FLOPS, peak_flops_for
-from launch.config import TrainConfig, coerce, config_yaml, known_key, load_yaml
+from launch.config import TrainConfig, coerce, config_yaml, load_yaml
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure  # matplotlib loads where a picture is drawn, not for --dry_run
@@ -140,10 +140,9 @@ class Rung:
     check: bool  # the next size, trained by --check
 
     def describe(self) -> dict:
-        return {"name": self.name, "size": self.size.label, "n_layer": self.n_layer, "n_head": self.n_head,
-                "n_embd": self.n_embd, "recipe": self.recipe, "seed": self.seed,
-                "params": self.params, "flops_per_token": self.flops_per_token, "max_steps": self.max_steps,
-                "tokens": self.tokens, "flops": self.flops, "check": self.check}
+        """Every field but the config, the size by its label (what ladder.json keeps; redraw() reads it back)."""
+        return {f.name: self.size.label if f.name == "size" else getattr(self, f.name)
+                for f in dataclasses.fields(self) if f.name != "config"}
 
 
 def model_figures(model_config: GPTConfig, seq_len: int) -> tuple[int, int]:
@@ -171,7 +170,7 @@ def parse_sets(pairs: list[str]) -> dict:
         require(equals == "=", "--set", f"expected KEY=VALUE, got {pair!r}")
         require(key not in OWNED, "--set", f"{key} is set per rung by the ladder (the sizes, the budget rule, --seeds, "
                                            f"--out)")
-        values[known_key(key)] = coerce(key, value)
+        values[key] = coerce(key, value)  # an unknown key: one line naming it
     return values
 
 
@@ -182,6 +181,7 @@ def plan(args, sizes: list[Size], next_size: Size) -> list[Rung]:
     base = {**load_yaml(args.config), **sets}  # --set wins over the base config and over a recipe
     schedule = TrainConfig(**base).schedule  # the base's own max_steps and warmup: the warmup's share
     budgets = flop_budgets(args, len(sizes))
+    recipe_sets = {recipe: recipe_keys(recipe) for recipe in args.recipes}
     rungs = []
     for index, size in enumerate([*sizes, next_size]):
         # the model and the batch: the same for every seed and recipe of the size
@@ -194,7 +194,7 @@ def plan(args, sizes: list[Size], next_size: Size) -> list[Rung]:
         for seed in args.seeds:
             for recipe in args.recipes:
                 name = f"{size.label}_{recipe}_s{seed}"
-                keys = {**base, **recipe_keys(recipe), **sets, **size.keys, "seed": seed, "max_steps": max_steps,
+                keys = {**base, **recipe_sets[recipe], **sets, **size.keys, "seed": seed, "max_steps": max_steps,
                         "out_dir": str(args.out / name)}
                 if "warmup_steps" not in sets:  # the base's share of its steps
                     keys["warmup_steps"] = round(schedule.warmup_steps * max_steps / schedule.max_steps)

@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from common.errors import ArgumentParser, run_cli  # noqa: E402
 from compare_runs import compare, format_rows, summary  # noqa: E402
+from ladder import CPU_MALLOC  # noqa: E402
 from training.core.logger import read_log  # noqa: E402
 
 DEMO = REPO / "configs" / "demo.yaml"
@@ -77,7 +78,7 @@ def train(run: Path, seed: int, recipe: str, max_steps: int, settings: list[str]
         print(f"{run}: done already, reused")
         return 0.0
     shutil.rmtree(run, ignore_errors=True)
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "17179869184", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
+    env = {**CPU_MALLOC, **os.environ}
     command = [sys.executable, "train_gpt2.py", *settings, *COMMON, "--out_dir", str(run), "--seed", str(seed),
                *RECIPES[recipe]]
     print(" ".join(command), flush=True)
