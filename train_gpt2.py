@@ -37,7 +37,7 @@ import sys
 import torch
 
 from data.tokenizer import get_tokenizer
-from common.errors import EVERY_RANK, NODE_RANKS, ReproError, held_alike_by, run_cli
+from common.errors import EVERY_RANK, NODE_RANKS, held_alike_by, run_cli
 from training.checkpoint.folder import checkpoints_folder
 from launch.config import TrainConfig, config_yaml, parse_args, usage, wants_help
 from training.core.context import Context
@@ -86,26 +86,24 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
     ctx = Context(env, runtime, logger)  # what every component below is made from, beside its sections
     locks = []
     try:
-        # ddp, or FSDP's sharding (training/distributed/strategies.py)
-        strategy = make_strategy(cfg.runtime.strategy, env, runtime)
-        out_dir = cfg.run.out_dir
-        checkpoints = checkpoints_folder(out_dir, cfg.checkpoint.checkpoint_dir)
-        require_shared(checkpoints, env.world_size)  # every rank's part must land where rank 0 sees it
-        # one launch at a time per out_dir (and checkpoint folder): rank 0 holds the locks until the end
-        locks = run_on_all_ranks(env, lambda: claim_run_folder(out_dir, checkpoints, logger.warn)
-                                 if env.master_process else [])
-        run = build_run(cfg, ctx, strategy)  # data, model, optimizer, the checkpoint it resumes
-        if run is not None:  # None: that checkpoint already reached max_steps, its final evaluations run
-            record = provenance(ctx, argv, run.data_fingerprint, run.run_id, config_yaml(cfg))
-            if run.micro_batch is not None:  # micro_batch_size auto: how B was chosen (config.yaml has the B)
-                record["micro_batch_size"] = run.micro_batch
-            open_run_folder(cfg, ctx, run, record)
-            train(cfg, ctx, run, preemption, record, wrap_step)
-        barrier(env)  # leave together: a gloo rank torn down while its peer still talks can abort
-        return 0
-    except ReproError as e:  # a failure one rank saw is shared with all (run_on_all_ranks): rank 0 prints it
-        e.held_by = EVERY_RANK
-        raise
+        with held_alike_by(EVERY_RANK):  # what one rank saw is shared with all (run_on_all_ranks): rank 0 prints it
+            # ddp, or FSDP's sharding (training/distributed/strategies.py)
+            strategy = make_strategy(cfg.runtime.strategy, env, runtime)
+            out_dir = cfg.run.out_dir
+            checkpoints = checkpoints_folder(out_dir, cfg.checkpoint.checkpoint_dir)
+            require_shared(checkpoints, env.world_size)  # every rank's part must land where rank 0 sees it
+            # one launch at a time per out_dir (and checkpoint folder): rank 0 holds the locks until the end
+            locks = run_on_all_ranks(env, lambda: claim_run_folder(out_dir, checkpoints, logger.warn)
+                                     if env.master_process else [])
+            run = build_run(cfg, ctx, strategy)  # data, model, optimizer, the checkpoint it resumes
+            if run is not None:  # None: that checkpoint already reached max_steps, its final evaluations run
+                record = provenance(ctx, argv, run.data_fingerprint, run.run_id, config_yaml(cfg))
+                if run.micro_batch is not None:  # micro_batch_size auto: how B was chosen (config.yaml has the B)
+                    record["micro_batch_size"] = run.micro_batch
+                open_run_folder(cfg, ctx, run, record)
+                train(cfg, ctx, run, preemption, record, wrap_step)
+            barrier(env)  # leave together: a gloo rank torn down while its peer still talks can abort
+            return 0
     finally:
         try:
             logger.close()

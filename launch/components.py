@@ -91,7 +91,6 @@ class StepRecords:
     def __init__(self, cfg: TrainConfig, ctx: Context, run: Run):
         self.cfg, self.ctx, self.run = cfg, ctx, run
         self.flops_per_token = run.model.estimate_flops_per_token(cfg.data.seq_len)
-        self.first = True
         self.steps_taken = 0  # by this launch (a rollback's redone steps count: they take time too)
         self.rate_from = 0.0  # perf_counter at the end of the launch's first step (which compiles)
 
@@ -122,21 +121,21 @@ class StepRecords:
         record.update(result.metrics)  # what the step recorded (common/log_fields.py's train_metric)
         logger.log(record)
         self.steps_taken += 1
-        if self.steps_taken == 1:
+        first = self.steps_taken == 1  # the launch's first step (a rollback's redone steps are later ones)
+        if first:
             self.rate_from = time.perf_counter()
         if result.spike:
             logger.log({"kind": "skip", "step": record["step"], "tokens": run.tokens_seen, "loss": result.loss,
                         "grad_norm": result.grad_norm, "reason": result.spike})
             logger.warn(f"step {record['step']}: loss spike, the update was not applied ({result.spike})")
-        if self.first:  # the launch's first step (not a rollback's): compiled, and the ranks in step
+        if first:  # compiled, and the ranks in step
             logger.log({"kind": "startup", "step": record["step"], "compile": runtime.compile,
                         "seconds_to_first_step": time.time() - process_start_time(),
                         "state_gib_per_rank": local_state_bytes(run.model, run.optimizer) / 2**30})
             # from here on a collective that waits long is a hang: it surfaces in minutes
             set_collective_timeout(env, datetime.timedelta(minutes=cfg.runtime.hang_timeout_minutes))
-            self.first = False
         # after every log_interval-th update (the steps evaluations print too), the launch's first and the last
-        if run.step % cfg.logging.log_interval == 0 or self.steps_taken == 1 or run.step == max_steps:
+        if run.step % cfg.logging.log_interval == 0 or first or run.step == max_steps:
             logger.console(format_train_line(record, max_steps, time.time() - process_start_time(), self.eta()))
 
 
