@@ -98,20 +98,21 @@ def connect_to_store(host: str, port: int, world_size: int, timeout: datetime.ti
     store) is gone, and no rank can ever meet through it. Otherwise rank 0 hosts the store, and
     a refused connection means only that rank 0 is not listening yet.
     """
-    deadline = time.monotonic() + timeout.total_seconds()
-    while True:
+    def listening() -> bool:
         try:
             socket.create_connection((host, port), timeout=1.0).close()
-            return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+            return True
         except ConnectionRefusedError:
             if hosted_by_launcher:
                 raise ReproError(f"torchrun's store at {host}:{port} refuses connections: what hosted it (the "
                                  f"launcher) is gone") from None
+            return False
         except OSError:  # no route yet, the name does not resolve yet, a connection timed out: try again
-            pass
-        if time.monotonic() > deadline:
-            raise ReproError(f"the store at {host}:{port} (MASTER_ADDR, MASTER_PORT) did not answer within {timeout}")
-        time.sleep(MAX_POLL_S)
+            return False
+
+    wait_until(listening, timeout, lambda: f"the store at {host}:{port} (MASTER_ADDR, MASTER_PORT) did not answer "
+               f"within {timeout}", poll_s=MAX_POLL_S)
+    return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
 
 
 def wait_until(ready, timeout: datetime.timedelta, failure, poll_s: float = 0.001) -> None:
