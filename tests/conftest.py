@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -288,6 +289,26 @@ def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def wait_until(condition, proc, what: str, timeout: float = 120, report=None) -> None:
+    """Until condition() holds, while proc (a Popen, or anything with poll() and communicate()) runs: its ending
+    first, or a hang guard of `timeout` seconds (tests/slowness.py) passing, fails the test. report() gives a
+    failure's details, and may end what is left running (default: the ended run's output; nothing on a timeout)."""
+    timeout = guard(timeout)
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} not reached: the run ended first\n{report() if report else tails(proc)}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} not reached in {timeout:.0f}s" + (f"\n{report()}" if report else ""))
+        time.sleep(0.02)
+
+
+def tails(proc) -> str:
+    """The end of an ended run's stdout and stderr (either may be None: not captured, or merged into stdout)."""
+    stdout, stderr = proc.communicate()
+    return f"{(stdout or '')[-3000:]}\n{(stderr or '')[-5000:]}"
 
 
 def run_and_reap(cmd: list[str], env: dict, timeout: float, cwd: Path = REPO) -> subprocess.CompletedProcess:

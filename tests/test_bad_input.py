@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import REPO, base_args, build_tiny_run, make_shards, run_trainer, train_here
+from conftest import REPO, base_args, build_tiny_run, make_shards, run_trainer, train_here, wait_until
 from data.shards import shard_name, write_shard
 
 
@@ -217,7 +217,6 @@ def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, t
     import signal
     import subprocess
     import sys
-    import time
 
     from slowness import guard
 
@@ -233,10 +232,7 @@ def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, t
     proc = subprocess.Popen([sys.executable, str(REPO / script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + guard(30)
-        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert started.exists(), f"{script} imported none of {SLOW_IMPORTS}"
+        wait_until(started.exists, proc, f"{script} importing one of {SLOW_IMPORTS}", 30)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=guard(30))
     finally:
