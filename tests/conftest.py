@@ -374,6 +374,26 @@ def train_loop(cfg, ctx, run, preemption, record: dict) -> None:
     train_gpt2.train(cfg, ctx, run, preemption, record)
 
 
+def lockstep_steps(cfg, ctx, run, count: int, after_each=None) -> list:
+    """`count` steps of the trainer's step (launch/components.py's make_lockstep) on a run a test built
+    (build_tiny_run), in this process, from where its data stands (run.step + run.data_offset): each step's
+    StepResult. after_each() runs after each step."""
+    from data.loader import Prefetcher
+    from launch.components import make_lockstep
+
+    offset = run.data_offset
+    batches = Prefetcher(run.train_loader, run.step + offset, cfg.schedule.max_steps + offset, ctx.runtime.device)
+    lockstep, results = make_lockstep(cfg, ctx), []
+    try:
+        for _ in range(count):
+            results.append(lockstep.step(run, run.model, batches, stop_requested=False))
+            if after_each:
+                after_each()
+        return results
+    finally:
+        batches.close()
+
+
 def untimed(records) -> list[dict]:
     """log.jsonl records less the time each was written (the one field two runs of the same steps never share)."""
     return [{k: v for k, v in r.items() if k != "time"} for r in records]
