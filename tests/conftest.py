@@ -345,6 +345,22 @@ def load_weights(out_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return read_full_state(path)["model"]
 
 
+def assert_same(a, b, where: str = "") -> None:
+    """Equal values, and bitwise equal tensors of the same dtype."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif torch.is_tensor(a):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
 def crashed_copy(run: Path, out: Path, last_checkpoint: int) -> Path:
     """run's folder copied to out (or out itself, when they are one) as if the run had died just after
     checkpoint `last_checkpoint`: the checkpoints after it deleted, whatever their format."""

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import build_tiny_run, lockstep_steps, make_shards
+from conftest import assert_same, build_tiny_run, lockstep_steps, make_shards
 from launch.components import make_checkpointer
 from training.checkpoint.folder import list_checkpoints, load_checkpoint
 from training.distributed.strategies import by_name, parameter_names
@@ -52,22 +52,6 @@ def snapshot(run) -> dict:
         "own": {key: getattr(run, key) for key in ("step", "tokens_seen", "run_id", "metrics", "finished_at",
                                                     "wandb_run_id", "skips_in_a_row", "rollbacks", "data_offset")},
     }
-
-
-def assert_same(a, b, where: str = "") -> None:
-    """Equal values, and bitwise equal tensors of the same dtype."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif torch.is_tensor(a):
-        assert a.dtype == b.dtype and torch.equal(a, b), where
-    else:
-        assert a == b, where
 
 
 @pytest.mark.parametrize("fmt", ["file", "sharded"])
