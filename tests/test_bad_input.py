@@ -126,26 +126,6 @@ def test_an_indivisible_batch_names_the_nearest_batches_that_divide(world_size, 
                            "whose 512 rows of seq_len 1024 do not split over 3 ranks")
 
 
-def test_micro_batch_size_auto_names_the_nearest_batches_whose_rows_split_over_the_ranks():
-    """auto finds a micro-batch where the step's rows split over the ranks: 524,288 tokens on 3 do not."""
-    from common.errors import ConfigError
-    from training.core.context import Context
-    from training.core.logger import RunLogger
-    from training.core.process_group import DistEnv
-    from training.distributed.strategies import make_strategy
-    from launch.config import parse_args
-    from training.run.micro_batch import choose_micro_batch_size
-
-    cfg = parse_args(["--micro_batch_size", "auto", "--device", "cpu"])  # GPT-2 124M's batch otherwise
-    runtime = cfg.runtime.make_runtime()
-    env = DistEnv(rank=0, local_rank=0, world_size=3, device=runtime.device, distributed=False)
-    with pytest.raises(ConfigError) as raised:
-        choose_micro_batch_size(Context(env, runtime, RunLogger(enabled=False)), make_strategy("ddp", env, runtime),
-                                cfg.data, cfg.model.model_config())
-    assert str(raised.value) == ("micro_batch_size: auto finds no micro-batch: total_batch_size 524288 does not split "
-                                 "into rows of seq_len 1024 over 3 ranks; total_batch_size 522240 or 525312 does")
-
-
 RANKS = {"RANK": "0", "LOCAL_RANK": "0"}
 
 
