@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -290,6 +291,26 @@ def kill_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
             pass
 
 
+def wait_until(condition, proc, what: str, timeout: float = 120, report=None) -> None:
+    """Until condition() holds, while proc (a Popen, or anything with poll() and communicate()) runs: its ending
+    first, or a hang guard of `timeout` seconds (tests/slowness.py) passing, fails the test. report() gives a
+    failure's details, and may end what is left running (default: the ended run's output; nothing on a timeout)."""
+    timeout = guard(timeout)
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} not reached: the run ended first\n{report() if report else tails(proc)}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} not reached in {timeout:.0f}s" + (f"\n{report()}" if report else ""))
+        time.sleep(0.02)
+
+
+def tails(proc) -> str:
+    """The end of an ended run's stdout and stderr (either may be None: not captured, or merged into stdout)."""
+    stdout, stderr = proc.communicate()
+    return f"{(stdout or '')[-3000:]}\n{(stderr or '')[-5000:]}"
+
+
 def run_and_reap(cmd: list[str], env: dict, timeout: float, cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run cmd; on a timeout (guard(timeout): seconds on the reference machine) it and every process it
     started are killed, and the test fails.
@@ -324,6 +345,22 @@ def load_weights(out_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return read_full_state(path)["model"]
 
 
+def assert_same(a, b, where: str = "") -> None:
+    """Equal values, and bitwise equal tensors of the same dtype."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif torch.is_tensor(a):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    else:
+        assert a == b, where
+
+
 def crashed_copy(run: Path, out: Path, last_checkpoint: int) -> Path:
     """run's folder copied to out (or out itself, when they are one) as if the run had died just after
     checkpoint `last_checkpoint`: the checkpoints after it deleted, whatever their format."""
@@ -351,6 +388,26 @@ def train_loop(cfg, ctx, run, preemption, record: dict) -> None:
     import train_gpt2
 
     train_gpt2.train(cfg, ctx, run, preemption, record)
+
+
+def lockstep_steps(cfg, ctx, run, count: int, after_each=None) -> list:
+    """`count` steps of the trainer's step (launch/components.py's make_lockstep) on a run a test built
+    (build_tiny_run), in this process, from where its data stands (run.step + run.data_offset): each step's
+    StepResult. after_each() runs after each step."""
+    from data.loader import Prefetcher
+    from launch.components import make_lockstep
+
+    offset = run.data_offset
+    batches = Prefetcher(run.train_loader, run.step + offset, cfg.schedule.max_steps + offset, ctx.runtime.device)
+    lockstep, results = make_lockstep(cfg, ctx), []
+    try:
+        for _ in range(count):
+            results.append(lockstep.step(run, run.model, batches, stop_requested=False))
+            if after_each:
+                after_each()
+        return results
+    finally:
+        batches.close()
 
 
 def untimed(records) -> list[dict]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import REPO, base_args, build_tiny_run, make_shards, run_trainer, train_here
+from conftest import REPO, base_args, build_tiny_run, make_shards, run_trainer, train_here, wait_until
 from data.shards import shard_name, write_shard
 
 
@@ -126,26 +126,6 @@ def test_an_indivisible_batch_names_the_nearest_batches_that_divide(world_size, 
                            "whose 512 rows of seq_len 1024 do not split over 3 ranks")
 
 
-def test_micro_batch_size_auto_names_the_nearest_batches_whose_rows_split_over_the_ranks():
-    """auto finds a micro-batch where the step's rows split over the ranks: 524,288 tokens on 3 do not."""
-    from common.errors import ConfigError
-    from training.core.context import Context
-    from training.core.logger import RunLogger
-    from training.core.process_group import DistEnv
-    from training.distributed.strategies import make_strategy
-    from launch.config import parse_args
-    from training.run.micro_batch import choose_micro_batch_size
-
-    cfg = parse_args(["--micro_batch_size", "auto", "--device", "cpu"])  # GPT-2 124M's batch otherwise
-    runtime = cfg.runtime.make_runtime()
-    env = DistEnv(rank=0, local_rank=0, world_size=3, device=runtime.device, distributed=False)
-    with pytest.raises(ConfigError) as raised:
-        choose_micro_batch_size(Context(env, runtime, RunLogger(enabled=False)), make_strategy("ddp", env, runtime),
-                                cfg.data, cfg.model.model_config())
-    assert str(raised.value) == ("micro_batch_size: auto finds no micro-batch: total_batch_size 524288 does not split "
-                                 "into rows of seq_len 1024 over 3 ranks; total_batch_size 522240 or 525312 does")
-
-
 RANKS = {"RANK": "0", "LOCAL_RANK": "0"}
 
 
@@ -217,7 +197,6 @@ def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, t
     import signal
     import subprocess
     import sys
-    import time
 
     from slowness import guard
 
@@ -233,10 +212,7 @@ def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, t
     proc = subprocess.Popen([sys.executable, str(REPO / script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + guard(30)
-        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert started.exists(), f"{script} imported none of {SLOW_IMPORTS}"
+        wait_until(started.exists, proc, f"{script} importing one of {SLOW_IMPORTS}", 30)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=guard(30))
     finally:

@@ -12,27 +12,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, base_args, build_tiny_run, crashed_copy, load_weights, make_shards, run_trainer, train_losses, untimed
+from conftest import (REPO, base_args, build_tiny_run, crashed_copy, load_weights, lockstep_steps, make_shards, run_trainer,
+                      train_losses, untimed)
 from common.errors import CheckpointError, ConfigError
-from data.loader import Prefetcher
 from slowness import guard
 from training.checkpoint.folder import list_checkpoints, read_full_state, read_model
 from training.core.logger import read_log
 from launch.config import parse_args
-from launch.components import make_evaluation, make_lockstep
+from launch.components import make_evaluation
 
 DECAY = 0.9
-
-
-def steps(cfg, ctx, run, count: int, after_each=None) -> None:
-    batches = Prefetcher(run.train_loader, run.step, cfg.schedule.max_steps, ctx.runtime.device)
-    try:
-        for _ in range(count):
-            make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False)
-            if after_each:
-                after_each()
-    finally:
-        batches.close()
 
 
 def weights(model) -> dict[str, torch.Tensor]:
@@ -77,7 +66,7 @@ def test_the_average_is_a_hand_computed_ema_of_the_weights_after_each_update_fro
             now = weights(run.model)
             expected.update(now if step == 2 else {k: DECAY * expected[k] + (1 - DECAY) * now[k] for k in now})
 
-    steps(cfg, ctx, run, 5, fold)
+    lockstep_steps(cfg, ctx, run, 5, fold)
     assert seen == [False, False, True, True, True] and run.ema.updates == 3
     assert run.ema.average.keys() == expected.keys()
     for name, value in run.ema.average.items():
@@ -90,10 +79,10 @@ def test_a_skipped_update_is_not_folded_in(shards, tmp_path):
     """float16's overflow skips the first update: the average starts from the second one's weights."""
     cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, dtype="float16")
     run.scaler.load_state_dict({**run.scaler.state_dict(), "scale": 2.0**100})  # every gradient overflows
-    steps(cfg, ctx, run, 1)
+    lockstep_steps(cfg, ctx, run, 1)
     assert run.step == 1 and not run.ema.ready
     run.scaler.update(2.0**16)
-    steps(cfg, ctx, run, 1)
+    lockstep_steps(cfg, ctx, run, 1)
     assert run.ema.updates == 1
     for name, value in run.ema.average.items():
         assert torch.equal(value, run.model.get_parameter(name).float()), name
@@ -111,7 +100,7 @@ def test_evaluating_the_average_leaves_the_live_weights_and_the_average_bitwise_
     from evals.val_loss import evaluate_val_loss
 
     cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, eval_interval=1)
-    steps(cfg, ctx, run, 3)
+    lockstep_steps(cfg, ctx, run, 3)
     live, average = weights(run.model), {k: v.clone() for k, v in run.ema.average.items()}
     logged = []
     ctx.logger.log = logged.append  # the silent logger, listened to
@@ -139,7 +128,7 @@ def test_hellaswag_of_the_average_is_its_own_field(shards, tmp_path):
     fixture = write_fixture(tmp_path / "hellaswag.jsonl", n=8)
     cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=0.5, vocab_size=GPT2_VOCAB, max_steps=2,
                                    hellaswag_interval=1, hellaswag_path=fixture)
-    steps(cfg, ctx, run, 2)
+    lockstep_steps(cfg, ctx, run, 2)
     logged = []
     ctx.logger.log = logged.append
     evaluation = make_evaluation(cfg, ctx, run.strategy, get_tokenizer())
@@ -154,7 +143,7 @@ def test_hellaswag_of_the_average_is_its_own_field(shards, tmp_path):
 
 def test_no_average_is_evaluated_before_ema_start(shards, tmp_path):
     cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", ema_decay=DECAY, ema_start=0.5)
-    steps(cfg, ctx, run, 2)
+    lockstep_steps(cfg, ctx, run, 2)
     logged = []
     ctx.logger.log = logged.append
     make_evaluation(cfg, ctx, run.strategy, tokenizer=None).run_due(run, last_step=True, agree_to_stop=lambda: False)

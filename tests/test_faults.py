@@ -23,7 +23,7 @@ import torch
 
 from conftest import (GPT2_VOCAB, LAUNCH_TOKEN, REPO, base_args, build_tiny_run, crashed_copy, kill_all,
                       launched_processes, load_weights, make_shards, run_trainer, start_trainer, train_losses,
-                      untimed, train_loop)
+                      untimed, train_loop, wait_until)
 from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint.folder import list_checkpoints, load_checkpoint
@@ -91,19 +91,6 @@ def env_for_workers() -> dict:
 
 
 SIGNAL_PAUSE = 0.1  # step_pause for runs signalled mid-run: their 12 steps take over a second
-
-
-def wait_until(condition, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
-    """Until condition() holds, while the run goes on; a hang guard (tests/slowness.py) bounds the wait."""
-    timeout = guard(timeout)
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended early: {proc.communicate()}")
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached in {timeout:.0f}s")
 
 
 def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
@@ -456,9 +443,7 @@ def test_a_torchrun_killed_at_start_up_or_mid_run_leaves_no_worker_running(data,
     out, token = tmp_path / "orphans", uuid.uuid4().hex
     args = base_args(data, out, **PREEMPTIBLE)
     proc = start_torchrun(args, token=token)
-    deadline = time.time() + guard(60)
-    while len(children(proc.pid)) < 2 and time.time() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(children(proc.pid)) >= 2, proc, "torchrun's 2 workers", 60)
     assert len(children(proc.pid)) == 2, proc.communicate()
     launcher_killed(proc, token, signal.SIGKILL)  # the workers have just started
     assert not (out / "checkpoints").exists()

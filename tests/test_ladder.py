@@ -8,7 +8,6 @@ import math
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +21,8 @@ from common.errors import ConfigError, run_cli
 from PIL import Image
 from plot_log import describe
 from conftest import (LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_processes, load_weights, make_shards,
-                      run_and_reap, trainer_env, train_losses)
+                      run_and_reap, trainer_env, train_losses, wait_until)
 from model import GPT, PRESETS, GPTConfig
-from slowness import guard
 from training.core.logger import read_log
 from launch.config import TrainConfig
 
@@ -202,10 +200,8 @@ def test_a_ladder_killed_mid_rung_resumes_and_ends_as_the_uninterrupted_one_bitw
     proc = subprocess.Popen(command, cwd=REPO, env={**trainer_env(), LAUNCH_TOKEN: token}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     log = out / "d3_faithful_s1" / "log.jsonl"
-    deadline = time.monotonic() + guard(120)
-    while not (log.exists() and any(r["kind"] == "checkpoint" for r in read_log(log))):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.02)
+    wait_until(lambda: log.exists() and any(r["kind"] == "checkpoint" for r in read_log(log)), proc,
+               "d3's first checkpoint")
     kill_all(launched_processes(token))  # the ladder and its rung at once, as a lost machine would stop them
     first = proc.communicate()[0]
     assert not any(r["kind"] == "val" for r in read_log(log)), "the rung finished before the kill"

@@ -233,33 +233,48 @@ def test_on_the_cpu_auto_is_one_warning_and_the_fallback(shards, tmp_path):
     assert checkpoint["config"]["micro_batch_size"] == 8
 
 
+def choose_on_rank_0(cfg, world_size: int = 1, logger=None):
+    """choose_micro_batch_size under DDP on rank 0 of world_size ranks, with no process group (a silent logger by
+    default): (chosen, record)."""
+    from training.core.context import Context
+    from training.core.logger import RunLogger
+    from training.core.process_group import DistEnv
+    from training.distributed.strategies import make_strategy
+
+    runtime = cfg.runtime.make_runtime()
+    env = DistEnv(rank=0, local_rank=0, world_size=world_size, device=runtime.device, distributed=False)
+    ctx = Context(env, runtime, logger or RunLogger(enabled=False))
+    return micro_batch.choose_micro_batch_size(ctx, make_strategy("ddp", env, runtime), cfg.data,
+                                               cfg.model.model_config())
+
+
 def test_on_the_cpu_a_fallback_that_does_not_divide_the_batch_is_made_to_fit(monkeypatch):
     """configs/demo.yaml's batch is 1,024 tokens, 8 rows of seq_len 128: the fallback 16 would not keep
     grad_accum_steps whole, so auto takes 8, the largest micro-batch up to it that does, and says so."""
     from conftest import REPO
-    from training.core.process_group import DistEnv
-    from training.distributed.strategies import make_strategy
     from training.core.logger import RunLogger
-    from training.core.context import Context
-    from training.core.runtime import resolve_runtime
 
     cfg = parse_args(["--config", str(REPO / "configs" / "demo.yaml"), "--micro_batch_size", "auto",
                       "--device", "cpu"])
     assert cfg.data.micro_batch_size_fallback == 16
-    rt = cfg.runtime
-    runtime = resolve_runtime(rt.device, rt.dtype, rt.compile, rt.loss_chunk_size, rt.peak_flops)
-    env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
     logger, warnings = RunLogger(enabled=False), []
     monkeypatch.setattr(logger, "warn", warnings.append)
-    chosen, record = micro_batch.choose_micro_batch_size(Context(env, runtime, logger),
-                                                         make_strategy("ddp", env, runtime), cfg.data,
-                                                         cfg.model.model_config())
+    chosen, record = choose_on_rank_0(cfg, logger=logger)
     assert (chosen, record) == (8, {"requested": "auto", "chosen": 8, "how": "fallback (cpu)"})
     assert warnings == ["micro_batch_size auto probes CUDA memory; on cpu it uses 8, the largest micro-batch up to "
                         "micro_batch_size_fallback 16 that keeps grad_accum_steps whole (8 rows a rank per step: "
                         "total_batch_size 1024 / seq_len 128 / 1 rank(s))"]
     cfg.data.micro_batch_size = chosen
     assert cfg.data.grad_accum_steps(1) == 1
+
+
+def test_micro_batch_size_auto_names_the_nearest_batches_whose_rows_split_over_the_ranks():
+    """auto finds a micro-batch where the step's rows split over the ranks: 524,288 tokens on 3 do not."""
+    cfg = parse_args(["--micro_batch_size", "auto", "--device", "cpu"])  # GPT-2 124M's batch otherwise
+    with pytest.raises(ConfigError) as raised:
+        choose_on_rank_0(cfg, world_size=3)
+    assert str(raised.value) == ("micro_batch_size: auto finds no micro-batch: total_batch_size 524288 does not split "
+                                 "into rows of seq_len 1024 over 3 ranks; total_batch_size 522240 or 525312 does")
 
 
 def test_a_resume_with_auto_chooses_again_and_names_the_change(shards, tmp_path):

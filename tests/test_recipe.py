@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import GPT2_VOCAB, REPO, base_args, build_tiny_run, make_shards, run_trainer, train_losses, train_here
-from data.loader import Prefetcher
+from conftest import (GPT2_VOCAB, REPO, base_args, build_tiny_run, lockstep_steps, make_shards, run_trainer, train_losses,
+                      train_here)
 from common.errors import ConfigError, NonFiniteLossError
 from launch.config import TrainConfig, parse_args
 from training.optim.optimizers import MuonWithAdamW, build_optimizer, split_parameters
 from training.checkpoint.format import with_current_settings
 from training.optim.schedule import cooldown_start, learning_rate
-from launch.components import make_lockstep
 
 MODERN = dict(optimizer="muon", lr_schedule="wsd", cooldown_frac=0.5, cooldown_shape="1-sqrt")
 
@@ -158,17 +157,9 @@ def test_adamw_is_still_model_configure_optimizers(data, tmp_path):
     assert [g["params"] for g in ours.param_groups] == [g["params"] for g in theirs.param_groups]
 
 
-def steps(cfg, ctx, run, count):
-    batches = Prefetcher(run.train_loader, run.step, cfg.schedule.max_steps, ctx.runtime.device)
-    try:
-        return [make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False) for _ in range(count)]
-    finally:
-        batches.close()
-
-
 def test_the_schedule_scales_each_group_by_its_base_lr(data, tmp_path):
     cfg, ctx, run = build_tiny_run(data, tmp_path / "run", **MODERN)
-    (result,) = steps(cfg, ctx, run, 1)
+    (result,) = lockstep_steps(cfg, ctx, run, 1)
     adamw, muon = run.optimizer.inner
     assert result.lr == 1.5e-3  # warmup step 0 of 2
     assert [g["lr"] for g in run.optimizer.param_groups] == [1.5e-3] * 3  # what the loop sets
@@ -179,7 +170,7 @@ def test_the_schedule_scales_each_group_by_its_base_lr(data, tmp_path):
 
 def test_state_dict_round_trips_exactly_and_training_continues_the_same(data, tmp_path):
     cfg, ctx, run = build_tiny_run(data, tmp_path / "a", **MODERN)
-    steps(cfg, ctx, run, 2)
+    lockstep_steps(cfg, ctx, run, 2)
     saved = copy.deepcopy(run.optimizer.state_dict())
     weights = copy.deepcopy(run.model.state_dict())
     assert {k for s in saved["state"].values() for k in s} == {"step", "exp_avg", "exp_avg_sq", "momentum_buffer"}
@@ -197,8 +188,8 @@ def test_state_dict_round_trips_exactly_and_training_continues_the_same(data, tm
             assert torch.equal(value, again["state"][index][key]), (index, key)
     adamw, muon = other.optimizer.inner
     assert adamw.state is muon.state is other.optimizer.state  # re-linked after the load
-    a = [r.loss for r in steps(cfg, ctx, run, 2)]
-    b = [r.loss for r in steps(cfg, ctx, other, 2)]
+    a = [r.loss for r in lockstep_steps(cfg, ctx, run, 2)]
+    b = [r.loss for r in lockstep_steps(cfg, ctx, other, 2)]
     assert a == b
     for key, value in run.model.state_dict().items():
         assert torch.equal(value, other.model.state_dict()[key]), key
@@ -206,14 +197,14 @@ def test_state_dict_round_trips_exactly_and_training_continues_the_same(data, tm
 
 def test_a_nan_loss_stops_before_the_muon_update(data, tmp_path):
     cfg, ctx, run = build_tiny_run(data, tmp_path / "run", **MODERN)
-    steps(cfg, ctx, run, 2)
+    lockstep_steps(cfg, ctx, run, 2)
     with torch.no_grad():
         run.model.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
     weights = {k: v.clone() for k, v in run.model.state_dict().items()}
     state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in run.optimizer.state.items()}
     with pytest.raises(NonFiniteLossError, match="step 2: loss nan / grad norm nan is not finite; the update "
                                                  "was not applied"):
-        steps(cfg, ctx, run, 1)
+        lockstep_steps(cfg, ctx, run, 1)
     assert run.step == 2
     for key, value in run.model.state_dict().items():
         torch.testing.assert_close(value, weights[key], rtol=0, atol=0, equal_nan=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
-from conftest import REPO
+from conftest import REPO, wait_until
 from slowness import guard
 from forked_ranks import free_port
 
@@ -56,10 +56,8 @@ def test_a_sigint_while_it_imports_torch_stops_it_though_it_started_with_sigint_
     finally:
         signal.signal(signal.SIGINT, previous)
     try:
-        deadline = time.monotonic() + guard(30)
-        while "libtorch" not in Path(f"/proc/{store.pid}/maps").read_text():  # importing torch
-            assert store.poll() is None and time.monotonic() < deadline, store.communicate()
-            time.sleep(0.01)
+        wait_until(lambda: "libtorch" in Path(f"/proc/{store.pid}/maps").read_text(), store,  # importing torch
+                   "the store importing torch", 30)
         store.send_signal(signal.SIGINT)
         assert store.wait(timeout=guard(20)) == 0
         assert store.communicate() == ("", "")

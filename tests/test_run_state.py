@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import build_tiny_run, make_shards
-from data.loader import Prefetcher
-from launch.components import make_checkpointer, make_lockstep
+from conftest import assert_same, build_tiny_run, lockstep_steps, make_shards
+from launch.components import make_checkpointer
 from training.checkpoint.folder import list_checkpoints, load_checkpoint
 from training.distributed.strategies import by_name, parameter_names
 from training.optim.spikes import SpikeWindow
@@ -37,15 +36,8 @@ def mixture(tmp_path_factory) -> str:
     return f"{edu}:0.75,{code}:0.25"
 
 
-def train(cfg, ctx, run, steps: int) -> list[float]:
-    """The losses of `steps` steps of an in-process run, from where its data stands."""
-    offset = run.data_offset
-    batches = Prefetcher(run.train_loader, run.step + offset, cfg.schedule.max_steps + offset, ctx.runtime.device)
-    lockstep = make_lockstep(cfg, ctx)
-    try:
-        return [lockstep.step(run, run.model, batches, stop_requested=False).loss for _ in range(steps)]
-    finally:
-        batches.close()
+def losses(results) -> list[float]:
+    return [r.loss for r in results]
 
 
 def snapshot(run) -> dict:
@@ -62,29 +54,13 @@ def snapshot(run) -> dict:
     }
 
 
-def assert_same(a, b, where: str = "") -> None:
-    """Equal values, and bitwise equal tensors of the same dtype."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for key in a:
-            assert_same(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    elif torch.is_tensor(a):
-        assert a.dtype == b.dtype and torch.equal(a, b), where
-    else:
-        assert a == b, where
-
-
 @pytest.mark.parametrize("fmt", ["file", "sharded"])
 def test_every_part_of_the_run_saves_and_loads_back_exactly(mixture, tmp_path, fmt):
     """A run with every part that has state, and its own values all set, saved in either format and resumed by a
     fresh run: the same run, every part bitwise, the lineage going on; and the next steps are the same."""
     settings = dict(SETTINGS, checkpoint_format=fmt, checkpoint_async="false")
     cfg, ctx, run = build_tiny_run(mixture, tmp_path / "run", **settings)
-    train(cfg, ctx, run, 3)
+    lockstep_steps(cfg, ctx, run, 3)
     run.rollbacks, run.skips_in_a_row, run.data_offset = 1, 1, 2  # as a rollback past two batches leaves them
     run.metrics, run.finished_at, run.wandb_run_id = {"val_loss": 4.5}, 2, "w8nd8"
     checkpointer = make_checkpointer(cfg, ctx, run.strategy, record={})
@@ -96,7 +72,7 @@ def test_every_part_of_the_run_saves_and_loads_back_exactly(mixture, tmp_path, f
     assert resumed.ancestry == [*run.ancestry, load_checkpoint(path)["checkpoint_id"]]
     assert resumed.ema.ready and resumed.spikes.filled == 2 and resumed.scaler.is_enabled()  # every part is in it
     assert_same(snapshot(resumed), snapshot(run))
-    assert train(again, ctx_again, resumed, 2) == train(cfg, ctx, run, 2)
+    assert losses(lockstep_steps(again, ctx_again, resumed, 2)) == losses(lockstep_steps(cfg, ctx, run, 2))
     assert_same(snapshot(resumed), snapshot(run))
 
 
@@ -130,7 +106,7 @@ def test_nothing_of_the_run_that_holds_state_is_left_out_of_its_state(mixture, t
                                                                                                "ema"}
     assert unregistered(run) == []
     before = plain_fields(run)
-    train(cfg, ctx, run, 3)
+    lockstep_steps(cfg, ctx, run, 3)
     changed = {name for name, value in plain_fields(run).items() if value != before[name]}
     assert {"step", "tokens_seen"} <= changed <= own
 
@@ -153,10 +129,10 @@ def test_a_checkpoint_of_the_old_layout_resumes_exactly(mixture, tmp_path, name)
     (shutil.copytree if (OLD_LAYOUT / name).is_dir() else shutil.copy2)(OLD_LAYOUT / name, path)
 
     cfg, ctx, straight = build_tiny_run(mixture, tmp_path / "straight", **SETTINGS)
-    train(cfg, ctx, straight, 3)
+    lockstep_steps(cfg, ctx, straight, 3)
     again, ctx_again, resumed = build_tiny_run(mixture, tmp_path / "resumed", **SETTINGS, resume=path)
     assert (resumed.run_id, resumed.metrics, resumed.finished_at) == (old["run_id"], old["metrics"], None)
     straight.run_id, straight.metrics = resumed.run_id, resumed.metrics  # the old run's id and evaluations
     assert_same(snapshot(resumed), snapshot(straight))
-    assert train(again, ctx_again, resumed, 3) == train(cfg, ctx, straight, 3)
+    assert losses(lockstep_steps(again, ctx_again, resumed, 3)) == losses(lockstep_steps(cfg, ctx, straight, 3))
     assert_same(snapshot(resumed), snapshot(straight))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAUNCH_TOKEN, REPO, kill_all, launched_processes
+from conftest import LAUNCH_TOKEN, REPO, kill_all, launched_processes, wait_until
 from slowness import guard
 
 pytestmark = pytest.mark.slow  # starts bash
@@ -86,10 +86,7 @@ class Job:
         (folder / "batch.pid").write_text(str(self.proc.pid))
 
     def wait_until_running(self, step: str) -> None:
-        deadline = time.monotonic() + guard(30)
-        while not (self.folder / f"running-{step}").exists():
-            assert self.proc.poll() is None and time.monotonic() < deadline, self.finish()
-            time.sleep(0.02)
+        wait_until((self.folder / f"running-{step}").exists, self.proc, f"running-{step}", 30, report=self.finish)
 
     def finish(self) -> tuple[int, str, str]:
         """Its exit status, stdout and stderr, once it ends; a script that has not ended, or has left a process

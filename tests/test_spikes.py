@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import base_args, crashed_copy, make_shards, run_trainer, train_losses
+from conftest import assert_same, base_args, crashed_copy, make_shards, run_trainer, train_losses
 from training.checkpoint import folder as ckpt
 from training.core.logger import read_log
 from training.optim.spikes import SpikeWindow
@@ -53,20 +53,6 @@ def final_state(out: Path) -> dict:
                                             "skips_in_a_row", "rollbacks", "data_offset")}
 
 
-def assert_same_tensors(a, b) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert_same_tensors(a[key], b[key])
-    elif isinstance(a, (list, tuple)):
-        for x, y in zip(a, b, strict=True):
-            assert_same_tensors(x, y)
-    elif torch.is_tensor(a):
-        assert torch.equal(a, b)
-    else:
-        assert a == b
-
-
 # --- the window ---------------------------------------------------------------------------------------
 
 
@@ -99,8 +85,8 @@ def test_a_spike_is_skipped_on_both_ranks_and_leaves_the_weights_as_they_were(da
     assert "step 7: loss spike, the update was not applied" in proc.stderr
     assert sorted(train_losses(out)) == list(range(9))  # the skipped step is logged like any other
     before, after = (ckpt.read_full_state(dict(ckpt.list_checkpoints(out / "checkpoints"))[s]) for s in (7, 8))
-    assert_same_tensors(before["model"], after["model"])
-    assert_same_tensors(before["optimizer"]["state"], after["optimizer"]["state"])
+    assert_same(before["model"], after["model"])
+    assert_same(before["optimizer"]["state"], after["optimizer"]["state"])
     assert after["tokens_seen"] == before["tokens_seen"] + 512  # the step and its data went on
 
 
@@ -120,7 +106,7 @@ def test_a_resume_on_either_side_of_a_skip_is_bitwise_the_straight_run(data, str
     resumed_from(straight_skip, out, checkpoint_step, data, "7")
     assert train_losses(out) == train_losses(straight_skip)
     assert [r["step"] for r in records(out, "skip")] == [7]
-    assert_same_tensors(final_state(out), final_state(straight_skip))
+    assert_same(final_state(out), final_state(straight_skip))
 
 
 # --- rolling back -------------------------------------------------------------------------------------
@@ -154,7 +140,7 @@ def test_a_resume_on_either_side_of_a_rollback_is_bitwise_the_straight_run(data,
     resumed_from(straight_rollback, out, checkpoint_step, data, "7,8", rollback_after=2)
     assert train_losses(out) == train_losses(straight_rollback)
     assert [(r["step"], r["from_step"]) for r in records(out, "rollback")] == [(6, 8)]
-    assert_same_tensors(final_state(out), final_state(straight_rollback))
+    assert_same(final_state(out), final_state(straight_rollback))
 
 
 @pytest.mark.slow
@@ -193,5 +179,5 @@ def test_with_the_modern_recipe_a_spike_leaves_muon_and_adamw_state_as_they_were
     spiky_run(data, out, "7", optimizer="muon", lr_schedule="wsd", max_steps=9, checkpoint_interval=1)
     assert [r["step"] for r in records(out, "skip")] == [7]
     before, after = (ckpt.read_full_state(dict(ckpt.list_checkpoints(out / "checkpoints"))[s]) for s in (7, 8))
-    assert_same_tensors(before["model"], after["model"])
-    assert_same_tensors(before["optimizer"]["state"], after["optimizer"]["state"])  # momentum buffers too
+    assert_same(before["model"], after["model"])
+    assert_same(before["optimizer"]["state"], after["optimizer"]["state"])  # momentum buffers too

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, build_tiny_run, train_loop
+from conftest import REPO, build_tiny_run, lockstep_steps, train_loop
 from launch.components import make_lockstep
 from data.loader import Prefetcher
 from common.errors import NonFiniteLossError
@@ -119,11 +119,7 @@ def test_each_step_records_whether_its_gradient_was_clipped(shards, tmp_path, gr
     """training/run/step.py's metric `clipped`: 1.0 where the norm was over grad_clip, else 0.0 (0: no clipping);
     the tiny model's first norm is over 1, the later ones under. On the default run of the one-sync test above too."""
     cfg, ctx, run = build_tiny_run(shards, tmp_path / "run", grad_clip=grad_clip)
-    batches = Prefetcher(run.train_loader, 0, cfg.schedule.max_steps, ctx.runtime.device)
-    try:
-        results = [make_lockstep(cfg, ctx).step(run, run.model, batches, stop_requested=False) for _ in range(3)]
-    finally:
-        batches.close()
+    results = lockstep_steps(cfg, ctx, run, 3)
     assert results[0].grad_norm > 1.0 > results[2].grad_norm
     assert [r.metrics["clipped"] for r in results] == [float(0 < grad_clip < r.grad_norm) for r in results]
 
