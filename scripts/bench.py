@@ -15,6 +15,11 @@ has none), with evaluation, samples and checkpoints off. Its per-step log gives 
 the first step's time holds the compilation, the steps after the warm-up give ms/step
 (median, 10th-90th percentile), tokens/s (all ranks), MFU and peak memory. Rank 0 prints one table
 and writes it as JSON.
+
+With --profile_top N, one more step runs after the timed ones under the trainer's profiler window
+(profile_from): the N kernels that took the most GPU time in it go into the JSON as top_kernels
+(on the CPU, where there are no kernels, the N costliest operators). That step's time and loss
+stay out of the figures above.
 """
 
 from __future__ import annotations
@@ -47,12 +52,13 @@ def generate_shards(folder: Path, train_tokens: int, val_tokens: int, vocab: int
     return folder
 
 
-def summarize(log_path: Path, warmup: int) -> dict:
-    """Figures from the trainer's log.jsonl: the steps after the warm-up, and the first step."""
+def summarize(log_path: Path, warmup: int, steps: int) -> dict:
+    """Figures from the trainer's log.jsonl: the steps after the warm-up, and the first step; steps
+    from `steps` on (a profiled step after the timed ones) are left out."""
     from training.core.logger import read_log
 
     records = read_log(log_path)
-    train = [r for r in records if r["kind"] == "train"]
+    train = [r for r in records if r["kind"] == "train" and r["step"] < steps]
     timed = [r for r in train if r["step"] >= warmup]
     ms = sorted(r["step_ms"] for r in timed)
     median = statistics.median(ms)
@@ -73,6 +79,28 @@ def summarize(log_path: Path, warmup: int) -> dict:
     mems = [r["peak_mem_gb"] for r in train if r.get("peak_mem_gb") is not None]
     summary["peak_mem_gb"] = max(mems) if mems else None
     return summary
+
+
+def top_kernels(trace: Path, n: int) -> dict:
+    """The n kernels (CPU: operators) that took the most time in a torch.profiler Chrome trace of one step.
+
+    GPU kernels do not overlap on one stream, so their shares add up to the step's GPU busy time;
+    CPU operators nest (an operator's time includes its children's), so on the CPU the list only
+    shows where the time went, and the shares overlap.
+    """
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    kind = "kernel" if any(e.get("cat") == "kernel" for e in events) else "cpu_op"
+    totals: dict[str, list[float]] = {}
+    for event in events:
+        if event.get("cat") == kind:
+            total = totals.setdefault(event["name"], [0.0, 0])
+            total[0] += event["dur"] / 1000  # microseconds -> ms
+            total[1] += 1
+    busy = sum(ms for ms, _ in totals.values()) or 1.0
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:n]
+    return {"profile_events": kind, "profile_busy_ms": busy,
+            "top_kernels": [{"name": name[:120], "ms": ms, "share": ms / busy, "calls": calls}
+                            for name, (ms, calls) in ranked]}
 
 
 def describe_run(cfg, world_size: int) -> dict:
@@ -118,9 +146,13 @@ def split_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--steps", type=int, default=20, help="timed steps after the warm-up")
     parser.add_argument("--json", default="bench.json", help="where rank 0 writes the figures")
     parser.add_argument("--label", default="", help="a name for this variant in the JSON")
+    parser.add_argument("--profile_top", type=int, default=0,
+                        help="profile one more step after the timed ones; its N costliest kernels go into the JSON")
     args, trainer_args = parser.parse_known_args(argv)
     if args.warmup < 1 or args.steps < 1:
         raise ConfigError("--warmup and --steps must be at least 1")
+    if args.profile_top < 0:
+        raise ConfigError(f"--profile_top must be >= 0, got {args.profile_top}")
     return args, trainer_args
 
 
@@ -140,24 +172,36 @@ def main(argv: list[str]) -> int:
         # parse once to know the batch geometry, then hand the trainer its full argument list
         user_cfg = parse_args(quiet + trainer_args)
         total_steps = args.warmup + args.steps
+        steps_run = total_steps + bool(args.profile_top)  # the profiled step, when asked for, comes last
         user_data = user_cfg.data
         if not any(Path(user_data.data_dir).glob("*_train_*.npy")):
             # no shards where the config points: random tokens. Every rank writes its own
             # identical copy, so no coordination is needed before the process group exists.
-            generate_shards(work / "data", total_steps * user_data.total_batch_size + 1,
+            generate_shards(work / "data", steps_run * user_data.total_batch_size + 1,
                             user_data.seq_len * user_data.micro_batch_size + 1, min(user_cfg.model.vocab_size, 50257))
             trainer_args = [*trainer_args, "--data_dir", str(work / "data")]
-        bench_args = ["--out_dir", str(work / "run"), "--max_steps", str(total_steps),
-                      "--val_tokens", str(user_data.seq_len * user_data.micro_batch_size), *quiet]
+        profile = ["--profile_from", str(total_steps), "--profile_steps", "1"] if args.profile_top else []  # 0-based
+        bench_args = ["--out_dir", str(work / "run"), "--max_steps", str(steps_run),
+                      "--val_tokens", str(user_data.seq_len * user_data.micro_batch_size), *quiet, *profile]
         code = run_cli(train_gpt2.main, bench_args + trainer_args)  # the user's keys come last and win
         if code != 0 or rank != 0:
             return code
         cfg = parse_args(bench_args + trainer_args)
         row = {"label": args.label, **describe_run(cfg, int(os.environ.get("WORLD_SIZE", 1))),
                "data": "random" if str(work) in cfg.data.data_dir else cfg.data.data_dir,
-               **summarize(work / "run" / "log.jsonl", args.warmup),
+               **summarize(work / "run" / "log.jsonl", args.warmup, total_steps),
                "date": datetime.date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).name, *argv])}
         print(table(row))
+        if args.profile_top:
+            traces = sorted((work / "run" / "profile").glob("rank0_*.json"))
+            if traces:
+                row.update(top_kernels(traces[0], args.profile_top))
+                busy = row["profile_busy_ms"]
+                print(f"the profiled step's costliest {row['profile_events']}s ({busy:.1f} ms in all):")
+                for k in row["top_kernels"]:
+                    print(f"  {k['ms']:9.2f} ms {k['share']:6.1%} x{k['calls']:<5} {k['name']}")
+            else:
+                print("warning: no profiler trace was written (the trainer's warning says why)", file=sys.stderr)
         Path(args.json).write_text(json.dumps(row, indent=2) + "\n")
         print(f"wrote {args.json}")
         return 0

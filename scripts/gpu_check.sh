@@ -245,6 +245,10 @@ def report(out, *sources):
             md.append(f"- Startup (launch to first finished step, cold compile) under {STARTUP_TARGET_S} s: "
                       + (f"not for {', '.join(slow)}." if slow else "yes, for every 124M variant."))
         md.append("")
+    md += table("One profiled step after the timed ones: its costliest kernels (scripts/bench.py --profile_top)",
+                ["variant", "kernel", "ms", "share of busy time", "calls"],
+                [[r["label"], k["name"][:90], f"{k['ms']:.1f}", f"{k['share']:.1%}", k["calls"]]
+                 for r in rows for k in r.get("top_kernels", [])])
     if numerics:
         md += [f"## Numerics: final loss after the same steps on the same tokens (tolerance {NUMERICS_TOL})", "",
                "| variant | steps | final loss | vs first | within |", "| --- | --- | --- | --- | --- |"]
@@ -326,7 +330,7 @@ trap 'rm -rf "$WORK"' EXIT
 BENCH=$WORK/bench
 
 corpus() {  # the repository-text corpus in $WORK/corpus (real tokens, so losses compare), written once
-    [ -d "$WORK/corpus" ] || PYTHONPATH=.:tests "$PY" -c "import sys; from test_gpu import write_corpus_shards; \
+    [ -d "$WORK/corpus" ] || PYTHONPATH=.:tests${PYTHONPATH:+:$PYTHONPATH} "$PY" -c "import sys; from test_gpu import write_corpus_shards; \
 write_corpus_shards(sys.argv[1], int(sys.argv[2]))" "$WORK/corpus" "$CORPUS_TOKENS"
 }
 

@@ -206,7 +206,10 @@ def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
 
 
 def trainer_env(extra_env: dict | None = None) -> dict:
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", PYTHONPATH=str(REPO),
+    """The environment of a trainer a test starts: the repository first on PYTHONPATH, ahead of what the
+    caller put there (packages installed beside the interpreter's own, as on a machine set up by hand)."""
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", WANDB_SILENT="true", PYTHONPATH=path,
                 PYTHONFAULTHANDLER="1", **(extra_env or {}))
 
 

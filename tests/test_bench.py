@@ -111,3 +111,22 @@ def test_bench_gpu_exits_1_when_a_variant_fails_for_another_reason_than_memory(t
     assert line.startswith("124m-eager-fused-b64\texit 2: error: ") and "x_train_000001.npy" in line, line
     assert proc.stderr.splitlines()[-1] == (f"error: 1 variant(s) failed, not for lack of memory: "
                                             f"{tmp_path / 'results'}/failed.txt says why")
+
+
+@pytest.mark.slow
+def test_a_profiled_step_after_the_timed_ones_names_the_costliest_work_and_changes_no_figure(tmp_path):
+    """--profile_top: one more step under the trainer's profiler; the timed steps and final loss are the run's without it."""
+    rows = {}
+    for name, extra in (("plain", []), ("profiled", ["--profile_top", "3"])):
+        out = tmp_path / f"{name}.json"
+        proc = run_trainer([*BENCH_ARGS, "--json", str(out), *extra], script="scripts/bench.py", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows[name] = json.loads(out.read_text())
+    plain, profiled = rows["plain"], rows["profiled"]
+    assert "top_kernels" not in plain
+    assert profiled["steps_timed"] == plain["steps_timed"] == 4
+    assert profiled["final_loss"] == plain["final_loss"]  # the loss of the last timed step, not the profiled one
+    assert profiled["profile_events"] == "cpu_op"  # no kernels on the CPU: its operators
+    top = profiled["top_kernels"]
+    assert len(top) == 3 and [k["ms"] for k in top] == sorted((k["ms"] for k in top), reverse=True)
+    assert all(k["calls"] >= 1 and 0 < k["share"] <= 1 for k in top)

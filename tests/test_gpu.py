@@ -361,6 +361,17 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
             cfg.data.grad_accum_steps(1)
 
 
+def test_packages_on_the_callers_pythonpath_reach_the_trainers_the_tests_start(monkeypatch, tmp_path):
+    """A GPU machine set up by hand may hold some packages beside its Python's own, on PYTHONPATH: the
+    trainers these tests start keep them, behind the repository."""
+    from conftest import trainer_env
+
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert trainer_env()["PYTHONPATH"].split(os.pathsep) == [str(REPO), str(tmp_path)]
+    monkeypatch.delenv("PYTHONPATH")
+    assert trainer_env()["PYTHONPATH"] == str(REPO)
+
+
 # A stand-in for build-nanogpt's train_gpt2.py, whose code may not live in this repository: the
 # definitions scripts/gpu_reference.py loads, on our model, around statements that must not run.
 REFERENCE_STAND_IN = """
