@@ -63,8 +63,15 @@ SETTINGS = trainer_settings(DEVICE, B, T, MODEL)
 # HellaSwag run) still goes through Inductor.
 COMPILE_BACKEND = "eager" if DRY_RUN else "inductor"
 
-LOSS_TOL = 1e-2  # compiled vs eager, per step over 20 steps (the issue's bound)
-RESUME_TOL = 1e-3  # per-step loss, when the kernels are not deterministic (see the resume test)
+# Two runs on different kernels (compiled vs eager), or on kernels that round differently in each process (CUDA's
+# atomics), part by rounding at their first backward. bf16 training at these settings amplifies that gap chaotically:
+# on an H200 the compiled and eager losses were 6e-4 apart at step 2, 2.2e-2 at step 9 and 2.4e-3 at step 19. So the
+# tests compare on the same state (same weights, same micro-batch), where the two agree to rounding, and hold the
+# trajectories only to TRAJECTORY_TOL, which a lost optimizer state or a wrong lr or batch exceeds by far.
+SAME_STATE_LOSS_TOL = 1e-3  # relative: one forward, bf16 operands (the fused-loss test's bound)
+SAME_STATE_GRAD_TOL = 1e-2  # relative norm of the gradients of one backward, bf16 operands
+RESUME_TOL = 1e-3  # absolute: the loss of the first step after one update from the same state
+TRAJECTORY_TOL = 0.1  # absolute, per step: two trajectories that parted by rounding only
 HELLASWAG_TIE = 5e-3  # relative gap between two endings' losses that bf16 rounding could close (~0.05 nats)
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -134,8 +141,22 @@ def compiled_run(corpus, tmp_path_factory) -> tuple[Path, Path]:
     return root / "run", hellaswag
 
 
-def train_in_process(data: Path, out: Path, steps: int, compile: bool) -> list[float]:
-    """Per-step losses of `steps` trainer steps through the eager model or torch.compile of it (one GPU)."""
+def loss_and_grads(run, model, runtime, x: torch.Tensor, y: torch.Tensor, chunk: int = 0):
+    """(loss, all gradients flattened, lm_head's gradient) of one forward and backward of run.model through
+    `model` (itself or a compiled wrapper); the gradients are cleared after."""
+    run.model.zero_grad(set_to_none=True)
+    with runtime.autocast():
+        _, loss = model(x, y, loss_chunk_size=chunk)
+    loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in run.model.parameters()])
+    head = run.model.lm_head.weight.grad.clone()
+    run.model.zero_grad(set_to_none=True)
+    return loss.item(), grads, head
+
+
+def train_in_process(data: Path, out: Path, steps: int, compile: bool, probe=None) -> list[float]:
+    """Per-step losses of `steps` trainer steps through the eager model or torch.compile of it (one GPU).
+    probe(run, runtime, step), if given, is called before each step."""
     from data.loader import Prefetcher
     from launch.components import make_lockstep
 
@@ -143,19 +164,42 @@ def train_in_process(data: Path, out: Path, steps: int, compile: bool) -> list[f
     model = torch.compile(run.model, backend=COMPILE_BACKEND) if compile else run.model
     batches = Prefetcher(run.train_loader, 0, steps, ctx.runtime.device)
     lockstep = make_lockstep(cfg, ctx)  # the trainer's step: the math, the votes, the one host sync
+    losses = []
     try:
-        return [lockstep.step(run, model, batches, stop_requested=False).loss for _ in range(steps)]
+        for step in range(steps):
+            if probe is not None:
+                probe(run, ctx.runtime, step)
+            losses.append(lockstep.step(run, model, batches, stop_requested=False).loss)
+        return losses
     finally:
         batches.close()
 
 
 @pytest.mark.slow  # not a process, but 40 steps and Dynamo's tracing: the longest of the fast set
 @gpu
-def test_compiled_and_eager_losses_agree_over_20_steps(corpus, tmp_path, fresh_dynamo):
-    eager = train_in_process(corpus, tmp_path / "eager", 20, compile=False)
+def test_compiled_and_eager_agree_step_by_step_over_20_steps(corpus, tmp_path, fresh_dynamo):
+    """At each of 20 steps of an eager run, torch.compile of the model on the same weights and micro-batch
+    gives the same loss and gradients to rounding; and 20 steps of the trainer's step through the compiled
+    model follow the eager run to TRAJECTORY_TOL (the two part by rounding, which training amplifies)."""
+    compiled_model = {}
+    worst = {"loss": 0.0, "grads": 0.0, "lm_head": 0.0}
+
+    def same_state(run, runtime, step):
+        if "model" not in compiled_model:
+            compiled_model["model"] = torch.compile(run.model, backend=COMPILE_BACKEND)
+        x, y = (t.to(runtime.device) for t in run.train_loader.micro_batch(step, 0))
+        eager_loss, eager_grads, eager_head = loss_and_grads(run, run.model, runtime, x, y)
+        loss, grads, head = loss_and_grads(run, compiled_model["model"], runtime, x, y)
+        for key, error in (("loss", abs(loss - eager_loss) / eager_loss), ("grads", relative_error(grads, eager_grads)),
+                           ("lm_head", relative_error(head, eager_head))):
+            worst[key] = max(worst[key], error)
+
+    eager = train_in_process(corpus, tmp_path / "eager", 20, compile=False, probe=same_state)
+    assert worst["loss"] <= SAME_STATE_LOSS_TOL, worst
+    assert max(worst["grads"], worst["lm_head"]) <= SAME_STATE_GRAD_TOL, worst
     compiled = train_in_process(corpus, tmp_path / "compiled", 20, compile=True)
-    worst = max(abs(a - b) for a, b in zip(compiled, eager))
-    assert worst <= LOSS_TOL, f"compiled vs eager: {worst:.4g} > {LOSS_TOL}\n{compiled}\n{eager}"
+    gap = max(abs(a - b) for a, b in zip(compiled, eager))
+    assert gap <= TRAJECTORY_TOL, f"compiled vs eager: {gap:.4g} > {TRAJECTORY_TOL}\n{compiled}\n{eager}"
     assert eager[-1] < eager[0] - 0.1, eager  # it learns, so the comparison means something
 
 
@@ -171,58 +215,54 @@ def test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients(corpus, tmp
     x, y = (t.to(runtime.device) for t in run.train_loader.micro_batch(0, 0))
     compiled = torch.compile(run.model, backend=COMPILE_BACKEND)
 
-    def loss_and_grads(model, chunk: int) -> tuple[float, torch.Tensor, torch.Tensor]:
-        run.model.zero_grad(set_to_none=True)
-        with runtime.autocast():
-            _, loss = model(x, y, loss_chunk_size=chunk)
-        loss.backward()
-        grads = torch.cat([p.grad.flatten() for p in run.model.parameters()])
-        return loss.item(), grads, run.model.lm_head.weight.grad.clone()
-
-    plain_loss, plain_grads, plain_head = loss_and_grads(run.model, 0)
+    plain_loss, plain_grads, plain_head = loss_and_grads(run, run.model, runtime, x, y)
     for name, model in (("eager", run.model), ("compiled", compiled)):
-        loss, grads, head = loss_and_grads(model, CHUNK)
-        assert abs(loss - plain_loss) <= 1e-3 * plain_loss, (name, loss, plain_loss)
-        assert relative_error(grads, plain_grads) <= 1e-2, (name, relative_error(grads, plain_grads))
-        assert relative_error(head, plain_head) <= 1e-2, (name, relative_error(head, plain_head))
+        loss, grads, head = loss_and_grads(run, model, runtime, x, y, CHUNK)
+        assert abs(loss - plain_loss) <= SAME_STATE_LOSS_TOL * plain_loss, (name, loss, plain_loss)
+        assert relative_error(grads, plain_grads) <= SAME_STATE_GRAD_TOL, (name, relative_error(grads, plain_grads))
+        assert relative_error(head, plain_head) <= SAME_STATE_GRAD_TOL, (name, relative_error(head, plain_head))
 
 
-@pytest.mark.slow  # four trainer runs
+@pytest.mark.slow  # three trainer runs
 @gpu
 def test_resume_on_cuda_matches_a_straight_run(corpus, tmp_path, record_property):
-    """10 straight steps vs 5 + resume + 5, eager (the CUDA default then: the fused loss).
+    """10 straight steps that checkpoint at step 5, and a run resumed from that checkpoint for steps 5-9.
 
-    Eager because a checkpoint holds the uncompiled module, so compilation plays no part in what
-    a resume restores, and four compiled launches would cost minutes of compilation.
+    Eager, as the CUDA default then (the fused loss): a checkpoint holds the uncompiled module, so
+    compilation plays no part in what a resume restores.
 
-    Bitwise when two straight runs are bitwise equal, i.e. the kernels are deterministic.
-    Otherwise (some CUDA backward kernels, such as attention's, accumulate with atomics) every
-    step's loss within max(RESUME_TOL = 1e-3, twice the straight runs' own spread): a resume
-    that lost the optimizer moments, the data position or the lr moves it by far more. The
-    junit property `resume_comparison` says which applied.
+    Both take step 5 from the same state: weights, optimizer moments, data position and lr. When two
+    straight runs are bitwise equal (deterministic kernels), the resumed steps and final weights must
+    be too. Otherwise (some CUDA backward kernels, attention's among them, add with atomics) each
+    backward rounds differently in each process, and training amplifies that (TRAJECTORY_TOL's note).
+    Then step 5, a forward on the same state, must give the same loss to rounding; step 6, after one
+    update, within RESUME_TOL (a resume that lost the moments or the lr misses it by far); the rest
+    within TRAJECTORY_TOL. The junit property `resume_comparison` says which applied.
     """
+    from training.checkpoint.folder import list_checkpoints
+
     straight, again, resumed = (tmp_path / name for name in ("straight", "again", "resumed"))
     for out in (straight, again):
-        run_trainer(gpu_args(corpus, out, max_steps=10), timeout=240)
-    run_trainer(gpu_args(corpus, resumed, max_steps=5), timeout=240)  # its final checkpoint: step 5
-    proc = run_trainer(gpu_args(corpus, resumed, max_steps=10), timeout=240)
+        run_trainer(gpu_args(corpus, out, max_steps=10, checkpoint_interval=5), timeout=240)
+    (checkpoint,) = [path for step, path in list_checkpoints(straight / "checkpoints") if step == 5]
+    proc = run_trainer(gpu_args(corpus, resumed, max_steps=10, resume=checkpoint), timeout=240)
     assert "resumed from" in proc.stdout and "at step 5" in proc.stdout, proc.stdout[-2000:]
 
     reference, repeat, losses = train_losses(straight), train_losses(again), train_losses(resumed)
-    assert sorted(losses) == list(range(10))
+    assert sorted(losses) == list(range(5, 10))
     weights, repeat_weights, resumed_weights = (load_weights(d, 10) for d in (straight, again, resumed))
     deterministic = reference == repeat and all(torch.equal(weights[k], repeat_weights[k]) for k in weights)
     if deterministic:
         record_property("resume_comparison", "bitwise")
-        assert losses == reference
+        assert losses == {s: reference[s] for s in losses}
         for key in weights:
             assert torch.equal(resumed_weights[key], weights[key]), key
-    else:
-        spread = max(abs(reference[s] - repeat[s]) for s in reference)
-        tolerance = max(RESUME_TOL, 2 * spread)
-        record_property("resume_comparison", f"tolerance {tolerance:.3g} (straight runs differ by {spread:.3g})")
-        worst = max(abs(losses[s] - reference[s]) for s in reference)
-        assert worst <= tolerance, f"resumed vs straight: {worst:.3g} > {tolerance:.3g}\n{losses}\n{reference}"
+        return
+    gaps = {s: abs(losses[s] - reference[s]) for s in losses}
+    record_property("resume_comparison", "to rounding: " + ", ".join(f"step {s} {g:.3g}" for s, g in gaps.items()))
+    assert gaps[5] <= SAME_STATE_LOSS_TOL * reference[5], gaps
+    assert gaps[6] <= RESUME_TOL, gaps
+    assert max(gaps.values()) <= TRAJECTORY_TOL, gaps
 
 
 @pytest.mark.slow  # compiled_run starts the trainer
