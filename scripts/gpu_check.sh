@@ -48,13 +48,12 @@
 #                "gpt2-large gpt2-xl" reruns only those presets)
 #   bash scripts/gpu_check.sh --report bench_results/gpu bench_results/a bench_results/b bench_results/c bench_results/d
 #
-# Time, estimated for one H100 before any was measured (the first run's part and variant seconds in
-# summary.md replace these figures): tests ~3.5 min (three cold compiles of 124M at B=8, four short
-# eager trainer runs); each 124M speed variant ~1.5 min (startup and cold compile ~1 min, 30 steps of
-# ~1 s); reference ~1.5 min; presets ~1.5, 2 and 3 min (compilation grows with depth; each runs 3-6
+# Time. Measured on one H200 (2026-11-28): tests 140 s (three cold compiles of 124M at B=8, trainer runs
+# of 4-10 steps); each 124M speed variant about 76 s (startup with cold compile 34 s, 31 steps of ~1 s);
+# reference 45 s. Estimated for one H100, not yet measured (summary.md gives each part's seconds): presets ~1.5, 2 and 3 min (compilation grows with depth; each runs 3-6
 # steps); fsdp ~1.5 min per 124M variant and ~3 min for 1558M; levers ~1 min (eager B=64), ~1.5 min per
 # CUDA-graphs variant, several minutes for max-autotune; checkpoint ~0.5 min for 124M and ~5 min for
-# 1558M (three saves and two loads of 19 GB). So the first two invocations above take ~9.5 and ~16 min.
+# 1558M (three saves and two loads of 19 GB). So the first two invocations above take ~7 and ~16 min.
 # GPU_CHECK_BUDGET_S (default 560, 0 for none) caps one invocation at about that many seconds: a part or
 # variant that would start with less than 90 s left is skipped and listed as skipped, and the next
 # invocation can run it, BENCH_ONLY naming the labels (glob patterns) to run:
