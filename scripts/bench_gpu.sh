@@ -158,7 +158,7 @@ group_fsdp() {  # FSDP2 on one GPU (torchrun, world size 1): its overhead agains
 
 for group in $GROUPS_TO_RUN; do
     if ! declare -F "group_$group" > /dev/null; then
-        echo "unknown group $group (groups: $(declare -F | sed -n 's/^declare -f group_//p' | tr '\n' ' '))" >&2
+        echo "error: unknown group $group (groups: $(declare -F | sed -n 's/^declare -f group_//p' | tr '\n' ' '))" >&2
         exit 2
     fi
 done

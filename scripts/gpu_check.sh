@@ -309,8 +309,15 @@ RESULTS=${1:-${OUT:-bench_results}}
 shift $(( $# > 0 ? 1 : 0 ))
 PARTS=${*:-$ALL_PARTS}
 for part in $PARTS; do
-    [[ " $ALL_PARTS " == *" $part "* ]] || { echo "unknown part $part (parts: $ALL_PARTS)" >&2; exit 2; }
+    [[ " $ALL_PARTS " == *" $part "* ]] || { echo "error: unknown part $part (parts: $ALL_PARTS)" >&2; exit 2; }
 done
+# Every part runs the trainer: one line now if this Python cannot import it (a GPU image with its own torch
+# but without requirements.txt, say), rather than the same traceback in every part's log
+if ! import_error=$("$PY" -c "import train_gpt2" 2>&1); then
+    echo "error: $PY cannot import the trainer ($(tail -1 <<< "$import_error")): run make install, or set PYTHON" \
+         "to a Python with requirements.txt installed" >&2
+    exit 2
+fi
 DRY_RUN=${GPU_CHECK_DRY_RUN:-0}
 BUDGET=${GPU_CHECK_BUDGET_S:-$([ "$DRY_RUN" = 1 ] && echo 1800 || echo 560)}
 REFERENCE=${GPU_REFERENCE:-.ref/build-nanogpt/train_gpt2.py}

@@ -590,6 +590,41 @@ def test_gpu_check_skips_every_part_a_spent_budget_leaves_no_time_for(gpu_check)
     assert [p["part"] for p in parts] == ["tests", "presets"] and all(p["status"].startswith("skipped") for p in parts)
 
 
+WITHOUT_PYDANTIC = """
+import sys
+
+
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "pydantic":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+sys.meta_path.insert(0, Absent())
+"""
+
+
+@pytest.mark.parametrize("case", ["a python without the requirements", "an unknown part"])
+def test_gpu_check_refuses_in_one_line_before_it_runs_any_part(case, tmp_path):
+    """A GPU image's own Python with torch but without requirements.txt (pydantic), or a misspelt part:
+    one error line and exit 2, no results folder, rather than the same traceback in every part."""
+    env = dict(os.environ, GPU_CHECK_DRY_RUN="1", PYTHON=sys.executable)
+    args = ["tests"]
+    if case == "an unknown part":
+        args = ["tests", "sped"]
+    else:
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "sitecustomize.py").write_text(WITHOUT_PYDANTIC)
+        env["PYTHONPATH"] = str(tmp_path / "site")
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), str(tmp_path / "results"), *args],
+                          env=env, capture_output=True, text=True, timeout=guard(60))
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = proc.stderr.splitlines()
+    expected = "unknown part sped" if case == "an unknown part" else "No module named 'pydantic'"
+    assert line.startswith("error: ") and expected in line, line
+    assert not (tmp_path / "results").exists()
+
+
 @pytest.mark.slow
 def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
     """--report over the part calls above (run here if this test runs alone) and the skipped one."""
