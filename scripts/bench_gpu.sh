@@ -101,8 +101,10 @@ SPEED=(--model gpt2 --warmup 5 --steps 25)
 
 group_speed() {  # the reference's setting first, then one lever at a time
     # the two that matter most also profile one more step: where its GPU time goes, kernel by kernel
-    run 124m-compile-plain-b64 "${SPEED[@]}" --micro_batch_size 64 --compile true  --loss_chunk_size 0 --profile_top 12
-    run 124m-compile-fused-b64 "${SPEED[@]}" --micro_batch_size 64 --compile true  --loss_chunk_size 8192 --profile_top 12
+    run 124m-compile-plain-b64 "${SPEED[@]}" --micro_batch_size 64 --compile true --loss_chunk_size 0 \
+        --profile_top 12
+    run 124m-compile-fused-b64 "${SPEED[@]}" --micro_batch_size 64 --compile true --loss_chunk_size 8192 \
+        --profile_top 12
     run 124m-eager-fused-b64   "${SPEED[@]}" --micro_batch_size 64 --compile false --loss_chunk_size 8192
     run 124m-compile-plain-b32 "${SPEED[@]}" --micro_batch_size 32 --compile true  --loss_chunk_size 0
 }

@@ -50,10 +50,11 @@
 #
 # Time. Measured on one H200 (2026-11-28): tests 140 s (three cold compiles of 124M at B=8, trainer runs
 # of 4-10 steps); each 124M speed variant about 76 s (startup with cold compile 34 s, 31 steps of ~1 s);
-# reference 45 s. Estimated for one H100, not yet measured (summary.md gives each part's seconds): presets ~1.5, 2 and 3 min (compilation grows with depth; each runs 3-6
-# steps); fsdp ~1.5 min per 124M variant and ~3 min for 1558M; levers ~1 min (eager B=64), ~1.5 min per
-# CUDA-graphs variant, several minutes for max-autotune; checkpoint ~0.5 min for 124M and ~5 min for
-# 1558M (three saves and two loads of 19 GB). So the first two invocations above take ~7 and ~16 min.
+# reference 45 s. Estimated for one H100, not yet measured (summary.md gives each part's seconds):
+# presets ~1.5, 2 and 3 min (compilation grows with depth; each runs 3-6 steps); fsdp ~1.5 min per 124M
+# variant and ~3 min for 1558M; levers ~1 min (eager B=64), ~1.5 min per CUDA-graphs variant, several
+# minutes for max-autotune; checkpoint ~0.5 min for 124M and ~5 min for 1558M (three saves and two loads
+# of 19 GB). So the first two invocations above take ~7 and ~16 min.
 # GPU_CHECK_BUDGET_S (default 560, 0 for none) caps one invocation at about that many seconds: a part or
 # variant that would start with less than 90 s left is skipped and listed as skipped, and the next
 # invocation can run it, BENCH_ONLY naming the labels (glob patterns) to run:
@@ -336,8 +337,9 @@ trap 'rm -rf "$WORK"' EXIT
 BENCH=$WORK/bench
 
 corpus() {  # the repository-text corpus in $WORK/corpus (real tokens, so losses compare), written once
-    [ -d "$WORK/corpus" ] || PYTHONPATH=.:tests${PYTHONPATH:+:$PYTHONPATH} "$PY" -c "import sys; from test_gpu import write_corpus_shards; \
-write_corpus_shards(sys.argv[1], int(sys.argv[2]))" "$WORK/corpus" "$CORPUS_TOKENS"
+    [ -d "$WORK/corpus" ] || PYTHONPATH=.:tests${PYTHONPATH:+:$PYTHONPATH} "$PY" -c "import sys; \
+from test_gpu import write_corpus_shards; write_corpus_shards(sys.argv[1], int(sys.argv[2]))" \
+        "$WORK/corpus" "$CORPUS_TOKENS"
 }
 
 bench_group() {  # bench_gpu.sh's group $1 on the corpus

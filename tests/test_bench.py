@@ -115,7 +115,8 @@ def test_bench_gpu_exits_1_when_a_variant_fails_for_another_reason_than_memory(t
 
 @pytest.mark.slow
 def test_a_profiled_step_after_the_timed_ones_names_the_costliest_work_and_changes_no_figure(tmp_path):
-    """--profile_top: one more step under the trainer's profiler; the timed steps and final loss are the run's without it."""
+    """--profile_top: one more step under the trainer's profiler; the timed steps and the final loss
+    are those of the run without it."""
     rows = {}
     for name, extra in (("plain", []), ("profiled", ["--profile_top", "3"])):
         out = tmp_path / f"{name}.json"
