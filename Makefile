@@ -17,6 +17,17 @@ endif
 # keeping it mapped makes CPU training (the demo) about 1.7x faster.
 CPU_MALLOC := MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184
 
+# $(call fresh_folder,NAME): empty the folder that the variable NAME names, for a target that writes all of it.
+# Quoted (a path may hold spaces), and refused in one line where the folder holds anything the target did not
+# write (no .made_by_make in it: `make smoke SMOKE_DIR=.` must not delete the repository) or is not a folder.
+define fresh_folder
+	@if [ -z "$($(1))" ] || { [ -e "$($(1))" ] && [ ! -d "$($(1))" ]; } || { [ -d "$($(1))" ] && \
+	    [ ! -e "$($(1))/.made_by_make" ] && [ -n "$$(ls -A "$($(1))")" ]; }; then \
+	    echo "error: $(1)=\"$($(1))\" is not a folder this target made; name a new or empty folder" >&2; exit 2; fi
+	rm -rf "$($(1))"
+	mkdir -p "$($(1))" && touch "$($(1))/.made_by_make"
+endef
+
 .PHONY: install demo smoke pictures test test-fast test-smoke test-slurm lint lock clean-demo
 
 # requirements.txt holds lower bounds; requirements.lock the exact versions CI passed with
@@ -49,10 +60,10 @@ SMOKE_SHRINK := --model custom --n_layer 2 --n_head 2 --n_embd 64 --micro_batch_
 	--max_steps 6 --warmup_steps 2 --eval_interval 3 --val_tokens 4096 --sample_interval 6 --checkpoint_interval 3 \
 	--hellaswag_interval 0
 smoke: install
-	rm -rf $(SMOKE_DIR)
-	$(PY) prep/fineweb.py --input README.md docs/*.md *.py --out $(SMOKE_DIR)/data --val_size 8192 --num_proc 1
+	$(call fresh_folder,SMOKE_DIR)
+	$(PY) prep/fineweb.py --input README.md docs/*.md *.py --out "$(SMOKE_DIR)/data" --val_size 8192 --num_proc 1
 	$(CPU_MALLOC) $(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_gpt2.py --config configs/gpt2_124m.yaml \
-		--data_dir $(SMOKE_DIR)/data --out_dir $(SMOKE_DIR)/run $(SMOKE_SHRINK)
+		--data_dir "$(SMOKE_DIR)/data" --out_dir "$(SMOKE_DIR)/run" $(SMOKE_SHRINK)
 
 # Every shipped picture (docs/*.png) redrawn by plot_log.py or ladder.py from the runs it shows, kept small
 # in docs/pictures/ (the records it draws, config.yaml and the train data's unigram entropy; a ladder's
@@ -64,17 +75,17 @@ smoke: install
 PICTURE_RUNS := out/pictures
 pictures: install
 ifdef FROM_SCRATCH
-	rm -rf $(PICTURE_RUNS)
+	$(call fresh_folder,PICTURE_RUNS)
 	$(PY) prep/shakespeare.py
-	$(CPU_MALLOC) $(PY) train_gpt2.py --config configs/demo.yaml --out_dir $(PICTURE_RUNS)/demo
+	$(CPU_MALLOC) $(PY) train_gpt2.py --config configs/demo.yaml --out_dir "$(PICTURE_RUNS)/demo"
 	$(PY) prep/fineweb.py --input README.md docs/*.md --out data/prose --val_size 16384 --overwrite
 	$(PY) prep/fineweb.py --input $$(git ls-files '*.py') --out data/code --val_size 16384 --overwrite
 	$(CPU_MALLOC) $(PY) train_gpt2.py --config configs/demo.yaml --data_dir data/prose:0.5,data/code:0.5 \
-	    --val_tokens 2048 --max_steps 300 --eval_interval 25 --sample_interval 0 --out_dir $(PICTURE_RUNS)/mix
-	$(PY) scripts/compare_recipes.py --seeds 1337 --out $(PICTURE_RUNS)/recipes
+	    --val_tokens 2048 --max_steps 300 --eval_interval 25 --sample_interval 0 --out_dir "$(PICTURE_RUNS)/mix"
+	$(PY) scripts/compare_recipes.py --seeds 1337 --out "$(PICTURE_RUNS)/recipes"
 	OMP_NUM_THREADS=1 $(PY) ladder.py --tokens_per_param 0.01 --seeds 1337 1 --check --set eval_interval=0 \
-	    --set sample_interval=0 --out $(PICTURE_RUNS)/ladder
-	$(PY) scripts/pictures.py --store $(PICTURE_RUNS)
+	    --set sample_interval=0 --out "$(PICTURE_RUNS)/ladder"
+	$(PY) scripts/pictures.py --store "$(PICTURE_RUNS)"
 endif
 	$(PY) scripts/pictures.py
 
