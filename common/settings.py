@@ -4,8 +4,8 @@ A section is a `Settings` made with the `section` decorator (a pydantic dataclas
 component it configures (training/optim/optimizers.py's OptimizerSettings, ...), which is handed the
 section itself, not the whole configuration. Each key is a field made with option(): its default, the
 help --help prints, and what another value does to a resumed run. Every value goes through
-Settings.coerce: text (the command line, and YAML's `6e-4`, which PyYAML reads as a string) as the
-field's type reads text, any other value strictly (`true` is no integer); the types below add None's
+Settings.coerce: text (the command line, and YAML's numbers, which launch/config.py's loader keeps as text) as
+the field's type reads text, any other value strictly (`true` is no integer); the types below add None's
 words, comma-separated lists and a YAML mapping kept as its command-line text. Then the section's
 validate() checks its rules, each a require(). A problem is a ConfigError naming the key. So a new key
 is its field plus its line in docs/CONFIGURATION.md (tests/test_config.py checks that it has both).

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import textwrap
 import typing
 from dataclasses import dataclass
@@ -136,14 +137,28 @@ def coerce(key: str, value):
     return SECTION_OF[known_key(key)].coerce(key, value)
 
 
+# What PyYAML reads a plain scalar as, but numbers and dates: YAML 1.1's integers take `010` as octal 8, `1:00` as
+# base-60 60 and `0b101` as 5, where the command line reads 10 and two errors; its floats and dates read `1:00.5`
+# and `2001-12-14` likewise. So a plain scalar that looks like a number or a date stays text, and its key's type
+# reads it as it reads the command line's text (Settings.coerce): the same value, or the same error naming the key.
+_TEXT_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp"}
+# YAML's own words for infinity and NaN stay floats, which a float key then refuses as not finite (no key takes one):
+# read as text they would be an unexplained "expected a number, got '.inf'".
+_NON_FINITE = re.compile(r"^(?:[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
 class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader of an open file, with each mapping's keys as written and each given once.
+    """PyYAML's safe loader of an open file, with numbers read as the command line reads them, and each mapping's
+    keys as written and each given once.
 
     A key is a name: YAML's own reading of `on`, `yes`, `no`, `null` or `1` as a boolean, null
     or number (which no key's name is) would turn it into something a message cannot name, or
     fail on. PyYAML keeps the last of a key given twice in one mapping, silently dropping the
     first; that is an error, naming the key and both lines. Messages name the file (self.name).
     """
+
+    yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag not in _TEXT_TAGS]
+                               for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
     def construct_mapping(self, node, deep=False):
         if not isinstance(node, yaml.MappingNode):
@@ -163,6 +178,9 @@ class _ConfigLoader(yaml.SafeLoader):
         require(isinstance(key_node, yaml.ScalarNode), "config", f"{self.name} line {key_node.start_mark.line + 1}: "
                 f"a key must be a name, not a {'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'}")
         return key_node.value
+
+
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _NON_FINITE, list("-+."))
 
 
 # a key named like its section (`model: custom` beside `model: {n_layer: 2}`): say which is which
