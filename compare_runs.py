@@ -33,7 +33,7 @@ from common.errors import ArgumentParser, ConfigError, DataError, print_warning,
 from evals.base import EMA_PREFIX
 from evals.stats import Difference, format_p, paired, verdict, welch
 from common.log_fields import BPB, BPB_PREFIX, val_set_names
-from common.settings import require
+from common.settings import path_argument, require
 from training.core.logger import LOG_NAME, read_log, write_text_file
 
 CARD = "report"  # eval_lm.py --card's report.json (report_ema.json of the EMA weights)
@@ -229,17 +229,22 @@ def format_rows(rows: list[Row], names: tuple[str, str] = ("A", "B")) -> str:
     return "\n".join(lines)
 
 
+def as_path(text: str) -> Path:
+    """A path argument: '' refused (path_argument), where Path would read it as the current folder."""
+    return Path(path_argument(text))
+
+
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="compare_runs.py", description=__doc__)
-    parser.add_argument("--a", nargs="+", required=True, type=Path, help="run folders of recipe A (one seed each)")
-    parser.add_argument("--b", nargs="+", required=True, type=Path, help="run folders of recipe B (one seed each)")
+    parser.add_argument("--a", nargs="+", required=True, type=as_path, help="run folders of recipe A (one seed each)")
+    parser.add_argument("--b", nargs="+", required=True, type=as_path, help="run folders of recipe B (one seed each)")
     parser.add_argument("--names", default="A,B", help="the recipes' names in the table and verdicts (default A,B)")
     parser.add_argument("--a_weights", default="live", choices=["live", "ema"],
                         help="live, or ema: group A's EMA figures")
     parser.add_argument("--b_weights", default="live", choices=["live", "ema"],
                         help="live, or ema: group B's EMA figures")
     parser.add_argument("--alpha", type=float, default=0.05, help="the p below which a difference is called (0.05)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    parser.add_argument("--json", type=as_path, default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     names = tuple(n.strip() for n in args.names.split(","))
     require(len(names) == 2 and all(names), "--names",

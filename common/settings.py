@@ -14,6 +14,7 @@ The kit lives in common/, the lowest layer, so that a section can sit in any lay
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import typing
@@ -101,6 +102,27 @@ def require(ok: bool, key: str, message: str) -> None:
     """One rule: a ConfigError `key: message` (one line, exit code 2) unless ok."""
     if not ok:
         raise ConfigError(f"{key}: {message}")
+
+
+def path_problem(value: str) -> str | None:
+    """Why value, a path a user gave, names no file or folder (None: it names one). An unset shell variable
+    (`--out_dir "$RUN"`) gives '', which Path reads as the current folder: a run, shards or an export would land
+    there unasked, or a checkpoint or data be looked for there."""
+    return None if value.strip() else f"{value!r} names no file or folder (an unset shell variable?)"
+
+
+def require_path(key: str, value: str) -> None:
+    """A path key's rule: a ConfigError naming key if value names no file or folder (path_problem)."""
+    problem = path_problem(value)
+    require(problem is None, key, problem or "")
+
+
+def path_argument(text: str) -> str:
+    """The argparse type of an entry point's path argument: text, or argparse's one-line error naming the argument
+    (ArgumentParser: exit 2) when it names no file or folder, as a path key refuses it (path_problem)."""
+    if problem := path_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def section(cls: type[T]) -> type[T]:

@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from common.errors import ConfigError, first_line
-from common.settings import Settings, require
+from common.settings import Settings, require, require_path
 from data.mixture import DataSettings, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from evals.settings import EvalSettings
@@ -86,6 +86,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         """The rules that span sections (each section checked its own keys when it was made)."""
+        for key in PATH_KEYS:
+            require_path(key, getattr(getattr(self, SECTION_OF[key].SECTION), key))
         data, model, evaluation = self.data, self.model, self.evaluation
         parse_val_sets(evaluation.val_sets, data.data_dir)
         require(data.seq_len <= model.block_size, "seq_len", f"{data.seq_len} exceeds block_size {model.block_size}")
@@ -115,6 +117,10 @@ class TrainConfig:
 SECTIONS: tuple[type[Settings], ...] = tuple(typing.get_type_hints(TrainConfig).values())
 SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
 SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
+# The keys that name a file or folder and have no use for '' (an unset variable's value, which Path reads as the
+# current folder): a run written there, or data, weights or a checkpoint looked for there. checkpoint_dir,
+# hellaswag_path and val_sets say what their '' means; tests/test_config.py finds any other path key.
+PATH_KEYS = ("out_dir", "data_dir", "init_from", "resume")
 
 
 # --- parsing: each key's type converts and checks its values (pydantic) -------------------------------
@@ -192,6 +198,7 @@ _SECTION_HINT = {name: f"; `{name}: VALUE` is the key and `{name}:` with keys un
 def load_yaml(path: str | Path) -> dict:
     """The keys a YAML file sets, each converted and checked by its field's type (coerce): flat (`max_lr: 6e-4`), or
     nested under its section's name (`schedule: {max_lr: 6e-4}`); a key set twice is an error."""
+    require_path("config", str(path))  # before Path, which reads '' as the current folder
     path = Path(path)
     require(path.is_file(), "config", f"no such file {path}")
     try:

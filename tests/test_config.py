@@ -531,3 +531,36 @@ def test_help_and_the_configuration_table_say_alike_what_dtype_auto_picks(monkey
         assert runtime.resolve_dtype("auto", torch.device("cpu")) == picked
     assert runtime.resolve_dtype("auto", torch.device("mps")) == "float32"
     assert "MPS: float32" in usage() and "on MPS float32" in table
+
+
+@pytest.mark.parametrize("key", ["out_dir", "data_dir", "init_from", "resume"])
+@pytest.mark.parametrize("value", ["", " "])
+def test_a_path_key_that_names_nothing_is_refused(key, value, tmp_path):
+    """`--out_dir "$RUN"` with RUN unset gave out_dir '', which is the current folder: the run was written there."""
+    message = f"{key}: {value!r} names no file or folder (an unset shell variable?)"
+    with pytest.raises(ConfigError) as caught:
+        parse_args([f"--{key}", value])
+    assert str(caught.value) == message
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{key}: {value!r}\n")
+    with pytest.raises(ConfigError) as caught:
+        parse_args(["--config", str(path)])
+    assert str(caught.value) == message
+
+
+def test_every_path_key_refuses_nothing_or_says_what_it_means():
+    """A key whose help names a file, folder or path either refuses '' or documents what its '' means
+    (checkpoint_dir's out_dir/checkpoints, hellaswag_path's download): a new path key is covered."""
+    path_keys = [key for section in SECTIONS for key in section.keys() if re.search(r"_(dir|path)$", key)
+                 or re.search(r"\b(folder|path|file)\b|\.pt\b", section.__dataclass_fields__[key].metadata["help"])]
+    assert {"out_dir", "data_dir", "init_from", "resume", "checkpoint_dir", "hellaswag_path"} <= set(path_keys)
+    for key in path_keys:
+        if "''" not in SECTION_OF[key].__dataclass_fields__[key].metadata["help"]:
+            with pytest.raises(ConfigError, match=f"^{key}: "):
+                parse_args([f"--{key}", ""])
+
+
+def test_an_empty_config_path_is_refused():
+    with pytest.raises(ConfigError) as caught:
+        parse_args(["--config", ""])
+    assert str(caught.value) == "config: '' names no file or folder (an unset shell variable?)"
