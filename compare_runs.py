@@ -123,13 +123,17 @@ def run_figures(run: Path, weights: str = "live") -> RunFigures:
     for name in val_set_names(final):
         fields[f"final val loss ({name})"] = name
         fields[f"final val bpb ({name})"] = BPB_PREFIX + name
-    metrics = {metric: (final[prefix + field], True) for metric, field in fields.items()
-               if isinstance(final.get(prefix + field), (int, float))}
+    # the trainer's logger writes a NaN or infinite figure as null (training/core/logger.py): a figure the record
+    # holds as null is such a figure, refused as one, not a figure left out (its row lost the run without a word)
+    held = {metric: final[prefix + field] for metric, field in fields.items() if prefix + field in final}
+    metrics = {metric: (value, True) for metric, value in held.items()
+               if value is None or isinstance(value, (int, float))}
     if weights == "ema" and not metrics:
         raise DataError(f"{path}: its final val record (step {final['step']}) has no EMA figures")
     for metric, (value, _) in metrics.items():
-        if not math.isfinite(value):
-            raise DataError(f"{path}: the {metric} of step {final['step']} is {value}, not a finite figure")
+        if value is None or not math.isfinite(value):
+            shown = "null (NaN or infinite: the trainer logs them so)" if value is None else value
+            raise DataError(f"{path}: the {metric} of step {final['step']} is {shown}, not a finite figure")
     saved = max((r["step"] for r in records if r.get("kind") == "checkpoint"), default=-1)
     card = run / f"{CARD}{'_ema' if weights == 'ema' else ''}.json"
     card_step, card_metrics = card_figures(card) if card.is_file() else (None, {})
