@@ -33,7 +33,7 @@ from common.errors import ArgumentParser, ConfigError, DataError, print_warning,
 from evals.base import EMA_PREFIX
 from evals.stats import Difference, format_p, paired, verdict, welch
 from common.log_fields import BPB, BPB_PREFIX, val_set_names
-from common.settings import require
+from common.settings import path_argument, require
 from training.core.logger import LOG_NAME, read_log, write_text_file
 
 CARD = "report"  # eval_lm.py --card's report.json (report_ema.json of the EMA weights)
@@ -123,13 +123,17 @@ def run_figures(run: Path, weights: str = "live") -> RunFigures:
     for name in val_set_names(final):
         fields[f"final val loss ({name})"] = name
         fields[f"final val bpb ({name})"] = BPB_PREFIX + name
-    metrics = {metric: (final[prefix + field], True) for metric, field in fields.items()
-               if isinstance(final.get(prefix + field), (int, float))}
+    # the trainer's logger writes a NaN or infinite figure as null (training/core/logger.py): a figure the record
+    # holds as null is such a figure, refused as one, not a figure left out (its row lost the run without a word)
+    held = {metric: final[prefix + field] for metric, field in fields.items() if prefix + field in final}
+    metrics = {metric: (value, True) for metric, value in held.items()
+               if value is None or isinstance(value, (int, float))}
     if weights == "ema" and not metrics:
         raise DataError(f"{path}: its final val record (step {final['step']}) has no EMA figures")
     for metric, (value, _) in metrics.items():
-        if not math.isfinite(value):
-            raise DataError(f"{path}: the {metric} of step {final['step']} is {value}, not a finite figure")
+        if value is None or not math.isfinite(value):
+            shown = "null (NaN or infinite: the trainer logs them so)" if value is None else value
+            raise DataError(f"{path}: the {metric} of step {final['step']} is {shown}, not a finite figure")
     saved = max((r["step"] for r in records if r.get("kind") == "checkpoint"), default=-1)
     card = run / f"{CARD}{'_ema' if weights == 'ema' else ''}.json"
     card_step, card_metrics = card_figures(card) if card.is_file() else (None, {})
@@ -229,17 +233,22 @@ def format_rows(rows: list[Row], names: tuple[str, str] = ("A", "B")) -> str:
     return "\n".join(lines)
 
 
+def as_path(text: str) -> Path:
+    """A path argument: '' refused (path_argument), where Path would read it as the current folder."""
+    return Path(path_argument(text))
+
+
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="compare_runs.py", description=__doc__)
-    parser.add_argument("--a", nargs="+", required=True, type=Path, help="run folders of recipe A (one seed each)")
-    parser.add_argument("--b", nargs="+", required=True, type=Path, help="run folders of recipe B (one seed each)")
+    parser.add_argument("--a", nargs="+", required=True, type=as_path, help="run folders of recipe A (one seed each)")
+    parser.add_argument("--b", nargs="+", required=True, type=as_path, help="run folders of recipe B (one seed each)")
     parser.add_argument("--names", default="A,B", help="the recipes' names in the table and verdicts (default A,B)")
     parser.add_argument("--a_weights", default="live", choices=["live", "ema"],
                         help="live, or ema: group A's EMA figures")
     parser.add_argument("--b_weights", default="live", choices=["live", "ema"],
                         help="live, or ema: group B's EMA figures")
     parser.add_argument("--alpha", type=float, default=0.05, help="the p below which a difference is called (0.05)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the rows to this file")
+    parser.add_argument("--json", type=as_path, default=None, help="also write the rows to this file")
     args = parser.parse_args(argv)
     names = tuple(n.strip() for n in args.names.split(","))
     require(len(names) == 2 and all(names), "--names",

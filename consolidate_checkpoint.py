@@ -18,15 +18,17 @@ import sys
 from pathlib import Path
 
 from common.errors import ArgumentParser, run_cli
-from common.settings import require
+from common.settings import path_argument, require
 from training.core import storage
 from training.checkpoint.folder import consolidate, step_of
 
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="consolidate_checkpoint.py", description=__doc__)
-    parser.add_argument("ckpt", help="a sharded checkpoint: a step_XXXXXXXX folder (a path or an fsspec URL)")
-    parser.add_argument("out", help="the .pt file to write (step_XXXXXXXX.pt keeps it readable as a checkpoint name)")
+    parser.add_argument("ckpt", type=path_argument,
+                        help="a sharded checkpoint: a step_XXXXXXXX folder (a path or an fsspec URL)")
+    parser.add_argument("out", type=path_argument,
+                        help="the .pt file to write (step_XXXXXXXX.pt keeps it readable as a checkpoint name)")
     args = parser.parse_args(argv)
     source = storage.as_location(args.ckpt)
     require(step_of(source) is not None and storage.is_dir(source), "ckpt",

@@ -65,7 +65,7 @@ from data.loader import ValLoader
 from data.mixture import parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, token_byte_lengths
 from common.errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
-from common.settings import require
+from common.settings import path_argument, require
 from evals.report_card import DEFAULT_METRIC, SUITE, build_card, card_markdown, task_figure, val_figures
 from evals.val_loss import val_row_losses
 from hf_interop.convert import load_hf_gpt2
@@ -86,8 +86,9 @@ PROGRESS_EVERY_S = 30.0
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="eval_lm.py", description=__doc__)
-    parser.add_argument("ckpt", help="checkpoint .pt file, or a run folder (its newest readable checkpoint); with "
-                                     "--card also a GPT-2 preset name (gpt2, ...) or a Hugging Face GPT-2 folder")
+    parser.add_argument("ckpt", type=path_argument,
+                        help="checkpoint .pt file, or a run folder (its newest readable checkpoint); with "
+                             "--card also a GPT-2 preset name (gpt2, ...) or a Hugging Face GPT-2 folder")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated lm_eval task, group or tag names (`lm-eval ls tasks` lists them); "
                              "needed without --card. With --card: the suite's tasks unless given, none for no task, "
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--card", action="store_true",
                         help="the report card: val loss and bpb and the zero-shot suite, with 95%% intervals, into "
                              "report.md and report.json")
-    parser.add_argument("--data_dir", default=None,
+    parser.add_argument("--data_dir", default=None, type=path_argument,
                         help="with --card: the folder (or val shard) whose val split to score (default: the run's own "
                              "val sets; needed for a Hugging Face model); none: no val figures")
     parser.add_argument("--seq_len", type=int, default=None,
@@ -112,8 +113,8 @@ def main(argv: list[str]) -> int:
                              "(bfloat16 autocast on CUDA and on CPUs with native bf16, float32 elsewhere)")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N examples of each task")
     parser.add_argument("--num_fewshot", type=int, default=None, help="few-shot examples (default: each task's own)")
-    parser.add_argument("--include_path", default=None, help="a folder of extra task YAML files")
-    parser.add_argument("--out_dir", default=None,
+    parser.add_argument("--include_path", default=None, type=path_argument, help="a folder of extra task YAML files")
+    parser.add_argument("--out_dir", default=None, type=path_argument,
                         help="where lm_eval/step_XXXXXXXX.json goes (default: the checkpoint's run folder)")
     parser.add_argument("--weights", default="live", choices=WEIGHTS,
                         help="live (the trained weights) or ema (the checkpoint's EMA of them: its results are "

@@ -16,6 +16,7 @@ import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below lo
 import sys
 
 from common.errors import ArgumentParser, WriteError, run_cli
+from common.settings import path_argument
 from hf_interop.export import export_hf
 from training.checkpoint.folder import (WEIGHTS, WEIGHTS_ENTRIES, read_full_state, require_average, require_entries,
                                         resolve_checkpoint, with_average)
@@ -23,8 +24,9 @@ from training.checkpoint.folder import (WEIGHTS, WEIGHTS_ENTRIES, read_full_stat
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="export_hf.py", description=__doc__)
-    parser.add_argument("ckpt", help="checkpoint (.pt file or sharded step folder), or a run folder (its newest)")
-    parser.add_argument("out_dir", help="folder to write the Hugging Face files into")
+    parser.add_argument("ckpt", type=path_argument,
+                        help="checkpoint (.pt file or sharded step folder), or a run folder (its newest)")
+    parser.add_argument("out_dir", type=path_argument, help="folder to write the Hugging Face files into")
     parser.add_argument("--weights", default="live", choices=WEIGHTS,
                         help="live (the trained weights) or ema (the checkpoint's EMA of them)")
     parser.add_argument("--license", default="mit", help="license named in the model card (default mit)")

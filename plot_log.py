@@ -52,6 +52,7 @@ from matplotlib.markers import MarkerStyle  # noqa: E402
 
 from common.errors import ArgumentParser, DataError, ReproError, WriteError, run_cli  # noqa: E402
 from common.log_fields import val_set_names  # noqa: E402
+from common.settings import path_argument  # noqa: E402
 from data.mixture import parse_sources  # noqa: E402
 from data.shards import find_shards, open_shard  # noqa: E402
 from evals.base import EMA_PREFIX, TRAIN_LOSS, Series, averaged_series  # noqa: E402
@@ -424,8 +425,10 @@ def marker_name(path) -> str:
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(description="Plot loss and HellaSwag curves of training runs.")
-    parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", help="run folders holding log.jsonl")
-    parser.add_argument("-o", "--output", default="curves.png", help="image to write (default: curves.png)")
+    parser.add_argument("out_dirs", nargs="+", metavar="OUT_DIR", type=path_argument,
+                        help="run folders holding log.jsonl")
+    parser.add_argument("-o", "--output", default="curves.png", type=path_argument,
+                        help="image to write (default: curves.png)")
     parser.add_argument("--smooth", type=int, default=1, metavar="N", help="trailing moving average of train loss")
     parser.add_argument("--title", default=None, help="figure title")
     parser.add_argument("--references", choices=("auto", "all", "none"), default="auto",

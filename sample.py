@@ -22,7 +22,7 @@ import torch
 
 from data.tokenizer import get_tokenizer
 from common.errors import ArgumentParser, ConfigError, run_cli
-from common.settings import require
+from common.settings import path_argument, require
 from hf_interop.convert import load_hf_gpt2
 from model import GPT, PRESETS
 from training.checkpoint.folder import WEIGHTS, read_model
@@ -44,7 +44,7 @@ def load_model(ckpt: str, device: torch.device, weights: str = "live") -> tuple[
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="sample.py", description=__doc__)
-    parser.add_argument("--ckpt", required=True,
+    parser.add_argument("--ckpt", required=True, type=path_argument,
                         help="checkpoint .pt file, run folder, GPT-2 preset name or Hugging Face folder")
     parser.add_argument("--prompt", default="Hello, I'm a language model,",
                         help="text to continue ('' = unconditional)")

@@ -4,8 +4,8 @@ A section is a `Settings` made with the `section` decorator (a pydantic dataclas
 component it configures (training/optim/optimizers.py's OptimizerSettings, ...), which is handed the
 section itself, not the whole configuration. Each key is a field made with option(): its default, the
 help --help prints, and what another value does to a resumed run. Every value goes through
-Settings.coerce: text (the command line, and YAML's `6e-4`, which PyYAML reads as a string) as the
-field's type reads text, any other value strictly (`true` is no integer); the types below add None's
+Settings.coerce: text (the command line, and YAML's numbers, which launch/config.py's loader keeps as text) as
+the field's type reads text, any other value strictly (`true` is no integer); the types below add None's
 words, comma-separated lists and a YAML mapping kept as its command-line text. Then the section's
 validate() checks its rules, each a require(). A problem is a ConfigError naming the key. So a new key
 is its field plus its line in docs/CONFIGURATION.md (tests/test_config.py checks that it has both).
@@ -14,6 +14,7 @@ The kit lives in common/, the lowest layer, so that a section can sit in any lay
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import typing
@@ -101,6 +102,27 @@ def require(ok: bool, key: str, message: str) -> None:
     """One rule: a ConfigError `key: message` (one line, exit code 2) unless ok."""
     if not ok:
         raise ConfigError(f"{key}: {message}")
+
+
+def path_problem(value: str) -> str | None:
+    """Why value, a path a user gave, names no file or folder (None: it names one). An unset shell variable
+    (`--out_dir "$RUN"`) gives '', which Path reads as the current folder: a run, shards or an export would land
+    there unasked, or a checkpoint or data be looked for there."""
+    return None if value.strip() else f"{value!r} names no file or folder (an unset shell variable?)"
+
+
+def require_path(key: str, value: str) -> None:
+    """A path key's rule: a ConfigError naming key if value names no file or folder (path_problem)."""
+    problem = path_problem(value)
+    require(problem is None, key, problem or "")
+
+
+def path_argument(text: str) -> str:
+    """The argparse type of an entry point's path argument: text, or argparse's one-line error naming the argument
+    (ArgumentParser: exit 2) when it names no file or folder, as a path key refuses it (path_problem)."""
+    if problem := path_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def section(cls: type[T]) -> type[T]:

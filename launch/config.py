@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import textwrap
 import typing
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from common.errors import ConfigError, first_line
-from common.settings import Settings, require
+from common.settings import Settings, require, require_path
 from data.mixture import DataSettings, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from evals.settings import EvalSettings
@@ -85,6 +86,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         """The rules that span sections (each section checked its own keys when it was made)."""
+        for key in PATH_KEYS:
+            require_path(key, getattr(getattr(self, SECTION_OF[key].SECTION), key))
         data, model, evaluation = self.data, self.model, self.evaluation
         parse_val_sets(evaluation.val_sets, data.data_dir)
         require(data.seq_len <= model.block_size, "seq_len", f"{data.seq_len} exceeds block_size {model.block_size}")
@@ -114,6 +117,10 @@ class TrainConfig:
 SECTIONS: tuple[type[Settings], ...] = tuple(typing.get_type_hints(TrainConfig).values())
 SECTION_NAMED = {section.SECTION: section for section in SECTIONS}
 SECTION_OF = {key: section for section in SECTIONS for key in section.keys()}
+# The keys that name a file or folder and have no use for '' (an unset variable's value, which Path reads as the
+# current folder): a run written there, or data, weights or a checkpoint looked for there. checkpoint_dir,
+# hellaswag_path and val_sets say what their '' means; tests/test_config.py finds any other path key.
+PATH_KEYS = ("out_dir", "data_dir", "init_from", "resume")
 
 
 # --- parsing: each key's type converts and checks its values (pydantic) -------------------------------
@@ -136,14 +143,28 @@ def coerce(key: str, value):
     return SECTION_OF[known_key(key)].coerce(key, value)
 
 
+# What PyYAML reads a plain scalar as, but numbers and dates: YAML 1.1's integers take `010` as octal 8, `1:00` as
+# base-60 60 and `0b101` as 5, where the command line reads 10 and two errors; its floats and dates read `1:00.5`
+# and `2001-12-14` likewise. So a plain scalar that looks like a number or a date stays text, and its key's type
+# reads it as it reads the command line's text (Settings.coerce): the same value, or the same error naming the key.
+_TEXT_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp"}
+# YAML's own words for infinity and NaN stay floats, which a float key then refuses as not finite (no key takes one):
+# read as text they would be an unexplained "expected a number, got '.inf'".
+_NON_FINITE = re.compile(r"^(?:[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
 class _ConfigLoader(yaml.SafeLoader):
-    """PyYAML's safe loader of an open file, with each mapping's keys as written and each given once.
+    """PyYAML's safe loader of an open file, with numbers read as the command line reads them, and each mapping's
+    keys as written and each given once.
 
     A key is a name: YAML's own reading of `on`, `yes`, `no`, `null` or `1` as a boolean, null
     or number (which no key's name is) would turn it into something a message cannot name, or
     fail on. PyYAML keeps the last of a key given twice in one mapping, silently dropping the
     first; that is an error, naming the key and both lines. Messages name the file (self.name).
     """
+
+    yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag not in _TEXT_TAGS]
+                               for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
     def construct_mapping(self, node, deep=False):
         if not isinstance(node, yaml.MappingNode):
@@ -165,6 +186,9 @@ class _ConfigLoader(yaml.SafeLoader):
         return key_node.value
 
 
+_ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _NON_FINITE, list("-+."))
+
+
 # a key named like its section (`model: custom` beside `model: {n_layer: 2}`): say which is which
 _SECTION_HINT = {name: f"; `{name}: VALUE` is the key and `{name}:` with keys under it the section of that name: "
                        f"give the key inside the section ({name}: {{{name}: VALUE, ...}})"
@@ -174,6 +198,7 @@ _SECTION_HINT = {name: f"; `{name}: VALUE` is the key and `{name}:` with keys un
 def load_yaml(path: str | Path) -> dict:
     """The keys a YAML file sets, each converted and checked by its field's type (coerce): flat (`max_lr: 6e-4`), or
     nested under its section's name (`schedule: {max_lr: 6e-4}`); a key set twice is an error."""
+    require_path("config", str(path))  # before Path, which reads '' as the current folder
     path = Path(path)
     require(path.is_file(), "config", f"no such file {path}")
     try:

@@ -66,7 +66,7 @@ from data.manifest import (  # noqa: E402
 from data.shards import ShardWriter, open_shard  # noqa: E402
 from data.tokenizer import BPE_RANKS_SHA256, EOT_TOKEN, get_tokenizer  # noqa: E402
 from common.errors import ArgumentParser, ConfigError, DataError, ReproError, print_warning, run_cli  # noqa: E402
-from common.settings import require  # noqa: E402
+from common.settings import path_argument, require  # noqa: E402
 
 HUB_DATASET = "HuggingFaceFW/fineweb-edu"
 HUB_SUBSET = "sample-10BT"
@@ -603,9 +603,9 @@ def prepare(source, out: Path, prefix: str, settings: dict, num_proc: int, overw
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="prep/fineweb.py", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", nargs="+", metavar="FILE",
+    parser.add_argument("--input", nargs="+", metavar="FILE", type=path_argument,
                         help="local .txt/.md/.py/.jsonl/.json/.parquet files instead of the Hub")
-    parser.add_argument("--out", default=None,
+    parser.add_argument("--out", default=None, type=path_argument,
                         help="output folder (default data/edu_fineweb10B, or data/local with --input)")
     parser.add_argument("--prefix", default=None, help="shard name prefix (default edufineweb, or local with --input)")
     parser.add_argument("--shard_size", type=int, default=100_000_000, help="tokens per train shard (default 100M)")

@@ -23,6 +23,7 @@ sys.path.insert(0, str(REPO))  # run as a script: make `training` importable
 import common.startup  # noqa: E402,F401 - first: a Ctrl-C while the modules below load is one line
 
 from common.errors import ArgumentParser, DataError, run_cli  # noqa: E402
+from common.settings import path_argument  # noqa: E402
 from evals.hellaswag import (  # noqa: E402
     DOWNLOAD_TIMEOUT_S, VAL_FILENAME, VAL_URL, HellaSwagDataError, default_cache_dir, download_val, read_examples,
 )
@@ -31,7 +32,8 @@ from evals.hellaswag import (  # noqa: E402
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="prep/hellaswag.py", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help=f"file to write (default: the cache's {VAL_FILENAME})")
+    parser.add_argument("--out", default=None, type=path_argument,
+                        help=f"file to write (default: the cache's {VAL_FILENAME})")
     parser.add_argument("--url", default=VAL_URL, help="where to download from (a mirror, or a file:// URL)")
     parser.add_argument("--timeout", type=float, default=DOWNLOAD_TIMEOUT_S, help="seconds per network operation")
     parser.add_argument("--force", action="store_true", help="download again even if a valid file is there")

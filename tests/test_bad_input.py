@@ -281,6 +281,45 @@ def test_every_entry_point_answers_bad_input_with_one_line_and_exit_2(script, ar
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, err
 
 
+# Every path argument of the entry points, given '' (an unset shell variable) beside an argument that the script,
+# had it taken '' for the current folder (or for its default), would refuse before writing anything
+EMPTY_PATH_CASES = [
+    ("sample", ["--ckpt", ""], "--ckpt"),
+    ("eval_lm", [""], "ckpt"),
+    *[("eval_lm", ["no/such.pt", option, ""], option) for option in ("--data_dir", "--include_path", "--out_dir")],
+    ("export_hf", ["", "hf"], "ckpt"),
+    ("export_hf", ["no/such.pt", ""], "out_dir"),
+    ("compare_runs", ["--a", "", "--b", "no/such"], "--a"),
+    ("compare_runs", ["--a", "no/such", "--b", ""], "--b"),
+    ("compare_runs", ["--a", "no/such", "--b", "no/such", "--json", ""], "--json"),
+    ("plot_log", [""], "OUT_DIR"),
+    ("plot_log", ["no/such", "-o", ""], "-o/--output"),
+    ("consolidate_checkpoint", ["", "out.pt"], "ckpt"),
+    ("consolidate_checkpoint", ["no/such/step_00000001", ""], "out"),
+    ("prep.fineweb", ["--out", "", "--shard_size", "0"], "--out"),
+    ("prep.fineweb", ["--input", "", "--shard_size", "0"], "--input"),
+    ("prep.hellaswag", ["--out", "", "--url", "file:///no/such.jsonl"], "--out"),
+    ("prep.shakespeare", ["--out", "", "--val_size", "0"], "--out"),
+    ("prep.shakespeare", ["--cache", "", "--val_size", "0"], "--cache"),
+]
+
+
+@pytest.mark.parametrize("script,argv,argument", EMPTY_PATH_CASES,
+                         ids=[f"{c[0]} {c[2]}" for c in EMPTY_PATH_CASES])
+def test_an_entry_points_empty_path_is_one_line_naming_the_argument(script, argv, argument, capfd, monkeypatch,
+                                                                     tmp_path):
+    """'' was the current folder (export_hf wrote the model there) or the default (prep's --out): refused at once."""
+    import importlib
+
+    from common.errors import run_cli
+
+    monkeypatch.chdir(tmp_path)  # where '' would have pointed
+    assert run_cli(importlib.import_module(script).main, argv) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and f"argument {argument}: '' names no file or folder" in err, err
+    assert not any(tmp_path.iterdir())
+
+
 def test_entry_points_end_with_run_cli():
     """Every script's __main__ goes through the same wrapper (so the in-process test above is what runs)."""
     for script in ("train_gpt2.py", "sample.py", "export_hf.py", "scripts/bench.py", "plot_log.py", "eval_lm.py",

@@ -160,6 +160,32 @@ def test_a_figure_that_is_not_finite_is_one_error_line_naming_the_run(recipes, t
         paired([1.0, bad], [3.0, 4.0])
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("field,metric", [("loss", "final val loss"), ("bpb", "final val bpb"),
+                                          ("ema_loss", "final val loss")])
+def test_a_figure_the_trainers_log_wrote_as_null_is_not_finite(recipes, tmp_path, capfd, bad, field, metric):
+    """The trainer's logger writes a NaN or inf figure as null (strict JSON): such a run's row silently lost that
+    figure (the comparison went on without the seed, or without the row) instead of being refused as a NaN is."""
+    from training.core.logger import RunLogger
+
+    a, b = recipes
+    broken = tmp_path / "broken"
+    logger = RunLogger(enabled=True)
+    logger.open_run_folder(broken, 0, {})
+    for step, loss in [(0, 10.8), (400, 6.0)]:
+        record = {"kind": "val", "step": step, "tokens": step * 1024, "loss": loss, "bpb": loss * 0.44,
+                  "ema_loss": loss, "ema_bpb": loss * 0.44}
+        logger.log({**record, field: bad} if step == 400 else record)
+    logger.log({"kind": "checkpoint", "step": 400, "path": str(broken / "checkpoints" / "step_00000400.pt")})
+    logger.close()
+    assert f'"{field}": null' in (broken / "log.jsonl").read_text()  # as the logger writes it
+    weights = ["--a_weights", "ema"] if field.startswith("ema_") else []
+    code, out, err = run_main(["--a", str(broken), *map(str, a[:3]), "--b", *map(str, b), *weights], capfd)
+    assert_one_error(code, err, f"{broken / 'log.jsonl'}: the {metric} of step 400 is null (NaN or infinite: the "
+                                f"trainer logs them so), not a finite figure")
+    assert out == ""
+
+
 def test_a_run_given_twice_counts_once_or_is_refused(recipes, tmp_path, capfd):
     """The regression of a run listed twice counting as two seeds (a smaller p from the same evidence), however it
     is spelled; and of groups that share some runs but not all, which are neither independent nor paired."""

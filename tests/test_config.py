@@ -117,11 +117,41 @@ def test_trainer_reports_config_errors_on_one_line_with_exit_code_2():
 def test_every_float_spelling_is_accepted_from_yaml(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("max_lr: 6e-4\nmin_lr: 6E-5\nweight_decay: .1\nadam_eps: 1e-8\ngrad_clip: 1\n")
-    values = load_yaml(path)  # PyYAML reads `6e-4` (no dot) as the string "6e-4"
+    values = load_yaml(path)  # each as the command line's text (PyYAML alone reads `6e-4`, no dot, as a string)
     assert values == {"max_lr": 6e-4, "min_lr": 6e-5, "weight_decay": 0.1, "adam_eps": 1e-8, "grad_clip": 1.0}
     path.write_text("max_lr: fast\n")
     with pytest.raises(ConfigError, match="max_lr: expected a number, got 'fast'"):
         load_yaml(path)
+
+
+# Numbers as YAML 1.1 (PyYAML) would read them otherwise: octal, sexagesimal, binary, hex; and the spellings both read
+@pytest.mark.parametrize("key,text", [
+    *[("seed", text) for text in ("010", "0010", "-010", "0b101", "0x10", "0o10", "1:00", "1_000", "+5", "0", "1e3",
+                                  "2001-12-14")],
+    *[("warmup_steps", text) for text in ("010", "1:00", "1:00:00", "0b101", "0x1f")],
+    *[("peak_flops", text) for text in ("010.5", "1:00.5", "1_0.5", "6e-4", ".5", "1.", "010", "0x10", "1:00")],
+    *[("wandb_run_name", text) for text in ("010", "1:00", "0x10", "1e3", "2001-12-14")],  # text stays text
+    *[("wandb_tags", text) for text in ("[010, 1:00]", "010")],
+])
+def test_a_yaml_number_reads_as_the_command_line_reads_it(key, text, tmp_path):
+    """YAML's `seed: 010` was 8 and `warmup_steps: 1:00` 60 (YAML 1.1's octal and base 60), where `--seed 010` is 10
+    and `--warmup_steps 1:00` an error: the same value, or the same error naming the key, from both."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{key}: {text}\n")
+    outcomes = []
+    for argv in (["--config", str(path)], [f"--{key}", text.strip("[]").replace(", ", ",")]):
+        try:
+            outcomes.append(parse_args(argv).to_dict()[key])
+        except ConfigError as e:
+            outcomes.append(f"error: {e}")
+    from_yaml, from_command_line = outcomes
+    assert from_yaml == from_command_line
+
+
+def test_a_yaml_weight_reads_as_the_command_line_reads_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data_dir: {data/a: 010, data/b: 1:00}\nval_sets: {a: 010}\n")
+    assert load_yaml(path) == {"data_dir": "data/a:010,data/b:1:00", "val_sets": "a=010"}
 
 
 def test_string_values_are_kept_exactly_as_written():
@@ -221,7 +251,7 @@ def test_yaml_keys_may_be_nested_under_their_section(tmp_path):
     for text, message in [("schedule: {beta2: 0.9}\n", "beta2: is a key of section optimizer, not of schedule"),
                           ("schedule: {lerning_rate: 1}\n", "lerning_rate: unknown config key"),
                           ("max_lr: 1e-3\nschedule: {max_lr: 2e-3}\n", "max_lr: set twice in "),
-                          ("checkpoint: 5\n", "checkpoint: a section: expected a mapping of its keys, got 5"),
+                          ("checkpoint: 5\n", "checkpoint: a section: expected a mapping of its keys, got '5'"),
                           ("model: [gpt2]\n", "model: expected a string, got ['gpt2']")]:
         nested.write_text(text)
         with pytest.raises(ConfigError) as caught:
@@ -501,3 +531,36 @@ def test_help_and_the_configuration_table_say_alike_what_dtype_auto_picks(monkey
         assert runtime.resolve_dtype("auto", torch.device("cpu")) == picked
     assert runtime.resolve_dtype("auto", torch.device("mps")) == "float32"
     assert "MPS: float32" in usage() and "on MPS float32" in table
+
+
+@pytest.mark.parametrize("key", ["out_dir", "data_dir", "init_from", "resume"])
+@pytest.mark.parametrize("value", ["", " "])
+def test_a_path_key_that_names_nothing_is_refused(key, value, tmp_path):
+    """`--out_dir "$RUN"` with RUN unset gave out_dir '', which is the current folder: the run was written there."""
+    message = f"{key}: {value!r} names no file or folder (an unset shell variable?)"
+    with pytest.raises(ConfigError) as caught:
+        parse_args([f"--{key}", value])
+    assert str(caught.value) == message
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{key}: {value!r}\n")
+    with pytest.raises(ConfigError) as caught:
+        parse_args(["--config", str(path)])
+    assert str(caught.value) == message
+
+
+def test_every_path_key_refuses_nothing_or_says_what_it_means():
+    """A key whose help names a file, folder or path either refuses '' or documents what its '' means
+    (checkpoint_dir's out_dir/checkpoints, hellaswag_path's download): a new path key is covered."""
+    path_keys = [key for section in SECTIONS for key in section.keys() if re.search(r"_(dir|path)$", key)
+                 or re.search(r"\b(folder|path|file)\b|\.pt\b", section.__dataclass_fields__[key].metadata["help"])]
+    assert {"out_dir", "data_dir", "init_from", "resume", "checkpoint_dir", "hellaswag_path"} <= set(path_keys)
+    for key in path_keys:
+        if "''" not in SECTION_OF[key].__dataclass_fields__[key].metadata["help"]:
+            with pytest.raises(ConfigError, match=f"^{key}: "):
+                parse_args([f"--{key}", ""])
+
+
+def test_an_empty_config_path_is_refused():
+    with pytest.raises(ConfigError) as caught:
+        parse_args(["--config", ""])
+    assert str(caught.value) == "config: '' names no file or folder (an unset shell variable?)"

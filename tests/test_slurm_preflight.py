@@ -80,6 +80,40 @@ def test_node_local_dirs_names_the_sites_own_scratch_in_place_of_tmp():
     assert slurm_preflight.scratch_roots({"NODE_LOCAL_DIRS": "/var/tmp"}) == (Path("/var/tmp"),)
 
 
+def test_the_jobs_tmpdir_is_node_local_too():
+    """Sites point $TMPDIR at a folder of the job's own on the node's disk, emptied when the job ends: a one-node
+    job's run there was lost to the requeue (which found no record and stopped)."""
+    assert slurm_preflight.scratch_roots({"TMPDIR": "/local/job77"}) == (Path("/tmp"), Path("/var/tmp"),
+                                                                         Path("/local/job77"))
+    assert slurm_preflight.scratch_roots({"NODE_LOCAL_DIRS": "/scratch:$TMPDIR", "TMPDIR": "/local/job77"}) == (
+        Path("/scratch"), Path("/local/job77"))  # named on the node, where the job's $TMPDIR is known
+    assert slurm_preflight.scratch_roots({"NODE_LOCAL_DIRS": "/var/tmp", "TMPDIR": "/tmp/job77"}) == (
+        Path("/var/tmp"),)  # a one-machine cluster's nodes share /tmp, and the $TMPDIR in it
+    assert slurm_preflight.scratch_roots({"TMPDIR": ""}) == (Path("/tmp"), Path("/var/tmp"))
+
+
+def test_one_node_refuses_an_out_dir_in_the_jobs_tmpdir(monkeypatch, capfd, tmp_path):
+    status, errors = preflight(monkeypatch, capfd, tmp_path,
+                               scratch=slurm_preflight.scratch_roots({"TMPDIR": str(tmp_path)}))
+    assert status == 2 and len(errors) == 1
+    assert errors[0].startswith(f"error: out_dir {tmp_path / 'run'}: in the scratch space ({tmp_path}) of node n1: ")
+
+
+def test_a_node_local_root_reached_through_a_link_is_found(monkeypatch, capfd, tmp_path):
+    """NODE_LOCAL_DIRS=/scratch where /scratch links to the node's disk: out_dir, resolved, is under the disk's
+    path, which the root, unresolved, did not name."""
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "scratch").symlink_to(tmp_path / "disk")
+    status, errors = preflight(monkeypatch, capfd, tmp_path, scratch=[tmp_path / "scratch"],
+                               args=("--out_dir", str(tmp_path / "scratch" / "run")))
+    assert status == 2 and len(errors) == 1
+    assert errors[0].startswith(f"error: out_dir {tmp_path / 'scratch' / 'run'}: in the scratch space "
+                                f"({tmp_path / 'scratch'}) of node n1: ")
+    status, errors = preflight(monkeypatch, capfd, tmp_path, scratch=[tmp_path / "disk"],  # a link into a root
+                               args=("--out_dir", str(tmp_path / "scratch" / "run2")))
+    assert status == 2 and f"in the scratch space ({tmp_path / 'disk'})" in errors[0]
+
+
 def test_an_out_dir_that_the_other_nodes_do_not_see_is_refused_naming_it(monkeypatch, capfd, tmp_path):
     """Node 1 of 2 writes its file and never sees node 0's: out_dir is on a disk of its own."""
     status, errors = preflight(monkeypatch, capfd, tmp_path, node_id=1, nodes=2)

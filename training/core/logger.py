@@ -10,7 +10,10 @@ wall-clock time it was written (`time`, unix seconds), added here for every reco
 run resumes from the checkpoint of step s, the records of step >= s are dropped first: they
 describe work after that checkpoint which will now be redone, so the log ends up with
 exactly one record of each kind per step. A rollback to that checkpoint drops them the same
-way, but keeps the records of earlier rollbacks (`rewind`).
+way, but keeps the records of earlier rollbacks (`rewind`). A figure that is NaN or infinite is
+written as null, so that every line stays JSON that any reader takes (jq, pandas, a browser:
+Python's NaN and Infinity are no JSON); the readers of a figure take its null as non-finite
+(compare_runs.py refuses it, plot_log.py leaves the point out).
 
 TensorBoard gets the same records' numbers as `kind/field` scalars against the step (and the
 samples' text), and hides the values of the dropped records, so each step shows the value kept
@@ -106,6 +109,7 @@ def _is_number(value) -> bool:
 
 
 def _finite_or_none(value):
+    """value, but a NaN or infinite float as None: null in log.jsonl (see the module's docstring)."""
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
