@@ -74,7 +74,7 @@ import yaml
 from common.errors import ArgumentParser, ConfigError, DataError, ReproError, run_cli
 from common.settings import require
 from compare_runs import compare, format_rows, run_figures, summary
-from evals.scaling_law import LawFit, fit_with_bootstrap, trend
+from evals.scaling_law import PARAMETERS, LawFit, fit_with_bootstrap, trend
 from evals.stats import format_p
 from model import GPT, PRESETS, GPTConfig
 from training.core.logger import LOG_NAME, read_log, write_text_file
@@ -753,6 +753,11 @@ def main(argv: list[str]) -> int:
     sizes, next_size = ladder_sizes(args)
     rungs = plan(args, sizes, next_size)
     ladder = [r for r in rungs if not r.check]
+    budgets = len({r.flops for r in ladder})
+    require(not args.check or budgets >= PARAMETERS, "--check",
+            f"the law has {PARAMETERS} parameters and needs rungs at {PARAMETERS} budgets at least; "
+            f"{', '.join(s.label for s in sizes)} give {budgets}: there is no prediction to check (add sizes, or "
+            f"leave --check out)")
     if args.dry_run:
         rate, how = throughput(args, rungs)
         print(f"{FLOPS_WORDS}\nTime: FLOPs / {rate:.3e} FLOP/s, {how}.\n")
