@@ -190,7 +190,8 @@ def plan(args, sizes: list[Size], next_size: Size) -> list[Rung]:
         params, per_token = model_figures(shape, cfg.data.seq_len)
         batch = cfg.data.total_batch_size
         tokens = args.tokens_per_param * params if budgets is None else budgets[index] / per_token
-        max_steps = max(1, round(tokens / batch))
+        max_steps = rung_steps(tokens, batch, per_token, "--tokens_per_param" if budgets is None else "--flops",
+                               size.label)
         for seed in args.seeds:
             for recipe in args.recipes:
                 name = f"{size.label}_{recipe}_s{seed}"
@@ -207,6 +208,17 @@ def plan(args, sizes: list[Size], next_size: Size) -> list[Rung]:
     return rungs
 
 
+def rung_steps(tokens: float, batch: int, per_token: int, flag: str, label: str) -> int:
+    """A rung's max_steps: its tokens over the batch, rounded, at least 1. A budget whose FLOPs are past what a float
+    holds (the FLOPs the ladder reports and fits) is refused, naming the flag that set it."""
+    if math.isfinite(tokens):
+        max_steps = max(1, round(tokens / batch))
+        if per_token * max_steps * batch <= sys.float_info.max:
+            return max_steps
+    raise ConfigError(f"{flag}: {label} would train {tokens:.3g} tokens of {per_token:,} FLOPs each: more FLOPs than "
+                      f"a float holds ({sys.float_info.max:.2g})")
+
+
 def flop_budgets(args, n_sizes: int) -> list[float] | None:
     """--flops, one per size and one for the next: given, or the ladder's last ratio once more."""
     if args.flops is None:
@@ -214,7 +226,9 @@ def flop_budgets(args, n_sizes: int) -> list[float] | None:
     budgets = list(args.flops)
     if len(budgets) == n_sizes:
         require(n_sizes >= 2, "--flops", "with one size, give the next size's budget too (two values)")
-        budgets.append(budgets[-1] * budgets[-1] / budgets[-2])
+        budgets.append(budgets[-1] * (budgets[-1] / budgets[-2]))
+        require(budgets[-1] < math.inf, "--flops", f"the next size's budget, the last ratio once more, is past a "
+                                                   f"float's range ({sys.float_info.max:.2g}): give it (one more)")
     require(len(budgets) == n_sizes + 1, "--flops",
             f"one budget per size ({n_sizes}), and optionally the next size's, got {len(args.flops)}")
     return budgets
@@ -341,9 +355,18 @@ def write_rung_config(rung: Rung, out: Path) -> Path:
                               f"{before.get(key)!r}, now {after.get(key)!r}), and {out / rung.name} holds that run: "
                               f"give another --out, or remove both to train it again")
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     write_text_file(path, rung.config)
     return path
+
+
+def make_folder(path: Path) -> None:
+    """A folder of the ladder's --out, made with its parents where missing; one that cannot be (a file in the way,
+    no permission) is one error line, as the trainer says of an out_dir."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out: cannot create {path} ({e.strerror or e})") from None
 
 
 def rung_command(args, config: Path) -> list[str]:
@@ -421,7 +444,7 @@ def submit_rungs(args, rungs: list[Rung]) -> None:
         return
     todo = [r for r in rungs if final_figures(r, args.out) is None]
     folder = args.out / "slurm" / str(len(jobs) + 1)  # this submission's task configs and job outputs
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     options = shlex.split(args.sbatch_args)
     if args.launch == "slurm":  # one array job: task i's CONFIG is folder/i.yaml (slurm.sbatch reads %a as i)
         for index, rung in enumerate(todo):
@@ -736,15 +759,18 @@ def parse(argv: list[str]):
         raise ConfigError(f"--recipes: one or two of {', '.join(RECIPE_FILES)}, got {','.join(args.recipes)!r}")
     for name in ("checkpoints_per_rung", "nproc_per_node"):
         require(getattr(args, name) >= 1, f"--{name}", f"must be at least 1, got {getattr(args, name)}")
-    require(args.flops is not None or args.tokens_per_param > 0, "--tokens_per_param",
-            f"must be positive, got {args.tokens_per_param}")
-    require(args.flops is None or all(c > 0 for c in args.flops), "--flops", "every budget must be positive")
+    require(args.flops is not None or 0 < args.tokens_per_param < math.inf, "--tokens_per_param",
+            f"must be a positive finite number, got {args.tokens_per_param}")
+    if args.flops is not None:
+        bad = [c for c in args.flops if not 0 < c < math.inf]
+        require(not bad, "--flops", f"every budget must be a positive finite number, got {' '.join(map(str, bad))}")
     require(len(set(args.seeds)) == len(args.seeds), "--seeds",
             f"a seed given twice ({' '.join(map(str, args.seeds))})")
     require(0 < args.mfu <= 1, "--mfu", f"must be in (0, 1], got {args.mfu}")
     require(args.bootstrap >= 0, "--bootstrap", f"must be >= 0, got {args.bootstrap}")
     require(args.config.is_file(), "--config", f"no such file {args.config}")
     args.out = args.out.resolve()
+    require(args.out.is_dir() or not args.out.exists(), "--out", f"{args.out} is not a folder")
     return args
 
 
@@ -767,6 +793,7 @@ def main(argv: list[str]) -> int:
               f"{duration(sum(r.flops for r in rungs if r.check) / rate)}")
         return 0
     chosen = [r for r in rungs if args.check or not r.check]
+    make_folder(args.out)  # before anything trains: an --out that cannot be a folder is one line
     print(plan_table(chosen), flush=True)
     for rung in chosen:  # each rung's config, or a refusal where one differs from the config its folder was made with
         write_rung_config(rung, args.out)
