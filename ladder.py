@@ -37,7 +37,9 @@ isoFLOP grid). The law is fitted by least squares on the loss, with 95% interval
 bootstrap over rungs and seeds (--bootstrap replicates), to each recipe's final val loss and bpb; it predicts
 the next size (--next: by default the next depth by the ladder's last step, or the next preset) with the law's
 interval and a single run's. The prediction is written before --check trains that size, which then says
-whether each of its runs landed inside. --recipes faithful,modern trains both at every size (modern: the keys
+whether each of its runs landed inside; --check is refused where there is no law (fewer budgets than its three
+parameters: before anything trains). A rung whose final figure is not finite (NaN, inf, or null in its log) is
+named, and left out of the fit. --recipes faithful,modern trains both at every size (modern: the keys
 configs/gpt2_124m_modern.yaml sets beyond configs/gpt2_124m.yaml), compares them per size with compare_runs.py's
 statistics, and fits how their difference moves with log10 C (a slope with its t interval).
 
@@ -72,6 +74,7 @@ import torch
 import yaml
 
 from common.errors import ArgumentParser, ConfigError, DataError, ReproError, run_cli
+from common.log_fields import BPB
 from common.settings import require
 from compare_runs import compare, format_rows, run_figures, summary
 from evals.scaling_law import PARAMETERS, LawFit, fit_with_bootstrap, trend
@@ -95,6 +98,7 @@ OWNED = ("model", "n_layer", "n_head", "n_embd", "max_steps", "seed", "out_dir")
 # is about 1.7x faster with it kept mapped (the Makefile's CPU_MALLOC)
 CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "17179869184", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
 METRICS = {"loss": "final val loss", "bpb": "final val bpb"}  # compare_runs.py's names of a run's final figures
+LOGGED = {"loss": "loss", "bpb": BPB}  # their fields in the final val record
 
 
 class RungFailed(ReproError):
@@ -327,14 +331,25 @@ def plan_table(rungs: list[Rung], rate: float | None = None) -> str:
 
 # --- the rungs' runs ----------------------------------------------------------------------------------
 
-def final_figures(rung: Rung, out: Path) -> dict[str, float] | None:
-    """A finished rung's final val loss and bpb (compare_runs.py reads them, and refuses inconsistent ones); None
-    while its folder holds no val record at its max_steps."""
+def finite(value) -> bool:
+    """Whether a final figure is one the law can be fitted to: a number, neither NaN nor infinite (a log may hold
+    either as json's NaN and Infinity, or as null)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def final_figures(rung: Rung, out: Path) -> dict[str, float | None] | None:
+    """A finished rung's final val loss and bpb (compare_runs.py reads them, and refuses inconsistent ones), each
+    None where it is not finite (report() names it, and the fit leaves it out); None while its folder holds no val
+    record at its max_steps."""
     folder = out / rung.name
     log = folder / LOG_NAME
-    if not log.exists() or not any(r.get("kind") == "val" and r.get("step") == rung.max_steps
-                                   for r in read_log(log)):
+    finals = [r for r in read_log(log) if r.get("kind") == "val" and r.get("step") == rung.max_steps] \
+        if log.exists() else []
+    if not finals:
         return None
+    logged = {metric: finals[0][field] for metric, field in LOGGED.items() if field in finals[0]}
+    if not all(finite(value) for value in logged.values()):  # compare_runs.py refuses NaN: read here
+        return {metric: value if finite(value) else None for metric, value in logged.items()}
     figures = run_figures(folder)
     if figures.step != rung.max_steps:
         raise DataError(f"{folder}: its figures are of step {figures.step}, past the rung's max_steps "
@@ -467,15 +482,15 @@ def submit_rungs(args, rungs: list[Rung]) -> None:
 def fit_recipe(rungs: list[Rung], results: dict[str, dict], recipe: str, metric: str, replicates: int) -> dict | None:
     """The law through a recipe's finished ladder rungs (not the next size's), its prediction of the next size, and
     how the next size's runs, where trained, landed: a JSON-ready dict, or None with fewer than 3 budgets."""
-    ladder = [r for r in rungs if r.recipe == recipe and not r.check and metric in results.get(r.name, {})]
-    if len({r.flops for r in ladder}) < 3:
+    ladder = [r for r in rungs if r.recipe == recipe and not r.check and finite(results.get(r.name, {}).get(metric))]
+    if len({r.flops for r in ladder}) < PARAMETERS:
         return None
     fit = fit_with_bootstrap([r.flops for r in ladder], [results[r.name][metric] for r in ladder], replicates)
     following = [r for r in rungs if r.recipe == recipe and r.check]
     prediction = fit.predict(following[0].flops)
     checked = [{"name": r.name, "seed": r.seed, "value": results[r.name][metric],
                 "inside": None if prediction.run is None else prediction.run.contains(results[r.name][metric])}
-               for r in following if metric in results.get(r.name, {})]
+               for r in following if finite(results.get(r.name, {}).get(metric))]
     error = float(np.mean([c["value"] for c in checked])) - prediction.loss if checked else None
     return {"law": dataclasses.asdict(fit.law), "formula": fit.law.formula(),
             "intervals": {name: interval_list(fit.interval(name)) for name in ("E", "A", "alpha")},
@@ -503,7 +518,7 @@ def compare_recipes(args, rungs: list[Rung], results: dict[str, dict]) -> dict |
     sizes = []
     for label in dict.fromkeys(r.size.label for r in rungs):
         groups = [[r for r in rungs if r.size.label == label and r.recipe == recipe] for recipe in names]
-        if all(r.name in results for group in groups for r in group):
+        if all(r.name in results and all(map(finite, results[r.name].values())) for group in groups for r in group):
             rows = compare(*[[args.out / r.name for r in group] for group in groups], names=names)
             sizes.append({"size": label, "flops": groups[0][0].flops, "summary": summary(rows, names),
                           "table": format_rows(rows, names),
@@ -567,15 +582,18 @@ def report(args, rungs: list[Rung], results: dict[str, dict], sizes: list[Size])
         got = results.get(r.name)
         if got is None and r.check and not args.check:
             continue
-        figures = " | ".join(f"{got[m]:.4f}" if got and m in got else "-" for m in METRICS)
+        figures = " | ".join("-" if got is None or m not in got else f"{got[m]:.4f}" if finite(got[m])
+                             else "not finite" for m in METRICS)
         lines.append(f"| {r.size.label}{' (next)' if r.check else ''} | {r.recipe} | {r.seed} | {r.params:,} "
                      f"| {r.max_steps:,} | {r.tokens:,} | {r.flops:.3e} | {figures} |")
+    lines += not_finite_lines(rungs, results, comparison is not None)
     for recipe in args.recipes:
         for metric, name in METRICS.items():
             fit = fits[recipe][metric]
             lines += ["", f"## {recipe}: {name} against compute", ""]
             if fit is None:
-                lines.append("No fit: the law has 3 parameters and needs at least 3 budgets with a finished run.")
+                lines.append(f"No fit: the law has {PARAMETERS} parameters and needs at least {PARAMETERS} budgets "
+                             f"with a finished run whose {name} is finite.")
                 continue
             lines += law_lines(fit, name)
     if comparison:
@@ -597,6 +615,19 @@ def report(args, rungs: list[Rung], results: dict[str, dict], sizes: list[Size])
                               for metric, fit in by_metric.items()} for recipe, by_metric in fits.items()},
             "comparison": comparison}
     return "\n".join(lines) + "\n", data, fits
+
+
+def not_finite_lines(rungs: list[Rung], results: dict[str, dict], compared: bool) -> list[str]:
+    """A line for each finished rung with a final figure that is not finite, naming it: what it leaves out of."""
+    lines = []
+    for r in rungs:
+        names = [METRICS[m] for m, value in results.get(r.name, {}).items() if not finite(value)]
+        if names:
+            what = "the check" if r.check else "the fit" + (" and the recipes' comparison at its size" if compared
+                                                             else "")
+            lines.append(f"Not finite: {r.name}'s {' and '.join(names)} (NaN, inf or null in its log): left out of "
+                         f"{what}.")
+    return ["", *lines] if lines else []
 
 
 def law_lines(fit: dict, name: str) -> list[str]:
@@ -648,7 +679,7 @@ def draw(path: Path, rungs: list[Rung], results: dict[str, dict], fits: dict, ti
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     for index, (recipe, by_metric) in enumerate(fits.items()):
         colour = f"C{index}"
-        own = [r for r in rungs if r.recipe == recipe and r.name in results and "loss" in results[r.name]]
+        own = [r for r in rungs if r.recipe == recipe and finite(results.get(r.name, {}).get("loss"))]
         ladder = [r for r in own if not r.check]
         ax.scatter([r.flops for r in ladder], [results[r.name]["loss"] for r in ladder], color=colour, s=22,
                    zorder=3, label=f"{recipe}: rungs")
@@ -806,9 +837,17 @@ def main(argv: list[str]) -> int:
         return 0
     text = write_report(args, rungs, sizes)
     if args.check:
+        predictions = [line for line in text.splitlines() if line.startswith("Predicted")]
+        for line in text.splitlines():
+            if line.startswith("Not finite: "):
+                print(line, flush=True)
+        if not predictions:  # finished rungs left out as not finite: fewer budgets than the law has parameters
+            raise DataError(f"--check: no law to check {next_size.label} against: fewer than {PARAMETERS} budgets "
+                            f"have a rung with a finite final val loss ({args.out / 'ladder.md'} names those left "
+                            f"out); nothing was trained for the check")
         # the prediction is on disk (ladder.md, ladder.json) before the next size trains
         print(f"ladder: {args.out / 'ladder.md'} holds the prediction for {next_size.label} before it trains:\n"
-              + "\n".join(line for line in text.splitlines() if line.startswith("Predicted")), flush=True)
+              + "\n".join(predictions), flush=True)
         if submit:
             if any(final_figures(r, args.out) is None for r in rungs if r.check):
                 submit_rungs(args, [r for r in rungs if r.check])
