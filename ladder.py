@@ -25,9 +25,10 @@ rungs run one after another; Slurm's are submitted and the command returns: run 
 whose folder holds its final val record (at max_steps) is done and read; any other is launched with the same
 command again, which the trainer resumes exactly from its newest checkpoint. So a killed ladder, run again,
 reuses its finished rungs, resumes the one it was in, and ends as an uninterrupted one would, bit for bit.
-SIGTERM (and Ctrl-C, which the rung gets from the terminal itself) stops the ladder once the running rung has
-saved a checkpoint, as the trainer does; a rung config that differs from the one its folder was trained with is
-refused.
+A rung runs in a session of its own, and the ladder passes on to it each signal it gets: Ctrl-C, or SIGINT or SIGTERM
+to the ladder's pid, makes the rung save its state after its step and exit, as a Ctrl-C does a run in a terminal (a
+second Ctrl-C stops it at once), and the ladder then exits interrupted (one line, 130); Ctrl-Z stops both. A rung
+config that differs from the one its folder was trained with is refused.
 
 The fit is evals/scaling_law.py's: L(C), not L(N, D). On one budget rule the tokens are a function of the
 parameters (D = R N, or D = C / (6 N)), so the rungs lie on one curve through the (N, D) plane, along which a
@@ -53,6 +54,8 @@ ladder.json alone draws again (redraw(): scripts/pictures.py draws docs/ladder.p
 """
 
 from __future__ import annotations
+
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
 
 import dataclasses
 import getpass
@@ -391,29 +394,59 @@ def rung_command(args, config: Path) -> list[str]:
     return [sys.executable, str(TRAINER), "--config", str(config)]
 
 
-def run_rung(command: list[str], env: dict) -> tuple[int, bool]:
-    """Run a rung to its end: (exit code, whether the ladder was asked to stop meanwhile). SIGTERM and SIGUSR1 go on
-    to the rung, which saves a checkpoint and exits (as under Slurm); Ctrl-C reaches it from the terminal itself,
-    so it is not sent again (a second SIGINT would stop the trainer without saving)."""
-    proc = subprocess.Popen(command, cwd=REPO, env=env)
-    asked = []
+# Passed on to the running rung, once each. The signals the trainer stops at, taken as the trainer takes them (even
+# where the ladder was started ignoring them, as a script's `&` ignores SIGINT): SIGINT (Ctrl-C), SIGTERM and SIGUSR1
+# (a scheduler's warning), at which it saves its state after its step and exits (at a second SIGINT, at once).
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+# And those that end a terminal's job, where the ladder was not started ignoring them (nohup's SIGHUP): the rung
+# ends as it would have ended in the job
+ENDS = (signal.SIGHUP, signal.SIGQUIT)
+
+
+def run_rung(command: list[str], env: dict) -> tuple[int, str | None]:
+    """Run a rung to its end: (its exit code, the name of the first signal the ladder was sent meanwhile, or None).
+
+    The rung runs in a session of its own, as torchrun runs its workers, so that only the ladder signals it: a
+    Ctrl-C in the terminal (which signals the ladder's process group) and `kill -INT` to the ladder's pid alike
+    reach the rung once, through the ladder (STOPS, ENDS), as a Ctrl-C reaches a run in a terminal. Ctrl-Z stops
+    the rung with the ladder, and `fg` goes on with both."""
+    running: list[subprocess.Popen] = []
+    received: list[tuple[int, bool]] = []  # each signal, and whether it was passed on at once (the rung running)
 
     def forward(signum, frame):
-        asked.append(signum)
-        if signum != signal.SIGINT:
-            proc.send_signal(signum)
+        received.append((signum, bool(running)))
+        if running:
+            running[0].send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    def suspend(signum, frame):
+        # SIGSTOP, not SIGTSTP: the kernel discards SIGTSTP sent to a process group with no parent in its session
+        # (an orphaned one), as the rung's own session's is
+        if running:
+            running[0].send_signal(signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)  # the shell sees its job stop; its SIGCONT goes on here
+        if running:
+            running[0].send_signal(signal.SIGCONT)
+
+    handlers = {s: forward for s in STOPS}
+    for s, handler in [*((s, forward) for s in ENDS), (signal.SIGTSTP, suspend)]:
+        if signal.getsignal(s) != signal.SIG_IGN:
+            handlers[s] = handler
+    previous = {s: signal.signal(s, handler) for s, handler in handlers.items()}
     try:
-        code = proc.wait()
+        running.append(subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True))
+        for signum, passed in list(received):  # those that came while it started
+            if not passed:
+                running[0].send_signal(signum)
+        code = running[0].wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return code, bool(asked)
+    return code, signal.Signals(received[0][0]).name if received else None
 
 
 def train_rungs(args, rungs: list[Rung]) -> bool:
-    """Launch each unfinished rung, one after another (python, torchrun); whether all finished (False: stopped)."""
+    """Launch each unfinished rung, one after another (python, torchrun); whether all finished (False: stopped). A
+    signal to the ladder stops the rung (run_rung), and the ladder: a KeyboardInterrupt, one `interrupted` line."""
     env = rung_environment()
     todo = [r for r in rungs if final_figures(r, args.out) is None]
     for number, rung in enumerate(todo, 1):
@@ -424,11 +457,17 @@ def train_rungs(args, rungs: list[Rung]) -> bool:
         command = rung_command(args, config)
         print(" ".join(map(shlex.quote, command)), flush=True)
         start = time.monotonic()
-        code, stopped = run_rung(command, env)
+        code, signalled = run_rung(command, env)
+        finished = final_figures(rung, args.out) is not None
+        if signalled:
+            what = ("finished" if finished else "saved its state") if code == 0 else \
+                f"stopped at once ({TRAINER.name} exited {code}; its last checkpoint stands)"
+            raise KeyboardInterrupt(f"{signalled}: the ladder stopped in rung {rung.name}, which {what}: the same "
+                                    f"command resumes the ladder")
         if code != 0:
             raise RungFailed(f"rung {rung.name}: train_gpt2.py exited {code} (its error is above; "
                              f"{args.out / rung.name}): the same command resumes the ladder from there", code)
-        if stopped or final_figures(rung, args.out) is None:
+        if not finished:  # the rung alone was stopped (a signal to its own pid)
             print(f"ladder: stopped in rung {rung.name}, which saved its checkpoint; the same command resumes it",
                   flush=True)
             return False

@@ -1,17 +1,27 @@
 """ladder.py's faults: what it refuses before it trains anything (a --check with no law to check, a budget past
 a float's range, an --out that cannot be a folder), each as one error line; and a rung whose final figure is not
-finite, named and left out of the fit."""
+finite, named and left out of the fit; and a signal to the ladder, which stops the rung it runs as a Ctrl-C
+in a terminal stops a run."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 import ladder
 from common.errors import run_cli
+from conftest import LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_processes, make_shards, trainer_env, wait_until
+from slowness import guard
+from training.core.logger import read_log
 
 
 @pytest.fixture
@@ -157,3 +167,91 @@ def test_check_is_refused_when_the_finite_figures_leave_no_law(tmp_path, capfd, 
            "of the fit." in out.splitlines()
     assert err == (f"error: --check: no law to check d4 against: fewer than 3 budgets have a rung with a finite final "
                    f"val loss ({tmp_path / 'ladder.md'} names those left out); nothing was trained for the check\n")
+
+
+# --- a signal to the ladder -----------------------------------------------------------------------------------
+
+# d1 of the tiny vocabulary for 5,000 steps of 512 tokens, far more than the test waits for; its checkpoints every
+# 1,250 steps: the one a stop saves is the only one before that
+RUNG, MAX_STEPS = "d1_faithful_s1", 5000
+
+
+@pytest.fixture
+def long_rung(tmp_path) -> list[str]:
+    """A one-size ladder whose rung trains for minutes, logging every step."""
+    data = make_shards(tmp_path / "shards", train_sizes=(6000, 6000))
+    config = {"data_dir": str(data), "vocab_size": TINY_VOCAB, "block_size": 32, "seq_len": 32, "micro_batch_size": 16,
+              "total_batch_size": 512, "max_steps": 20, "warmup_steps": 2, "eval_interval": 0, "val_tokens": 512,
+              "hellaswag_interval": 0, "sample_interval": 0, "device": "cpu", "dtype": "float32", "compile": False,
+              "log_interval": 1}
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(config))
+    return [sys.executable, str(REPO / "ladder.py"), "--config", str(tmp_path / "tiny.yaml"), "--depths", "1", "--next",
+            "2", "--flops", "1.33e12", "2.7e12", "--seeds", "1", "--out", str(tmp_path / "ladder")]
+
+
+def start_ladder(command: list[str], token: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=REPO, env={**trainer_env(), LAUNCH_TOKEN: token}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def stopped_ladder(proc: subprocess.Popen, token: str, what: str) -> tuple[str, str]:
+    """The ladder's output once it has ended, within a hang guard; on a hang it and its rung are killed."""
+    try:
+        return proc.communicate(timeout=guard(30))
+    except subprocess.TimeoutExpired:
+        kill_all(launched_processes(token))
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"{what}: the ladder and its rung ran on\n{stdout[-3000:]}\n{stderr[-3000:]}") from None
+    finally:
+        left = launched_processes(token)
+        kill_all(left)
+        assert not left, f"{what}: processes {left} outlived the ladder"
+
+
+def assert_saved_and_interrupted(out: Path, sig: signal.Signals, returncode: int, stdout: str, stderr: str) -> None:
+    """The rung saved its state at the step it stopped in (the checkpoint it resumes from, as after a Ctrl-C in a
+    terminal) and ended; the ladder said so in one `interrupted` line, exit 130."""
+    records = read_log(out / RUNG / "log.jsonl")
+    (saved,) = [r["step"] for r in records if r["kind"] == "checkpoint"]
+    assert 0 < saved < MAX_STEPS and saved == max(r["step"] for r in records if r["kind"] == "train") + 1
+    assert f"{sig.name} received: saved step {saved}; run the same command again to resume" in stdout.splitlines()
+    assert returncode == 130, stderr[-3000:]
+    assert stderr.splitlines()[-1] == (f"interrupted: {sig.name}: the ladder stopped in rung {RUNG}, which saved its "
+                                       f"state: the same command resumes the ladder"), stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_ladders_pid_stops_its_rung_at_the_next_step(sig, long_rung, tmp_path):
+    """`kill -INT` (or -TERM) to the ladder's pid alone: the rung saves its state after its step and ends, and the
+    ladder ends with it, interrupted. Before: the signal was noted, and the rung trained on to its end."""
+    token = uuid.uuid4().hex
+    proc = start_ladder(long_rung, token)
+    log = tmp_path / "ladder" / RUNG / "log.jsonl"
+    wait_until(lambda: log.exists() and any(r["kind"] == "train" for r in read_log(log)), proc, f"{RUNG}'s first step")
+    os.kill(proc.pid, sig)
+    stdout, stderr = stopped_ladder(proc, token, f"{sig.name} to the ladder's pid")
+    assert_saved_and_interrupted(tmp_path / "ladder", sig, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+def test_the_terminals_ctrl_z_and_ctrl_c_reach_the_rung_through_the_ladder(long_rung, tmp_path):
+    """A terminal signals the ladder's process group (its foreground job), which the rung is not in: the ladder
+    passes Ctrl-Z on (the rung stops with it, and goes on with it), then Ctrl-C once (the rung saves; two would stop
+    it without saving)."""
+    token = uuid.uuid4().hex
+    proc = start_ladder(long_rung, token, start_new_session=True)  # a job of its own, as a shell starts one
+    log = tmp_path / "ladder" / RUNG / "log.jsonl"
+    wait_until(lambda: log.exists() and any(r["kind"] == "train" for r in read_log(log)), proc, f"{RUNG}'s first step")
+    (rung,) = [pid for pid in launched_processes(token) if pid != proc.pid]
+
+    def state(pid: int) -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    os.killpg(proc.pid, signal.SIGTSTP)
+    wait_until(lambda: state(proc.pid) == state(rung) == "T", proc, "the ladder and its rung stopped", timeout=20)
+    os.killpg(proc.pid, signal.SIGCONT)
+    wait_until(lambda: "T" not in (state(proc.pid), state(rung)), proc, "the ladder and its rung going on", timeout=20)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = stopped_ladder(proc, token, "Ctrl-C to the ladder's process group")
+    assert_saved_and_interrupted(tmp_path / "ladder", signal.SIGINT, proc.returncode, stdout, stderr)
