@@ -19,7 +19,8 @@ import yaml
 
 import ladder
 from common.errors import run_cli
-from conftest import LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_processes, make_shards, trainer_env, wait_until
+from conftest import (LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_processes, make_shards, tails, trainer_env,
+                      wait_until)
 from slowness import guard
 from training.core.logger import read_log
 
@@ -194,18 +195,34 @@ def start_ladder(command: list[str], token: str, **popen) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **popen)
 
 
+def killing(proc: subprocess.Popen, token: str):
+    """wait_until's report of a failure: the ladder and its rung killed, and their output."""
+    def report() -> str:
+        kill_all(launched_processes(token))
+        return tails(proc)
+
+    return report
+
+
+def first_step(proc: subprocess.Popen, token: str, log: Path) -> None:
+    """Until the rung has logged a step (the trainer stops at a signal from there on)."""
+    wait_until(lambda: log.exists() and any(r["kind"] == "train" for r in read_log(log)), proc, f"{RUNG}'s first step",
+               report=killing(proc, token))
+
+
 def stopped_ladder(proc: subprocess.Popen, token: str, what: str) -> tuple[str, str]:
-    """The ladder's output once it has ended, within a hang guard; on a hang it and its rung are killed."""
+    """The ladder's output once it has ended, within a hang guard; on a hang it and its rung are killed. No process
+    of it may outlive it."""
     try:
-        return proc.communicate(timeout=guard(30))
+        stdout, stderr = proc.communicate(timeout=guard(30))
     except subprocess.TimeoutExpired:
         kill_all(launched_processes(token))
         stdout, stderr = proc.communicate()
         raise AssertionError(f"{what}: the ladder and its rung ran on\n{stdout[-3000:]}\n{stderr[-3000:]}") from None
-    finally:
-        left = launched_processes(token)
-        kill_all(left)
-        assert not left, f"{what}: processes {left} outlived the ladder"
+    left = launched_processes(token)
+    kill_all(left)
+    assert not left, f"{what}: processes {left} outlived the ladder"
+    return stdout, stderr
 
 
 def assert_saved_and_interrupted(out: Path, sig: signal.Signals, returncode: int, stdout: str, stderr: str) -> None:
@@ -227,8 +244,7 @@ def test_a_signal_to_the_ladders_pid_stops_its_rung_at_the_next_step(sig, long_r
     ladder ends with it, interrupted. Before: the signal was noted, and the rung trained on to its end."""
     token = uuid.uuid4().hex
     proc = start_ladder(long_rung, token)
-    log = tmp_path / "ladder" / RUNG / "log.jsonl"
-    wait_until(lambda: log.exists() and any(r["kind"] == "train" for r in read_log(log)), proc, f"{RUNG}'s first step")
+    first_step(proc, token, tmp_path / "ladder" / RUNG / "log.jsonl")
     os.kill(proc.pid, sig)
     stdout, stderr = stopped_ladder(proc, token, f"{sig.name} to the ladder's pid")
     assert_saved_and_interrupted(tmp_path / "ladder", sig, proc.returncode, stdout, stderr)
@@ -241,17 +257,18 @@ def test_the_terminals_ctrl_z_and_ctrl_c_reach_the_rung_through_the_ladder(long_
     it without saving)."""
     token = uuid.uuid4().hex
     proc = start_ladder(long_rung, token, start_new_session=True)  # a job of its own, as a shell starts one
-    log = tmp_path / "ladder" / RUNG / "log.jsonl"
-    wait_until(lambda: log.exists() and any(r["kind"] == "train" for r in read_log(log)), proc, f"{RUNG}'s first step")
+    first_step(proc, token, tmp_path / "ladder" / RUNG / "log.jsonl")
     (rung,) = [pid for pid in launched_processes(token) if pid != proc.pid]
 
     def state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
     os.killpg(proc.pid, signal.SIGTSTP)
-    wait_until(lambda: state(proc.pid) == state(rung) == "T", proc, "the ladder and its rung stopped", timeout=20)
+    wait_until(lambda: state(proc.pid) == state(rung) == "T", proc, "the ladder and its rung stopped", timeout=20,
+               report=killing(proc, token))
     os.killpg(proc.pid, signal.SIGCONT)
-    wait_until(lambda: "T" not in (state(proc.pid), state(rung)), proc, "the ladder and its rung going on", timeout=20)
+    wait_until(lambda: "T" not in (state(proc.pid), state(rung)), proc, "the ladder and its rung going on", timeout=20,
+               report=killing(proc, token))
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = stopped_ladder(proc, token, "Ctrl-C to the ladder's process group")
     assert_saved_and_interrupted(tmp_path / "ladder", signal.SIGINT, proc.returncode, stdout, stderr)
