@@ -25,9 +25,10 @@ rungs run one after another; Slurm's are submitted and the command returns: run 
 whose folder holds its final val record (at max_steps) is done and read; any other is launched with the same
 command again, which the trainer resumes exactly from its newest checkpoint. So a killed ladder, run again,
 reuses its finished rungs, resumes the one it was in, and ends as an uninterrupted one would, bit for bit.
-SIGTERM (and Ctrl-C, which the rung gets from the terminal itself) stops the ladder once the running rung has
-saved a checkpoint, as the trainer does; a rung config that differs from the one its folder was trained with is
-refused.
+A rung runs in a session of its own, and the ladder passes on to it each signal it gets: Ctrl-C, or SIGINT or SIGTERM
+to the ladder's pid, makes the rung save its state after its step and exit, as a Ctrl-C does a run in a terminal (a
+second Ctrl-C stops it at once), and the ladder then exits interrupted (one line, 130); Ctrl-Z stops both. A rung
+config that differs from the one its folder was trained with is refused.
 
 The fit is evals/scaling_law.py's: L(C), not L(N, D). On one budget rule the tokens are a function of the
 parameters (D = R N, or D = C / (6 N)), so the rungs lie on one curve through the (N, D) plane, along which a
@@ -37,7 +38,9 @@ isoFLOP grid). The law is fitted by least squares on the loss, with 95% interval
 bootstrap over rungs and seeds (--bootstrap replicates), to each recipe's final val loss and bpb; it predicts
 the next size (--next: by default the next depth by the ladder's last step, or the next preset) with the law's
 interval and a single run's. The prediction is written before --check trains that size, which then says
-whether each of its runs landed inside. --recipes faithful,modern trains both at every size (modern: the keys
+whether each of its runs landed inside; --check is refused where there is no law (fewer budgets than its three
+parameters: before anything trains). A rung whose final figure is not finite (NaN, inf, or null in its log) is
+named, and left out of the fit. --recipes faithful,modern trains both at every size (modern: the keys
 configs/gpt2_124m_modern.yaml sets beyond configs/gpt2_124m.yaml), compares them per size with compare_runs.py's
 statistics, and fits how their difference moves with log10 C (a slope with its t interval).
 
@@ -51,6 +54,8 @@ ladder.json alone draws again (redraw(): scripts/pictures.py draws docs/ladder.p
 """
 
 from __future__ import annotations
+
+import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
 
 import dataclasses
 import getpass
@@ -72,9 +77,10 @@ import torch
 import yaml
 
 from common.errors import ArgumentParser, ConfigError, DataError, ReproError, run_cli
+from common.log_fields import BPB
 from common.settings import require
 from compare_runs import compare, format_rows, run_figures, summary
-from evals.scaling_law import LawFit, fit_with_bootstrap, trend
+from evals.scaling_law import PARAMETERS, LawFit, fit_with_bootstrap, trend
 from evals.stats import format_p
 from model import GPT, PRESETS, GPTConfig
 from training.core.logger import LOG_NAME, read_log, write_text_file
@@ -95,6 +101,7 @@ OWNED = ("model", "n_layer", "n_head", "n_embd", "max_steps", "seed", "out_dir")
 # is about 1.7x faster with it kept mapped (the Makefile's CPU_MALLOC)
 CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "17179869184", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
 METRICS = {"loss": "final val loss", "bpb": "final val bpb"}  # compare_runs.py's names of a run's final figures
+LOGGED = {"loss": "loss", "bpb": BPB}  # their fields in the final val record
 
 
 class RungFailed(ReproError):
@@ -190,7 +197,8 @@ def plan(args, sizes: list[Size], next_size: Size) -> list[Rung]:
         params, per_token = model_figures(shape, cfg.data.seq_len)
         batch = cfg.data.total_batch_size
         tokens = args.tokens_per_param * params if budgets is None else budgets[index] / per_token
-        max_steps = max(1, round(tokens / batch))
+        max_steps = rung_steps(tokens, batch, per_token, "--tokens_per_param" if budgets is None else "--flops",
+                               size.label)
         for seed in args.seeds:
             for recipe in args.recipes:
                 name = f"{size.label}_{recipe}_s{seed}"
@@ -207,6 +215,17 @@ def plan(args, sizes: list[Size], next_size: Size) -> list[Rung]:
     return rungs
 
 
+def rung_steps(tokens: float, batch: int, per_token: int, flag: str, label: str) -> int:
+    """A rung's max_steps: its tokens over the batch, rounded, at least 1. A budget whose FLOPs are past what a float
+    holds (the FLOPs the ladder reports and fits) is refused, naming the flag that set it."""
+    if math.isfinite(tokens):
+        max_steps = max(1, round(tokens / batch))
+        if per_token * max_steps * batch <= sys.float_info.max:
+            return max_steps
+    raise ConfigError(f"{flag}: {label} would train {tokens:.3g} tokens of {per_token:,} FLOPs each: more FLOPs than "
+                      f"a float holds ({sys.float_info.max:.2g})")
+
+
 def flop_budgets(args, n_sizes: int) -> list[float] | None:
     """--flops, one per size and one for the next: given, or the ladder's last ratio once more."""
     if args.flops is None:
@@ -214,7 +233,9 @@ def flop_budgets(args, n_sizes: int) -> list[float] | None:
     budgets = list(args.flops)
     if len(budgets) == n_sizes:
         require(n_sizes >= 2, "--flops", "with one size, give the next size's budget too (two values)")
-        budgets.append(budgets[-1] * budgets[-1] / budgets[-2])
+        budgets.append(budgets[-1] * (budgets[-1] / budgets[-2]))
+        require(budgets[-1] < math.inf, "--flops", f"the next size's budget, the last ratio once more, is past a "
+                                                   f"float's range ({sys.float_info.max:.2g}): give it (one more)")
     require(len(budgets) == n_sizes + 1, "--flops",
             f"one budget per size ({n_sizes}), and optionally the next size's, got {len(args.flops)}")
     return budgets
@@ -313,14 +334,25 @@ def plan_table(rungs: list[Rung], rate: float | None = None) -> str:
 
 # --- the rungs' runs ----------------------------------------------------------------------------------
 
-def final_figures(rung: Rung, out: Path) -> dict[str, float] | None:
-    """A finished rung's final val loss and bpb (compare_runs.py reads them, and refuses inconsistent ones); None
-    while its folder holds no val record at its max_steps."""
+def finite(value) -> bool:
+    """Whether a final figure is one the law can be fitted to: a number, neither NaN nor infinite (a log may hold
+    either as json's NaN and Infinity, or as null)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def final_figures(rung: Rung, out: Path) -> dict[str, float | None] | None:
+    """A finished rung's final val loss and bpb (compare_runs.py reads them, and refuses inconsistent ones), each
+    None where it is not finite (report() names it, and the fit leaves it out); None while its folder holds no val
+    record at its max_steps."""
     folder = out / rung.name
     log = folder / LOG_NAME
-    if not log.exists() or not any(r.get("kind") == "val" and r.get("step") == rung.max_steps
-                                   for r in read_log(log)):
+    finals = [r for r in read_log(log) if r.get("kind") == "val" and r.get("step") == rung.max_steps] \
+        if log.exists() else []
+    if not finals:
         return None
+    logged = {metric: finals[0][field] for metric, field in LOGGED.items() if field in finals[0]}
+    if not all(finite(value) for value in logged.values()):  # compare_runs.py refuses NaN: read here
+        return {metric: value if finite(value) else None for metric, value in logged.items()}
     figures = run_figures(folder)
     if figures.step != rung.max_steps:
         raise DataError(f"{folder}: its figures are of step {figures.step}, past the rung's max_steps "
@@ -341,9 +373,18 @@ def write_rung_config(rung: Rung, out: Path) -> Path:
                               f"{before.get(key)!r}, now {after.get(key)!r}), and {out / rung.name} holds that run: "
                               f"give another --out, or remove both to train it again")
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     write_text_file(path, rung.config)
     return path
+
+
+def make_folder(path: Path) -> None:
+    """A folder of the ladder's --out, made with its parents where missing; one that cannot be (a file in the way,
+    no permission) is one error line, as the trainer says of an out_dir."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out: cannot create {path} ({e.strerror or e})") from None
 
 
 def rung_command(args, config: Path) -> list[str]:
@@ -353,29 +394,59 @@ def rung_command(args, config: Path) -> list[str]:
     return [sys.executable, str(TRAINER), "--config", str(config)]
 
 
-def run_rung(command: list[str], env: dict) -> tuple[int, bool]:
-    """Run a rung to its end: (exit code, whether the ladder was asked to stop meanwhile). SIGTERM and SIGUSR1 go on
-    to the rung, which saves a checkpoint and exits (as under Slurm); Ctrl-C reaches it from the terminal itself,
-    so it is not sent again (a second SIGINT would stop the trainer without saving)."""
-    proc = subprocess.Popen(command, cwd=REPO, env=env)
-    asked = []
+# Passed on to the running rung, once each. The signals the trainer stops at, taken as the trainer takes them (even
+# where the ladder was started ignoring them, as a script's `&` ignores SIGINT): SIGINT (Ctrl-C), SIGTERM and SIGUSR1
+# (a scheduler's warning), at which it saves its state after its step and exits (at a second SIGINT, at once).
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+# And those that end a terminal's job, where the ladder was not started ignoring them (nohup's SIGHUP): the rung
+# ends as it would have ended in the job
+ENDS = (signal.SIGHUP, signal.SIGQUIT)
+
+
+def run_rung(command: list[str], env: dict) -> tuple[int, str | None]:
+    """Run a rung to its end: (its exit code, the name of the first signal the ladder was sent meanwhile, or None).
+
+    The rung runs in a session of its own, as torchrun runs its workers, so that only the ladder signals it: a
+    Ctrl-C in the terminal (which signals the ladder's process group) and `kill -INT` to the ladder's pid alike
+    reach the rung once, through the ladder (STOPS, ENDS), as a Ctrl-C reaches a run in a terminal. Ctrl-Z stops
+    the rung with the ladder, and `fg` goes on with both."""
+    running: list[subprocess.Popen] = []
+    received: list[tuple[int, bool]] = []  # each signal, and whether it was passed on at once (the rung running)
 
     def forward(signum, frame):
-        asked.append(signum)
-        if signum != signal.SIGINT:
-            proc.send_signal(signum)
+        received.append((signum, bool(running)))
+        if running:
+            running[0].send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    def suspend(signum, frame):
+        # SIGSTOP, not SIGTSTP: the kernel discards SIGTSTP sent to a process group with no parent in its session
+        # (an orphaned one), as the rung's own session's is
+        if running:
+            running[0].send_signal(signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)  # the shell sees its job stop; its SIGCONT goes on here
+        if running:
+            running[0].send_signal(signal.SIGCONT)
+
+    handlers = {s: forward for s in STOPS}
+    for s, handler in [*((s, forward) for s in ENDS), (signal.SIGTSTP, suspend)]:
+        if signal.getsignal(s) != signal.SIG_IGN:
+            handlers[s] = handler
+    previous = {s: signal.signal(s, handler) for s, handler in handlers.items()}
     try:
-        code = proc.wait()
+        running.append(subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True))
+        for signum, passed in list(received):  # those that came while it started
+            if not passed:
+                running[0].send_signal(signum)
+        code = running[0].wait()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return code, bool(asked)
+    return code, signal.Signals(received[0][0]).name if received else None
 
 
 def train_rungs(args, rungs: list[Rung]) -> bool:
-    """Launch each unfinished rung, one after another (python, torchrun); whether all finished (False: stopped)."""
+    """Launch each unfinished rung, one after another (python, torchrun); whether all finished (False: stopped). A
+    signal to the ladder stops the rung (run_rung), and the ladder: a KeyboardInterrupt, one `interrupted` line."""
     env = rung_environment()
     todo = [r for r in rungs if final_figures(r, args.out) is None]
     for number, rung in enumerate(todo, 1):
@@ -386,11 +457,17 @@ def train_rungs(args, rungs: list[Rung]) -> bool:
         command = rung_command(args, config)
         print(" ".join(map(shlex.quote, command)), flush=True)
         start = time.monotonic()
-        code, stopped = run_rung(command, env)
+        code, signalled = run_rung(command, env)
+        finished = final_figures(rung, args.out) is not None
+        if signalled:
+            what = ("finished" if finished else "saved its state") if code == 0 else \
+                f"stopped at once ({TRAINER.name} exited {code}; its last checkpoint stands)"
+            raise KeyboardInterrupt(f"{signalled}: the ladder stopped in rung {rung.name}, which {what}: the same "
+                                    f"command resumes the ladder")
         if code != 0:
             raise RungFailed(f"rung {rung.name}: train_gpt2.py exited {code} (its error is above; "
                              f"{args.out / rung.name}): the same command resumes the ladder from there", code)
-        if stopped or final_figures(rung, args.out) is None:
+        if not finished:  # the rung alone was stopped (a signal to its own pid)
             print(f"ladder: stopped in rung {rung.name}, which saved its checkpoint; the same command resumes it",
                   flush=True)
             return False
@@ -421,7 +498,7 @@ def submit_rungs(args, rungs: list[Rung]) -> None:
         return
     todo = [r for r in rungs if final_figures(r, args.out) is None]
     folder = args.out / "slurm" / str(len(jobs) + 1)  # this submission's task configs and job outputs
-    folder.mkdir(parents=True, exist_ok=True)
+    make_folder(folder)
     options = shlex.split(args.sbatch_args)
     if args.launch == "slurm":  # one array job: task i's CONFIG is folder/i.yaml (slurm.sbatch reads %a as i)
         for index, rung in enumerate(todo):
@@ -444,15 +521,15 @@ def submit_rungs(args, rungs: list[Rung]) -> None:
 def fit_recipe(rungs: list[Rung], results: dict[str, dict], recipe: str, metric: str, replicates: int) -> dict | None:
     """The law through a recipe's finished ladder rungs (not the next size's), its prediction of the next size, and
     how the next size's runs, where trained, landed: a JSON-ready dict, or None with fewer than 3 budgets."""
-    ladder = [r for r in rungs if r.recipe == recipe and not r.check and metric in results.get(r.name, {})]
-    if len({r.flops for r in ladder}) < 3:
+    ladder = [r for r in rungs if r.recipe == recipe and not r.check and finite(results.get(r.name, {}).get(metric))]
+    if len({r.flops for r in ladder}) < PARAMETERS:
         return None
     fit = fit_with_bootstrap([r.flops for r in ladder], [results[r.name][metric] for r in ladder], replicates)
     following = [r for r in rungs if r.recipe == recipe and r.check]
     prediction = fit.predict(following[0].flops)
     checked = [{"name": r.name, "seed": r.seed, "value": results[r.name][metric],
                 "inside": None if prediction.run is None else prediction.run.contains(results[r.name][metric])}
-               for r in following if metric in results.get(r.name, {})]
+               for r in following if finite(results.get(r.name, {}).get(metric))]
     error = float(np.mean([c["value"] for c in checked])) - prediction.loss if checked else None
     return {"law": dataclasses.asdict(fit.law), "formula": fit.law.formula(),
             "intervals": {name: interval_list(fit.interval(name)) for name in ("E", "A", "alpha")},
@@ -480,7 +557,7 @@ def compare_recipes(args, rungs: list[Rung], results: dict[str, dict]) -> dict |
     sizes = []
     for label in dict.fromkeys(r.size.label for r in rungs):
         groups = [[r for r in rungs if r.size.label == label and r.recipe == recipe] for recipe in names]
-        if all(r.name in results for group in groups for r in group):
+        if all(r.name in results and all(map(finite, results[r.name].values())) for group in groups for r in group):
             rows = compare(*[[args.out / r.name for r in group] for group in groups], names=names)
             sizes.append({"size": label, "flops": groups[0][0].flops, "summary": summary(rows, names),
                           "table": format_rows(rows, names),
@@ -544,15 +621,18 @@ def report(args, rungs: list[Rung], results: dict[str, dict], sizes: list[Size])
         got = results.get(r.name)
         if got is None and r.check and not args.check:
             continue
-        figures = " | ".join(f"{got[m]:.4f}" if got and m in got else "-" for m in METRICS)
+        figures = " | ".join("-" if got is None or m not in got else f"{got[m]:.4f}" if finite(got[m])
+                             else "not finite" for m in METRICS)
         lines.append(f"| {r.size.label}{' (next)' if r.check else ''} | {r.recipe} | {r.seed} | {r.params:,} "
                      f"| {r.max_steps:,} | {r.tokens:,} | {r.flops:.3e} | {figures} |")
+    lines += not_finite_lines(rungs, results, comparison is not None)
     for recipe in args.recipes:
         for metric, name in METRICS.items():
             fit = fits[recipe][metric]
             lines += ["", f"## {recipe}: {name} against compute", ""]
             if fit is None:
-                lines.append("No fit: the law has 3 parameters and needs at least 3 budgets with a finished run.")
+                lines.append(f"No fit: the law has {PARAMETERS} parameters and needs at least {PARAMETERS} budgets "
+                             f"with a finished run whose {name} is finite.")
                 continue
             lines += law_lines(fit, name)
     if comparison:
@@ -574,6 +654,19 @@ def report(args, rungs: list[Rung], results: dict[str, dict], sizes: list[Size])
                               for metric, fit in by_metric.items()} for recipe, by_metric in fits.items()},
             "comparison": comparison}
     return "\n".join(lines) + "\n", data, fits
+
+
+def not_finite_lines(rungs: list[Rung], results: dict[str, dict], compared: bool) -> list[str]:
+    """A line for each finished rung with a final figure that is not finite, naming it: what it leaves out of."""
+    lines = []
+    for r in rungs:
+        names = [METRICS[m] for m, value in results.get(r.name, {}).items() if not finite(value)]
+        if names:
+            what = "the check" if r.check else "the fit" + (" and the recipes' comparison at its size" if compared
+                                                             else "")
+            lines.append(f"Not finite: {r.name}'s {' and '.join(names)} (NaN, inf or null in its log): left out of "
+                         f"{what}.")
+    return ["", *lines] if lines else []
 
 
 def law_lines(fit: dict, name: str) -> list[str]:
@@ -625,7 +718,7 @@ def draw(path: Path, rungs: list[Rung], results: dict[str, dict], fits: dict, ti
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     for index, (recipe, by_metric) in enumerate(fits.items()):
         colour = f"C{index}"
-        own = [r for r in rungs if r.recipe == recipe and r.name in results and "loss" in results[r.name]]
+        own = [r for r in rungs if r.recipe == recipe and finite(results.get(r.name, {}).get("loss"))]
         ladder = [r for r in own if not r.check]
         ax.scatter([r.flops for r in ladder], [results[r.name]["loss"] for r in ladder], color=colour, s=22,
                    zorder=3, label=f"{recipe}: rungs")
@@ -736,15 +829,18 @@ def parse(argv: list[str]):
         raise ConfigError(f"--recipes: one or two of {', '.join(RECIPE_FILES)}, got {','.join(args.recipes)!r}")
     for name in ("checkpoints_per_rung", "nproc_per_node"):
         require(getattr(args, name) >= 1, f"--{name}", f"must be at least 1, got {getattr(args, name)}")
-    require(args.flops is not None or args.tokens_per_param > 0, "--tokens_per_param",
-            f"must be positive, got {args.tokens_per_param}")
-    require(args.flops is None or all(c > 0 for c in args.flops), "--flops", "every budget must be positive")
+    require(args.flops is not None or 0 < args.tokens_per_param < math.inf, "--tokens_per_param",
+            f"must be a positive finite number, got {args.tokens_per_param}")
+    if args.flops is not None:
+        bad = [c for c in args.flops if not 0 < c < math.inf]
+        require(not bad, "--flops", f"every budget must be a positive finite number, got {' '.join(map(str, bad))}")
     require(len(set(args.seeds)) == len(args.seeds), "--seeds",
             f"a seed given twice ({' '.join(map(str, args.seeds))})")
     require(0 < args.mfu <= 1, "--mfu", f"must be in (0, 1], got {args.mfu}")
     require(args.bootstrap >= 0, "--bootstrap", f"must be >= 0, got {args.bootstrap}")
     require(args.config.is_file(), "--config", f"no such file {args.config}")
     args.out = args.out.resolve()
+    require(args.out.is_dir() or not args.out.exists(), "--out", f"{args.out} is not a folder")
     return args
 
 
@@ -753,6 +849,11 @@ def main(argv: list[str]) -> int:
     sizes, next_size = ladder_sizes(args)
     rungs = plan(args, sizes, next_size)
     ladder = [r for r in rungs if not r.check]
+    budgets = len({r.flops for r in ladder})
+    require(not args.check or budgets >= PARAMETERS, "--check",
+            f"the law has {PARAMETERS} parameters and needs rungs at {PARAMETERS} budgets at least; "
+            f"{', '.join(s.label for s in sizes)} give {budgets}: there is no prediction to check (add sizes, or "
+            f"leave --check out)")
     if args.dry_run:
         rate, how = throughput(args, rungs)
         print(f"{FLOPS_WORDS}\nTime: FLOPs / {rate:.3e} FLOP/s, {how}.\n")
@@ -762,6 +863,7 @@ def main(argv: list[str]) -> int:
               f"{duration(sum(r.flops for r in rungs if r.check) / rate)}")
         return 0
     chosen = [r for r in rungs if args.check or not r.check]
+    make_folder(args.out)  # before anything trains: an --out that cannot be a folder is one line
     print(plan_table(chosen), flush=True)
     for rung in chosen:  # each rung's config, or a refusal where one differs from the config its folder was made with
         write_rung_config(rung, args.out)
@@ -774,9 +876,17 @@ def main(argv: list[str]) -> int:
         return 0
     text = write_report(args, rungs, sizes)
     if args.check:
+        predictions = [line for line in text.splitlines() if line.startswith("Predicted")]
+        for line in text.splitlines():
+            if line.startswith("Not finite: "):
+                print(line, flush=True)
+        if not predictions:  # finished rungs left out as not finite: fewer budgets than the law has parameters
+            raise DataError(f"--check: no law to check {next_size.label} against: fewer than {PARAMETERS} budgets "
+                            f"have a rung with a finite final val loss ({args.out / 'ladder.md'} names those left "
+                            f"out); nothing was trained for the check")
         # the prediction is on disk (ladder.md, ladder.json) before the next size trains
         print(f"ladder: {args.out / 'ladder.md'} holds the prediction for {next_size.label} before it trains:\n"
-              + "\n".join(line for line in text.splitlines() if line.startswith("Predicted")), flush=True)
+              + "\n".join(predictions), flush=True)
         if submit:
             if any(final_figures(r, args.out) is None for r in rungs if r.check):
                 submit_rungs(args, [r for r in rungs if r.check])
