@@ -73,7 +73,7 @@ from model import PRESETS
 from training.core import storage
 from training.checkpoint.folder import CHECKPOINT_DIR, WEIGHTS, read_model
 from training.core.process_group import DistEnv
-from training.core.logger import format_duration, write_text_file
+from training.core.logger import format_duration, wandb_mode_of, write_text_file
 from launch.config import parse_args as trainer_defaults
 from training.core.runtime import resolve_runtime
 
@@ -556,7 +556,7 @@ def log_to_wandb(state: dict, entries: dict[str, dict], out_dir: Path, mode: str
     """
     config = state.get("config") or {}
     run_id = state.get("wandb_run_id")
-    mode = mode or config.get("wandb_mode", "online")
+    mode = mode or wandb_mode_of(config.get("wandb_mode"))  # the run's, WANDB_MODE's where the run took it
     if not (config.get("wandb") and run_id) or mode == "disabled":
         return None
     try:

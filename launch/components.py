@@ -32,17 +32,19 @@ from training.run.run import Run
 
 
 def open_run_folder(cfg: TrainConfig, ctx: Context, run: Run, record: dict) -> None:
-    """Rank 0 creates out_dir, config.yaml, run.json and log.jsonl (and the W&B run); a failure stops every rank."""
+    """Rank 0 starts the W&B run, then creates out_dir, config.yaml, run.json and log.jsonl; a failure stops every
+    rank. W&B first: it is what fails for reasons outside the run (network, credentials), and a start that fails
+    writes nothing into the run folder (the log keeps its records, no config.yaml of a run that never ran)."""
     env, logger, out_dir, logging = ctx.env, ctx.logger, cfg.run.out_dir, cfg.logging
-    run_on_all_ranks(env, lambda: logger.open_run_folder(out_dir, run.start_step, {
-        "config.yaml": config_yaml(cfg), "run.json": json.dumps(record, indent=2) + "\n"}))
     if logging.wandb:  # network or credentials trouble is seen by rank 0 alone
         run_on_all_ranks(env, lambda: logger.start_wandb(
-            logging.wandb_project, logging.wandb_run_name, logging.wandb_mode, {**cfg.to_dict(), "provenance": record},
-            logging.wandb_tags, run.wandb_run_id, out_dir),
+            logging.wandb_project, logging.wandb_run_name, logging.resolved_wandb_mode(),
+            {**cfg.to_dict(), "provenance": record}, logging.wandb_tags, run.wandb_run_id, out_dir),
             describe=lambda e: ConfigError(f"wandb: could not start the run ({type(e).__name__}: {e}); "
                                            f"use --wandb_mode offline or --wandb false"))
         run.wandb_run_id = logger.wandb_run_id  # on rank 0, which writes the checkpoints
+    run_on_all_ranks(env, lambda: logger.open_run_folder(out_dir, run.start_step, {
+        "config.yaml": config_yaml(cfg), "run.json": json.dumps(record, indent=2) + "\n"}))
     if logging.tensorboard:
         run_on_all_ranks(env, lambda: logger.start_tensorboard(Path(out_dir) / "tensorboard", run.start_step))
 
@@ -151,7 +153,7 @@ def check_optional_packages(cfg: TrainConfig) -> None:
     import importlib.util
 
     logging, checkpoint_dir = cfg.logging, cfg.checkpoint.checkpoint_dir
-    if logging.wandb and logging.wandb_mode != "disabled" and importlib.util.find_spec("wandb") is None:
+    if logging.wandb and logging.resolved_wandb_mode() != "disabled" and importlib.util.find_spec("wandb") is None:
         raise ConfigError("wandb: the wandb package is not installed (pip install wandb), or set --wandb false")
     if logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ConfigError(TENSORBOARD_MISSING)

@@ -224,7 +224,9 @@ def runs(tmp_path_factory):
                   wandb_run_name="observe")
     secret = {"WANDB_API_KEY": "k" * 40 + "SECRET"}
     run_trainer(base_args(data, root / "ddp", **common), nproc=2, extra_env=secret)
-    run_trainer(base_args(data, root / "single", **common), extra_env=secret)
+    # offline from the environment alone, as W&B's own tools take it (wandb_mode auto)
+    single = {key: value for key, value in common.items() if key != "wandb_mode"}
+    run_trainer(base_args(data, root / "single", **single), extra_env={**secret, "WANDB_MODE": "offline"})
     return root, data, common
 
 
@@ -248,9 +250,46 @@ def test_samples_are_written_once_by_rank_zero(runs):
     assert single == [r["text"] for r in samples]  # seeded: the same continuations for any world size
 
 
+@pytest.mark.parametrize("setting, environment, mode", [
+    (None, None, "online"), (None, "offline", "offline"), (None, "dryrun", "offline"), (None, " Disabled ", "disabled"),
+    ("online", "offline", "online"), ("disabled", "bogus", "disabled")])
+def test_wandb_mode_auto_takes_the_environments_mode(monkeypatch, setting, environment, mode):
+    """--wandb_mode wins; unset (auto) it is WANDB_MODE's, as W&B's own tools take it, else online."""
+    from training.core.logger import wandb_mode_of
+
+    if environment is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", environment)
+    assert wandb_mode_of(setting) == mode
+
+
+def test_an_unknown_wandb_mode_in_the_environment_is_one_error_naming_it(monkeypatch, tmp_path):
+    from common.errors import ConfigError
+    from launch.config import parse_args
+
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    parse_args(base_args(tmp_path, tmp_path / "out"))  # W&B off: the variable is none of the run's business
+    with pytest.raises(ConfigError, match=r"^WANDB_MODE: unknown mode 'bogus' in the environment"):
+        parse_args(base_args(tmp_path, tmp_path / "out", wandb="true"))
+
+
+@pytest.mark.slow
+def test_a_wandb_start_that_fails_writes_nothing_into_the_run_folder(tmp_path):
+    """No API key for an online run: one error line, and no config.yaml, run.json or empty log.jsonl of a run that
+    never ran (nor the run folder this launch made)."""
+    data = make_shards(tmp_path / "shards")
+    out = tmp_path / "out"
+    env = {"HOME": str(tmp_path), "WANDB_MODE": "online", "WANDB_API_KEY": ""}  # no key, nor ~/.netrc
+    proc = run_trainer(base_args(data, out, wandb="true"), check=False, extra_env=env, timeout=60)
+    assert proc.returncode == 2 and "error: wandb: could not start the run" in proc.stderr, proc.stderr[-2000:]
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
 @pytest.mark.slow
 def test_wandb_offline_history_holds_the_logged_metrics_and_no_api_key(runs):
     root, _, _ = runs
+    assert len(list((root / "single" / "wandb").glob("offline-run-*"))) == 1  # WANDB_MODE=offline alone
     (run_dir,) = (root / "ddp" / "wandb").glob("offline-run-*")
     history = wandb_history(run_dir)
     logged = {row["trainer/step"]: row["train/loss"] for row in history if "train/loss" in row}

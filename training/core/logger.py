@@ -27,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -35,7 +37,7 @@ from pathlib import Path
 from common.atomic_file import atomic_write
 from common.errors import ConfigError, WriteError, print_warning
 from common.log_fields import RECORD_FIELDS, TRAIN_METRICS
-from common.settings import Settings, Words, option, require, section
+from common.settings import OrNone, Settings, Words, option, require, section
 
 LOG_NAME = "log.jsonl"
 # Records of something that happened (not of a step's state): a rollback's rewind keeps them, so a second
@@ -151,25 +153,39 @@ class RunLogger:
             self._jsonl = open(self.path, "a", buffering=1)  # line-buffered: one record per line
         except OSError as e:
             raise WriteError(f"{self.path}: could not open ({e.strerror or e})") from None
+        self._rewind_wandb()
 
     # --- W&B ----------------------------------------------------------------------------------
     def start_wandb(self, project: str, run_name: str, mode: str, config: dict, tags: list[str],
                     run_id: str | None, out_dir: str | Path) -> None:
         """Start (or resume, given run_id) the W&B run. The API key comes from the environment only.
 
-        A resumed run whose log lost records (open_run_folder) starts with a rewind row: see _wandb_log.
+        The trainer starts it before it writes the run folder's files (open_run_folder), so that a start that fails
+        (no API key, no network) leaves the folder as it was: the wandb/ folder it made is removed. A resumed run
+        whose log lost records starts with a rewind row (see _wandb_log), once both are open.
         """
         if not self.enabled:
             return
-        wandb = _import_wandb(Path(out_dir) / "wandb")
-        self.wandb_run = wandb.init(
-            project=project, name=run_name or None, config=config, tags=tags or None,
-            id=run_id, resume="allow", mode=mode, dir=str(out_dir),
-        )
+        folder = Path(out_dir) / "wandb"
+        made = not folder.exists()
+        try:
+            wandb = _import_wandb(folder)
+            self.wandb_run = wandb.init(
+                project=project, name=run_name or None, config=config, tags=tags or None,
+                id=run_id, resume="allow", mode=mode, dir=str(out_dir),
+            )
+        except BaseException:
+            if made:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
         self.wandb_run.define_metric(WANDB_STEP)
         self._wandb_kinds = set()
+        self._rewind_wandb()
+
+    def _rewind_wandb(self) -> None:
+        """Once W&B and the log are both open (in either order): a rewind row where the log lost records."""
         start_step, dropped = self._opened_at
-        if dropped:
+        if self.wandb_run is not None and self.path is not None and dropped:
             self._wandb_rewind(start_step, dropped)
 
     def start_tensorboard(self, log_dir: str | Path, start_step: int) -> None:
@@ -369,10 +385,30 @@ class LoggingSettings(Settings):
     wandb: bool = option(False, "log to Weights & Biases", on_resume="none")
     wandb_project: str = option("gpt2-repro", "W&B project", on_resume="none")
     wandb_run_name: str = option("", "W&B run name ('': W&B picks one)", on_resume="none")
-    wandb_mode: str = option("online", "online, offline (sync later) or disabled", on_resume="none")
+    wandb_mode: OrNone[str] = option(None, "online, offline (sync later) or disabled; auto: the WANDB_MODE "
+                                           "environment variable's, online where it is unset", on_resume="none",
+                                     none="auto")
     wandb_tags: Words = option([], "W&B tags, comma-separated on the command line", on_resume="none")
 
     def validate(self) -> None:
         require(self.log_interval > 0, "log_interval", f"must be positive, got {self.log_interval}")
-        require(self.wandb_mode in WANDB_MODES, "wandb_mode",
-                f"unknown mode {self.wandb_mode!r}; choose online, offline or disabled")
+        require(self.wandb_mode in (None, *WANDB_MODES), "wandb_mode",
+                f"unknown mode {self.wandb_mode!r}; choose online, offline, disabled or auto")
+        if self.wandb:
+            wandb_mode_of(self.wandb_mode)  # WANDB_MODE checked now, not when W&B starts
+
+    def resolved_wandb_mode(self) -> str:
+        return wandb_mode_of(self.wandb_mode)
+
+
+def wandb_mode_of(setting: str | None) -> str:
+    """The W&B mode a run uses: its setting, or (auto: None) the WANDB_MODE environment variable's, as W&B's own
+    tools take it (`WANDB_MODE=offline python train_gpt2.py ...`), else online. W&B's old word for offline, dryrun,
+    is offline; another word is a ConfigError naming the variable."""
+    if setting is not None:
+        return setting
+    mode = os.environ.get("WANDB_MODE", "").strip().lower() or "online"
+    mode = "offline" if mode == "dryrun" else mode
+    require(mode in WANDB_MODES, "WANDB_MODE", f"unknown mode {mode!r} in the environment; choose online, offline or "
+                                               f"disabled, or set --wandb_mode")
+    return mode
