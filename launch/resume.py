@@ -305,7 +305,10 @@ def load_compatible_checkpoint(path: Location, model_config) -> dict:
     """The checkpoint's state in this code's layout (current_layout), once it has what a resume needs and fits this
     run's model shape (its tensors left on storage: every rank then reads only what it keeps)."""
     state = require_entries(load_checkpoint(path), RESUME_ENTRIES, path, "resuming")
-    check_compatible(state, model_config.to_dict(), path)
+    # --resume never is no way out: it refuses a folder that holds a run
+    check_compatible(state, model_config.to_dict(), path, "resume it with the model settings it was trained with "
+                                                          "(in its config), or train this model from scratch in a "
+                                                          "new out_dir")
     return current_layout(state)
 
 

@@ -100,9 +100,9 @@ def test_failed_write_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
 
 def test_checkpoint_of_another_model_size_is_refused_naming_the_key(tmp_path):
     path = ckpt.checkpoint_path(tmp_path / "checkpoints", 3)
-    with pytest.raises(ckpt.CheckpointError, match="checkpoint has n_layer=4 but this run has n_layer=2"):
-        ckpt.check_compatible(state(3, n_layer=4), state(3)["model_args"], path)
-    ckpt.check_compatible(state(3), state(3)["model_args"], path)
+    with pytest.raises(ckpt.CheckpointError, match=r"checkpoint has n_layer=4 but this run has n_layer=2 \(remedy\)"):
+        ckpt.check_compatible(state(3, n_layer=4), state(3)["model_args"], path, "remedy")
+    ckpt.check_compatible(state(3), state(3)["model_args"], path, "remedy")
 
 
 def test_a_checkpoint_of_a_newer_format_is_refused_by_name(tmp_path):

@@ -184,6 +184,7 @@ def test_checkpoint_of_another_model_size_is_refused_by_name(data, straight, tmp
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1  # rank 0's, for both ranks
     assert "checkpoint has n_layer=2 but this run has n_layer=3" in lines[0]
+    assert "from scratch in a new out_dir" in lines[0] and "resume=never" not in lines[0]  # a way out, not a circle
     assert proc.exitcodes == [2, 2]
 
 

@@ -267,12 +267,11 @@ def prune_checkpoints(folder: Location, keep_last: int, written_step: int, warn=
     return deleted
 
 
-def check_compatible(state: dict, model_args: dict, path: Location) -> None:
-    """Refuse a checkpoint of another model shape, naming the first key that differs."""
+def check_compatible(state: dict, model_args: dict, path: Location, remedy: str) -> None:
+    """Refuse a checkpoint of another model shape, naming the first key that differs and what leads out (remedy:
+    the caller's, since a resume and an init_from have different ways out)."""
     saved = state.get("model_args", {})
     for key in ("n_layer", "n_head", "n_embd", "vocab_size", "block_size"):
         if key in saved and saved[key] != model_args[key]:
-            raise CheckpointError(
-                f"{path}: checkpoint has {key}={saved[key]} but this run has {key}={model_args[key]} "
-                f"(pick matching model settings, or resume=never / another out_dir)"
-            )
+            raise CheckpointError(f"{path}: checkpoint has {key}={saved[key]} but this run has {key}={model_args[key]} "
+                                  f"({remedy})")

@@ -27,7 +27,8 @@ def load_initial_weights(model: GPT, init_from: str) -> None:
     # a .pt file, a sharded step folder, or a URL (which holds sharded checkpoints only: load_checkpoint says so)
     if is_url(path) or path.is_file() or (path.is_dir() and step_of(path) is not None):
         state = require_entries(load_checkpoint(path), WEIGHTS_ENTRIES, path, "init_from")
-        check_compatible(state, model.config.to_dict(), path)
+        check_compatible(state, model.config.to_dict(), path, "give this run the model settings it was trained "
+                                                              "with, or init_from a checkpoint of this model")
         load_model_weights(model, path, state)
         return
     if init_from in PRESETS or path.is_dir():
