@@ -245,7 +245,12 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
             raise ConfigError(f"max_steps: {max_steps} is below step {state['step']} of {path}; "
                               f"raise max_steps to train on, or start another run in another out_dir")
         if finished(state):
-            logger.console(f"nothing to do: {path} is at max_steps {max_steps}; raise max_steps to train on")
+            # `--seed 7` into a finished folder meant another run: say so (a moved out_dir or another log_interval
+            # would not train otherwise, and is not worth the line)
+            changed = changed_settings(cfg, state["config"], math_only=True)
+            differ = (f"; this launch's settings differ from that run's ({changed}) but train nothing here: give a "
+                      f"new run a new out_dir" if changed else "")
+            logger.console(f"nothing to do: {path} is at max_steps {max_steps}; raise max_steps to train on{differ}")
             return False
         logger.console(f"{path} is at max_steps {max_steps}, but its final evaluations were not run (a stop came "
                        f"first): running them, and only them")
@@ -362,16 +367,29 @@ def check_same_optimizer(optimizer: str, saved_config: dict, path) -> None:
                               f"or start from its weights with --init_from {path} in another out_dir")
 
 
+def changed_keys(cfg: TrainConfig, saved: dict) -> list[str]:
+    """The keys whose value differs from the checkpoint's config (saved), but `resume`, which names the launch."""
+    now = cfg.to_dict()
+    return [key for key in now if key != "resume" and key in saved and saved[key] != now[key]]
+
+
+def changed_settings(cfg: TrainConfig, saved: dict, math_only: bool = False) -> str:
+    """The changed keys (changed_keys; math_only: those that change the training math) in words, each with both
+    values: `seed 1337 -> 7, ...`; '' where none."""
+    now = cfg.to_dict()
+    keys = [key for key in changed_keys(cfg, saved) if not math_only or changes_training_math(ON_RESUME_OF[key], now)]
+    return ", ".join(f"{key} {saved[key]!r} -> {now[key]!r}" for key in keys)
+
+
 def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str], None]) -> None:
     """One line naming every key that differs from the checkpoint's config (not `resume`), and those of them
     that change the training math (each field's on_resume, judged with this run's settings): a changed
     log_interval, out_dir or strategy is worth a line, but not the claim that the run now trains differently,
     nor is a spike setting while spike_skip is off."""
-    now = cfg.to_dict()
-    keys = [key for key in now if key != "resume" and key in saved and saved[key] != now[key]]
+    now, keys = cfg.to_dict(), changed_keys(cfg, saved)
     if not keys:
         return
-    changed = ", ".join(f"{key} {saved[key]!r} -> {now[key]!r}" for key in keys)
+    changed = changed_settings(cfg, saved)
     if math := [key for key in keys if changes_training_math(ON_RESUME_OF[key], now)]:
         effect = (f"{', '.join(math)} {'changes' if len(math) == 1 else 'change'} the training math: the steps "
                   f"after the resume differ from an uninterrupted run")

@@ -286,7 +286,10 @@ def test_resuming_past_max_steps_is_a_clear_message_not_a_hang(data, straight, t
     assert len(errors) == 1 and "max_steps: 5 is below step 12 of" in errors[0], below.stderr[-2000:]
     assert below.exitcodes == [2, 2]
     at = run_trainer(base_args(data, out, **ARGS), nproc=2, timeout=60)  # a requeued job that had finished
-    assert "nothing to do" in at.stdout
+    assert "nothing to do" in at.stdout and "differ" not in at.stdout
+    other_seed = run_trainer(base_args(data, out, **{**ARGS, "seed": 7}), nproc=2, timeout=60)  # meant a new run
+    assert "nothing to do" in other_seed.stdout and "settings differ from that run's (seed 1234 -> 7)" in \
+        other_seed.stdout and "new out_dir" in other_seed.stdout, other_seed.stdout[-2000:]
     assert_same_run(out, straight)  # the log and the final checkpoint are untouched
 
 
