@@ -389,6 +389,9 @@ def test_every_run_records_what_produced_it(runs):
     assert record["torch"] == torch.__version__ and record["world_size"] == 2 and record["device_count"] == 1
     assert record["command"].startswith("train_gpt2.py --model custom") and len(record["config_sha256"]) == 64
     assert len(record["data_fingerprint"]) == 16
+    assert (record["device"], record["dtype"], record["cpu_capability"]) == ("cpu", "float64",
+                                                                             torch.backends.cpu.get_cpu_capability())
+    assert record["cpu"] and record["cpu"] != "cpu"
     saved = torch.load(root / "ddp" / "checkpoints" / "step_00000006.pt", weights_only=True)
     assert saved["provenance"] == record
     (run_dir,) = (root / "ddp" / "wandb").glob("offline-run-*")

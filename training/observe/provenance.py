@@ -40,6 +40,10 @@ def provenance(ctx: Context, argv: list[str], data_fingerprint: str, run_id: str
         "cuda": torch.version.cuda,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if runtime.device_type == "cuda" else None,
         "device": runtime.device_name,
+        "dtype": runtime.dtype,  # dtype auto resolved: bfloat16 or float32 on a CPU, by what the CPU has
+        "cpu": cpu_model(),
+        # the CPU kernels PyTorch picked (avx512, avx2, default): they differ in the last bits of float results
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "device_count": torch.cuda.device_count() if runtime.device_type == "cuda" else 1,
         "world_size": ctx.env.world_size,
         "command": shlex.join([Path(sys.argv[0]).name, *argv]),
@@ -64,3 +68,15 @@ def git_state(folder: Path) -> tuple[str | None, bool | None]:
         return None, None
     status = git("status", "--porcelain", "--untracked-files=no")
     return commit.strip(), None if status is None else bool(status.strip())
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's on Linux), else what the platform says."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
