@@ -62,8 +62,10 @@ SMOKE_SHRINK := --model custom --n_layer 2 --n_head 2 --n_embd 64 --micro_batch_
 smoke: install
 	$(call fresh_folder,SMOKE_DIR)
 	$(PY) prep/fineweb.py --input README.md docs/*.md *.py --out "$(SMOKE_DIR)/data" --val_size 8192 --num_proc 1
-	$(CPU_MALLOC) $(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_gpt2.py --config configs/gpt2_124m.yaml \
-		--data_dir "$(SMOKE_DIR)/data" --out_dir "$(SMOKE_DIR)/run" $(SMOKE_SHRINK)
+	@$(CPU_MALLOC) $(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_gpt2.py --config configs/gpt2_124m.yaml \
+		--data_dir "$(SMOKE_DIR)/data" --out_dir "$(SMOKE_DIR)/run" $(SMOKE_SHRINK) \
+	&& echo "smoke: passed: the 124M launch trained on 2 ranks under torchrun; its run folder is $(SMOKE_DIR)/run" \
+	|| { echo "smoke: FAILED: the launch's error: line above says why" >&2; exit 1; }
 
 # Every shipped picture (docs/*.png) redrawn by plot_log.py or ladder.py from the runs it shows, kept small
 # in docs/pictures/ (the records it draws, config.yaml and the train data's unigram entropy; a ladder's

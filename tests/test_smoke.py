@@ -77,3 +77,4 @@ def test_make_smoke_trains_the_shrunk_124m_config_on_two_ranks(tmp_path):
     assert [r["step"] for r in records if r["kind"] == "val"] == [0, 3, 6]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003.pt", "step_00000006.pt"]
     assert "world size 2" in proc.stdout and "grad_accum_steps 2" in proc.stdout  # 2 ranks, 2 micro-steps each
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("smoke: passed: the 124M launch trained on 2 ranks")
