@@ -235,7 +235,7 @@ def report(out, *sources):
         if gpt2:
             best = max(gpt2, key=lambda r: r["tokens_per_sec"])
             md += ["", f"- Best 124M: {best['label']}, {best['tokens_per_sec']:,.0f} tokens/s: "
-                       f"{best['tokens_per_sec'] / PUBLISHED:.3f}x the published 468K; target {TARGET:,} "
+                       f"{best['tokens_per_sec'] / PUBLISHED:.3f}x llm.c's published 468K per H100; target {TARGET:,} "
                        f"{'met' if best['tokens_per_sec'] >= TARGET else 'NOT met'}, aim {AIM:,} "
                        f"{'met' if best['tokens_per_sec'] >= AIM else 'not met'}."]
             if reference:

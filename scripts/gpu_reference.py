@@ -3,8 +3,8 @@
     python scripts/gpu_reference.py --json reference.json     # compiled, B=64, T=1024, 524,288 tokens/step
     python scripts/gpu_reference.py --dry_run                  # the same plumbing on the CPU, tiny model, 3 steps
 
-build-nanogpt (github.com/karpathy/build-nanogpt) is the compiled PyTorch GPT-2 loop whose
-468K tokens/s on one H100 docs/PERFORMANCE.md compares against. Timed on the same machine as
+build-nanogpt (github.com/karpathy/build-nanogpt) is the compiled PyTorch GPT-2 loop this trainer
+is measured against (it publishes no H100 rate; 468K tokens/s per H100 is llm.c's). Timed on the same machine as
 scripts/bench.py, it gives the ratio from one machine. Its code is not part of this repository and
 is never committed here: clone it into the git-ignored folder .ref/ on the GPU machine first,
 
