@@ -4,7 +4,8 @@ Each failure a user can act on is a `ReproError` subclass whose class carries th
 the process ends with:
 
     2  bad input: configuration or command-line arguments, data files, checkpoints to read
-    1  a write failed (checkpoint, log, run folder), or anything else that stops a run
+    1  a write failed (checkpoint, log, run folder), a package the script imports is not installed
+       in the Python that runs it, or anything else that stops a run
     3  the training diverged: the loss went NaN/inf (the update was not applied), or the
        loss spikes went on past max_rollbacks rollbacks
 
@@ -159,20 +160,41 @@ def report_interrupt(e: KeyboardInterrupt) -> None:
 
 def one_line_interrupts() -> None:
     """From now on a KeyboardInterrupt that nothing catches ends the process with one `interrupted` line, not a
-    traceback: a Ctrl-C while an entry script imports its modules (seconds for torch), before run_cli runs.
+    traceback: a Ctrl-C while an entry script imports its modules (seconds for torch), before run_cli runs. And a
+    package that is not installed in the Python running the script (the project's environment not entered) is one
+    `error:` line saying so (missing_package), not an import's traceback.
 
-    Python then ends the process by SIGINT as usual: the shell sees status 130. Other uncaught
-    exceptions go to the hook that was there before.
+    Python then ends the process by SIGINT as usual: the shell sees status 130 (1 for a missing package). Other
+    uncaught exceptions go to the hook that was there before.
     """
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
         if issubclass(kind, KeyboardInterrupt):
             report_interrupt(value)
+        elif issubclass(kind, ModuleNotFoundError) and (line := missing_package(value)):
+            if prints_here(NODE_RANKS):
+                os.write(sys.stderr.fileno(), f"error: {line}\n".encode())
+            write_torchrun_error_file(f"error: {line}")
         else:
             previous(kind, value, traceback)
 
     sys.excepthook = hook
+
+
+# the project's own top-level modules and packages: a missing one of these is a bug, whose traceback shows where
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def missing_package(error: ModuleNotFoundError) -> str | None:
+    """What to do about a package that is not installed (error: the import's), or None where the missing module is
+    the project's own (a bug, left to its traceback)."""
+    top = (error.name or "").partition(".")[0]
+    if not top or os.path.exists(os.path.join(_PROJECT_ROOT, top)) or \
+            os.path.exists(os.path.join(_PROJECT_ROOT, top + ".py")):
+        return None
+    return (f"the package {top!r} is not installed for {sys.executable}: enter the project's environment "
+            f"(source .venv/bin/activate, which `make install` creates), or pip install -r requirements.txt")
 
 
 def run_cli(main, argv: list[str] | None = None) -> int:

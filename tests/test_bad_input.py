@@ -221,6 +221,30 @@ def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, t
     assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", "interrupted\n" if local_rank is None else "")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("script", [s for s in ENTRY_SCRIPTS if s != "compare_runs.py"])  # it needs neither
+def test_an_entry_point_run_outside_the_environment_says_so_in_one_line(script, tmp_path):
+    """Run by a Python without the project's packages (the virtual environment not entered): one `error:` line
+    naming the package and how to enter the environment, exit 1, not an import's traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from slowness import guard
+
+    for name in ("torch", "numpy"):  # what the entry scripts import first, as if not installed
+        (tmp_path / "missing" / name).mkdir(parents=True)
+        (tmp_path / "missing" / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named {name!r}\", name={name!r})\n")
+    env = {key: value for key, value in os.environ.items() if key not in RANKS}
+    env["PYTHONPATH"] = str(tmp_path / "missing")
+    proc = subprocess.run([sys.executable, str(REPO / script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=guard(30))
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr[-2000:]
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: the package '") and \
+        f"is not installed for {sys.executable}: enter the project's environment" in proc.stderr, proc.stderr
+
+
 CONFIG_CASES = [
     (["--n_layer", "x"], "error: n_layer: expected an integer or null, got 'x'"),
     (["--micro_batch_size", "x"], "error: micro_batch_size: expected an integer or auto, got 'x'"),  # as --help
