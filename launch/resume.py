@@ -239,7 +239,10 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
     any rank sees stops every rank alike. It compares the whole configuration with the checkpoint's: what a
     changed setting means."""
     env, logger, max_steps = ctx.env, ctx.logger, cfg.schedule.max_steps
-    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, run.model.config))
+    log = Path(cfg.run.out_dir) / LOG_NAME  # rank 0's: every rank gets its answer
+    logged = broadcast_object(run_on_all_ranks(env, lambda: env.master_process and final_evaluations_logged(path, log)),
+                              env)
+    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, run.model.config, logged))
     if state["step"] >= max_steps:  # decided on every rank: all of them stop here, or run the final evaluations
         if state["step"] > max_steps:
             raise ConfigError(f"max_steps: {max_steps} is below step {state['step']} of {path}; "
@@ -273,6 +276,23 @@ def finished(state: dict) -> bool:
     return state["finished_at"] == state["step"]
 
 
+def final_evaluations_logged(path: Location, log: Path) -> bool:
+    """rank 0: whether the checkpoint at path is one of older code (it saved no finished_at) at its run's max_steps,
+    whose final evaluations log (out_dir's) records: a record of each evaluation its config ran after the last step
+    (val always, hellaswag and samples when their interval was set), at its step. Such code saved its last
+    checkpoint after those evaluations, but a stop in the last step saved it before them, and only the log tells
+    which. Reads the log only for such a checkpoint."""
+    state = load_checkpoint(path)
+    config, step = state.get("config") or {}, state["step"]
+    if "finished_at" in state or step != config.get("max_steps") or not log.is_file():
+        return False
+    records = read_log(log)
+    due = {"val"} | ({"hellaswag"} if config.get("hellaswag_interval") else set())
+    due |= {"sample"} if config.get("sample_interval") and step > 0 else set()
+    skipped = {r.get("eval") for r in records if r.get("kind") == "skip_eval"}  # could not run (no HellaSwag data)
+    return due - skipped <= {r.get("kind") for r in records if r.get("step") == step}
+
+
 def moved_position(loader, saved: dict, position: int) -> str | None:
     """Where one folder's train rows go on from, said in words when another total_batch_size moved it; None where
     it did not (a mixture keeps each source's position as state instead: data/mixture.py).
@@ -301,20 +321,24 @@ def moved_position(loader, saved: dict, position: int) -> str | None:
             f"data's position: step {position} reads from row {new_first:,} of epoch {new_epoch} ({what})")
 
 
-def load_compatible_checkpoint(path: Location, model_config) -> dict:
+def load_compatible_checkpoint(path: Location, model_config, final_evaluations_logged: bool = False) -> dict:
     """The checkpoint's state in this code's layout (current_layout), once it has what a resume needs and fits this
-    run's model shape (its tensors left on storage: every rank then reads only what it keeps)."""
+    run's model shape (its tensors left on storage: every rank then reads only what it keeps).
+    final_evaluations_logged: whether the run's log records its final evaluations (what says whether a checkpoint
+    of older code is of a finished run: final_evaluations_logged above)."""
     state = require_entries(load_checkpoint(path), RESUME_ENTRIES, path, "resuming")
     check_compatible(state, model_config.to_dict(), path)
-    return current_layout(state)
+    return current_layout(state, final_evaluations_logged)
 
 
-def current_layout(state: dict) -> dict:
+def current_layout(state: dict, final_evaluations_logged: bool = False) -> dict:
     """A checkpoint's entries (load_checkpoint's) as this code's run loads them (Run.load_state_dict): the one
     conversion of what the checkpoints of older code, and a run's settings, left out or kept elsewhere.
     - long_run (format_version 3 and before): its spike window, skips in a row, rollbacks and data offset, each
       an entry (none in older checkpoints: none of them);
-    - finished_at, which older code did not save: finished at its config's max_steps, as that code took it;
+    - finished_at, which older code did not save: finished at its config's max_steps once its run's log records
+      the final evaluations (final_evaluations_logged); that code saved the last checkpoint of a run stopped in
+      its last step before them, and the relaunch must run them;
     - mixture, which one folder's run, and older code, keep none of: where its config puts each source
       (data/mixture.py's derived_state), so that a mixture goes on from the rows they had read;
     - ema_state: older code kept none before the average started: its config's start. A run without an EMA
@@ -325,7 +349,8 @@ def current_layout(state: dict) -> dict:
     state.setdefault("spike_window", long_run.get("spike_window"))
     for key in ("skips_in_a_row", "rollbacks", "data_offset"):
         state.setdefault(key, long_run.get(key, 0))
-    state.setdefault("finished_at", state["step"] if state["step"] == config.get("max_steps") else None)
+    finished = final_evaluations_logged and state["step"] == config.get("max_steps")
+    state.setdefault("finished_at", state["step"] if finished else None)
     if state.get("mixture") is None:
         state["mixture"] = derived_state(config, state["step"], state["step"] + state["data_offset"])
     if state.get("ema_state") is None:
