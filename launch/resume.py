@@ -11,7 +11,8 @@ its error; the loading is a collective. The pieces, in that order below:
   checkpoint has its own `checkpoint_id`, and `ancestry` lists the ids its run resumed from;
 - what it loads (`resume_run`): the run's own values and every part it registers (training/run/run.py's
   Run.parts), through the checkpoint's format (every rank its part, under any strategy and world
-  size), a checkpoint of older code converted to this layout first (`current_layout`);
+  size), a checkpoint of older code converted to this layout first (`current_layout`), each part checked
+  against the run before anything is loaded (one that does not fit is refused);
 - what a changed setting means: another model shape or optimizer is refused, and a checkpoint past
   max_steps; one at it is nothing to do once its final evaluations ran (`finished`); any other changed
   key is one warning naming it and whether it changes the training math (its field's on_resume);
@@ -364,9 +365,13 @@ def current_layout(state: dict, final_evaluations_logged: bool = False) -> dict:
 
 def load_state(run: Run, state: dict, path: Location) -> list[str]:
     """Continue from the checkpoint at path (its state: load_compatible_checkpoint's, on every rank) through the run's
-    parts (Run.parts). A collective: every rank loads its part, in the checkpoint's format. What a part says changed
-    since (a mixture's rows per step), in words. The lineage goes on: the checkpoint's id joins the ancestry."""
-    changes = format_of(path).load_into(run, path, state)
+    parts (Run.parts). A collective: every rank first checks that the checkpoint fits its parts (the format's
+    check_fits: a DamagedCheckpointError, while nothing is loaded; one rank's stops every rank alike), then loads
+    its part, in the checkpoint's format. What a part says changed since (a mixture's rows per step), in words. The
+    lineage goes on: the checkpoint's id joins the ancestry."""
+    env, fmt = run.strategy.env, format_of(path)
+    run_on_all_ranks(env, lambda: fmt.check_fits(run, path, state))
+    changes = fmt.load_into(run, path, state)
     run.start_step = run.step
     run.ancestry.append(state["checkpoint_id"])
     return changes
