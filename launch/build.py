@@ -17,7 +17,7 @@ from training.optim.optimizers import build_optimizer
 from training.optim.spikes import SpikeWindow
 from launch.config import TrainConfig
 from training.run.micro_batch import choose_micro_batch_size
-from launch.resume import choose_resume_checkpoint, resume_run
+from launch.resume import choose_resume_checkpoint, continue_run
 from training.run.run import Run
 from training.run.weights import load_initial_weights
 
@@ -74,4 +74,4 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
               val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes,
               micro_batch=micro_batch, ema=ema)
-    return run if resume_path is None or resume_run(cfg, ctx, run, resume_path) else None
+    return run if continue_run(cfg, ctx, run, folder, resume_path) else None

@@ -12,7 +12,8 @@ its error; the loading is a collective. The pieces, in that order below:
 - what it loads (`resume_run`): the run's own values and every part it registers (training/run/run.py's
   Run.parts), through the checkpoint's format (every rank its part, under any strategy and world
   size), a checkpoint of older code converted to this layout first (`current_layout`), each part checked
-  against the run before anything is loaded (one that does not fit is refused);
+  against the run before anything is loaded: one that does not fit is set aside when resume chose it, as
+  an unreadable one is, and refused when --resume names it (`continue_run`);
 - what a changed setting means: another model shape or optimizer is refused, and a checkpoint past
   max_steps; one at it is nothing to do once its final evaluations ran (`finished`); any other changed
   key is one warning naming it and whether it changes the training math (its field's on_resume);
@@ -35,9 +36,9 @@ from common.errors import CheckpointError, ConfigError, DivergedError, print_war
 from common.settings import changes_training_math, require
 from data.loader import TrainLoader
 from data.mixture import changed_shards, derived_state
-from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, format_of,
-                                        list_checkpoints, load_checkpoint, newest_readable_checkpoint,
-                                        require_entries, set_aside)
+from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, DamagedCheckpointError,
+                                        check_compatible, format_of, list_checkpoints, load_checkpoint,
+                                        newest_readable_checkpoint, require_entries, set_aside)
 from training.core import storage
 from training.core.context import Context
 from training.core.logger import LOG_NAME, read_log
@@ -233,6 +234,28 @@ def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> Non
 
 
 # --- what it loads into what ------------------------------------------------------------------------
+
+def continue_run(cfg: TrainConfig, ctx: Context, run: Run, folder: Location, path: Location | None) -> bool:
+    """The run just built (build_run) continues from the checkpoint at path (resume_run), None being a fresh start;
+    False when there is nothing to do. Every rank calls it (a collective).
+
+    A checkpoint that reads but does not fit the run (a DamagedCheckpointError: found before anything of it was
+    loaded, so the run is as built) is treated as one that does not read is when choosing: one that resume chose
+    itself (auto's newest, or the newest that continued from --resume PATH) is set aside, and the run continues
+    from the one chosen next; the one --resume PATH names is refused. folder: the run's checkpoint folder.
+    """
+    env, logger, resume = ctx.env, ctx.logger, cfg.checkpoint.resume
+    while path is not None:
+        try:
+            return resume_run(cfg, ctx, run, path)
+        except DamagedCheckpointError as e:
+            if resume not in ("auto", "never") and same_location(path, storage.as_location(resume)):
+                raise
+            damaged, error = path, e
+            run_on_all_ranks(env, lambda: set_aside(damaged, error, logger.warn) if env.master_process else None)
+            path = choose_resume_checkpoint(ctx, cfg.run.out_dir, folder, resume)
+    return True
+
 
 def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool:
     """The run just built (build_run) continues from the checkpoint at path; False when there is nothing to do

@@ -1,7 +1,7 @@
 """Checkpoints that read but do not fit the run that loads them: a tensor missing, of another shape, an optimizer
 moment one row longer, a plain entry without the fields its part reads. Each is found before anything is loaded,
-truncated or changed, and said in one line naming the file and the entry (--resume PATH, --init_from); in either
-format.
+truncated or changed, and said in one line naming the file and the entry: refused when the user named it (--resume
+PATH, --init_from), set aside when resume chose it itself, as an unreadable one is; in either format.
 
 Each test is a regression test of a defect an audit reproduced: it fails on the code before the fix (a traceback
 after the log was truncated, or a silent resume with a layer freshly initialised).
@@ -119,6 +119,21 @@ def test_a_checkpoint_that_does_not_fit_the_run_is_refused_by_name_before_anythi
                                 resume=path)) == 2
     assert error_line(capfd) == f"error: {path}: checkpoint entry {DAMAGES[damage][1]} (damaged, or edited)"
     assert snapshot(out) == before
+
+
+def test_auto_resume_sets_a_checkpoint_that_does_not_fit_aside_and_goes_on_from_the_one_before(mixture, runs,
+                                                                                               tmp_path, capfd):
+    """As with a checkpoint that does not read: the newest is renamed .unreadable (kept), the one before resumed."""
+    out = tmp_path / "run"
+    path = damaged_copy(runs["file"], out, "model_tensor_missing")
+    capfd.readouterr()
+    assert train_here(base_args(mixture, out, **{**SETTINGS, "max_steps": 3})) == 0
+    captured = capfd.readouterr()
+    assert (f"warning: skipping {path}: checkpoint entry {DAMAGES['model_tensor_missing'][1]} (damaged, or edited); "
+            f"renamed it to step_00000002.pt.unreadable") in captured.err
+    assert f"resumed from {ckpt.checkpoint_path(out / 'checkpoints', 1)} at step 1" in captured.out
+    assert (out / "checkpoints" / "step_00000002.pt.unreadable").is_file()
+    assert [s for s, _ in ckpt.list_checkpoints(out / "checkpoints")] == [1, 2, 3]  # step 2 trained again
 
 
 @pytest.mark.parametrize("damage", ["model_tensor_missing", "model_tensor_shape"])

@@ -57,7 +57,7 @@ TENSOR_ENTRIES = ("model", "optimizer")  # the tensor entries every checkpoint h
 class DamagedCheckpointError(CheckpointError):
     """A checkpoint that reads, but whose entries do not fit the run that loads it: a tensor missing, one too many,
     of another shape or kind, a plain entry without its fields (damaged, or edited). Found before anything of it
-    is loaded."""
+    is loaded: a launch that chose it itself sets it aside, as one that does not read (launch/resume.py)."""
 
 
 def damaged(path: Location, entry: str, problem: str) -> DamagedCheckpointError:
