@@ -58,9 +58,13 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
 
     train_loader, val_loaders, fingerprint = run_on_all_ranks(env, open_data)
 
-    torch.manual_seed(seed)  # the same initial weights on every rank (the same as one process's)
-    model = GPT(cfg.model.model_config())
-    load_initial_weights(model, cfg.model.init_from)
+    def initial_model() -> GPT:  # every rank reads init_from itself: a file one of them cannot read stops them all
+        torch.manual_seed(seed)  # the same initial weights on every rank (the same as one process's)
+        model = GPT(cfg.model.model_config())
+        load_initial_weights(model, cfg.model.init_from)
+        return model
+
+    model = run_on_all_ranks(env, initial_model)
     strategy.shard(model)  # under FSDP: before the optimizer, which must hold the sharded parameters
     model.to(runtime.device, dtype=runtime.weights_dtype)
     # AdamW (configure_optimizers), or Muon + AdamW: the optimizer section, and the schedule's peak lr

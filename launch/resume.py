@@ -389,12 +389,13 @@ def current_layout(state: dict, final_evaluations_logged: bool = False) -> dict:
 def load_state(run: Run, state: dict, path: Location) -> list[str]:
     """Continue from the checkpoint at path (its state: load_compatible_checkpoint's, on every rank) through the run's
     parts (Run.parts). A collective: every rank first checks that the checkpoint fits its parts (the format's
-    check_fits: a DamagedCheckpointError, while nothing is loaded; one rank's stops every rank alike), then loads
-    its part, in the checkpoint's format. What a part says changed since (a mixture's rows per step), in words. The
-    lineage goes on: the checkpoint's id joins the ancestry."""
+    check_fits: a DamagedCheckpointError, while nothing is loaded), then loads its part, in the checkpoint's format;
+    a failure any rank sees in either (a tensor only it cannot read) stops every rank alike, with its message.
+    What a part says changed since (a mixture's rows per step), in words. The lineage goes on: the checkpoint's id
+    joins the ancestry."""
     env, fmt = run.strategy.env, format_of(path)
     run_on_all_ranks(env, lambda: fmt.check_fits(run, path, state))
-    changes = fmt.load_into(run, path, state)
+    changes = run_on_all_ranks(env, lambda: fmt.load_into(run, path, state))
     run.start_step = run.step
     run.ancestry.append(state["checkpoint_id"])
     return changes
