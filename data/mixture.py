@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -172,6 +173,22 @@ class SourceStream:
         return x, y
 
 
+class SourceState(TypedDict):
+    """Where one source of a mixture stands."""
+
+    rows_read: int
+    tokens: int
+    rows_per_step: int
+
+
+class MixtureState(TypedDict):
+    """The checkpoint's mixture entry: what MixtureLoader.load_state_dict reads."""
+
+    step: int
+    position: int
+    sources: dict[str, SourceState]  # by source name
+
+
 class MixtureLoader:
     """Micro-batches of several sources mixed by weight, a pure function of (step, micro_step): as TrainLoader."""
 
@@ -235,7 +252,7 @@ class MixtureLoader:
                 for s, tokens, count in zip(self.sources, a["tokens"], self.counts)}
 
     # --- state -----------------------------------------------------------------------------------
-    def state_dict(self, step: int, position: int) -> dict:
+    def state_dict(self, step: int, position: int) -> MixtureState:
         """Where each source stands after training step `step`, before data position `position` (plain values,
         by source name): the checkpoint's `mixture` entry."""
         tokens = self.tokens_by_source(step)
@@ -243,7 +260,7 @@ class MixtureLoader:
                 "sources": {s.name: {"rows_read": rows, "tokens": tokens[s.name], "rows_per_step": count}
                             for s, rows, count in zip(self.sources, self.rows_read(position), self.counts)}}
 
-    def load_state_dict(self, state: dict) -> str | None:
+    def load_state_dict(self, state: MixtureState) -> str | None:
         """Go on from a checkpoint's state_dict: each source from the rows it had read, at today's rows per step
         (a source new to the mixture from its first row). What changed, said in words (None: nothing)."""
         saved = state["sources"]
@@ -279,7 +296,7 @@ def make_train_loader(data_dir: str, seq_len: int, micro_batch_size: int, total_
                          shuffle=shuffle, doc_aligned=doc_aligned)
 
 
-def derived_state(config: dict, step: int, position: int) -> dict | None:
+def derived_state(config: dict, step: int, position: int) -> MixtureState | None:
     """The state_dict a mixture run of `config` (a checkpoint's) had at `step` (data position `position`), for
     checkpoints written before that state was saved: every source read n_k rows a step, n_k by that config's
     weights. None where the config names no data_dir it can read."""

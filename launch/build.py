@@ -17,7 +17,7 @@ from training.optim.optimizers import build_optimizer
 from training.optim.spikes import SpikeWindow
 from launch.config import TrainConfig
 from training.run.micro_batch import choose_micro_batch_size
-from launch.resume import choose_resume_checkpoint, resume_run
+from launch.resume import choose_resume_checkpoint, continue_run
 from training.run.run import Run
 from training.run.weights import load_initial_weights
 
@@ -58,9 +58,13 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
 
     train_loader, val_loaders, fingerprint = run_on_all_ranks(env, open_data)
 
-    torch.manual_seed(seed)  # the same initial weights on every rank (the same as one process's)
-    model = GPT(cfg.model.model_config())
-    load_initial_weights(model, cfg.model.init_from)
+    def initial_model() -> GPT:  # every rank reads init_from itself: a file one of them cannot read stops them all
+        torch.manual_seed(seed)  # the same initial weights on every rank (the same as one process's)
+        model = GPT(cfg.model.model_config())
+        load_initial_weights(model, cfg.model.init_from)
+        return model
+
+    model = run_on_all_ranks(env, initial_model)
     strategy.shard(model)  # under FSDP: before the optimizer, which must hold the sharded parameters
     model.to(runtime.device, dtype=runtime.weights_dtype)
     # AdamW (configure_optimizers), or Muon + AdamW: the optimizer section, and the schedule's peak lr
@@ -74,4 +78,4 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
               val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes,
               micro_batch=micro_batch, ema=ema)
-    return run if resume_path is None or resume_run(cfg, ctx, run, resume_path) else None
+    return run if continue_run(cfg, ctx, run, folder, resume_path) else None

@@ -11,7 +11,9 @@ its error; the loading is a collective. The pieces, in that order below:
   checkpoint has its own `checkpoint_id`, and `ancestry` lists the ids its run resumed from;
 - what it loads (`resume_run`): the run's own values and every part it registers (training/run/run.py's
   Run.parts), through the checkpoint's format (every rank its part, under any strategy and world
-  size), a checkpoint of older code converted to this layout first (`current_layout`);
+  size), a checkpoint of older code converted to this layout first (`current_layout`), each part checked
+  against the run before anything is loaded: one that does not fit is set aside when resume chose it, as
+  an unreadable one is, and refused when --resume names it (`continue_run`);
 - what a changed setting means: another model shape or optimizer is refused, and a checkpoint past
   max_steps; one at it is nothing to do once its final evaluations ran (`finished`); any other changed
   key is one warning naming it and whether it changes the training math (its field's on_resume);
@@ -34,9 +36,9 @@ from common.errors import CheckpointError, ConfigError, DivergedError, print_war
 from common.settings import changes_training_math, require
 from data.loader import TrainLoader
 from data.mixture import changed_shards, derived_state
-from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, check_compatible, format_of,
-                                        list_checkpoints, load_checkpoint, newest_readable_checkpoint,
-                                        require_entries, set_aside)
+from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, DamagedCheckpointError,
+                                        check_compatible, format_of, list_checkpoints, load_checkpoint,
+                                        newest_readable_checkpoint, require_entries, set_aside)
 from training.core import storage
 from training.core.context import Context
 from training.core.logger import LOG_NAME, read_log
@@ -233,13 +235,38 @@ def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> Non
 
 # --- what it loads into what ------------------------------------------------------------------------
 
+def continue_run(cfg: TrainConfig, ctx: Context, run: Run, folder: Location, path: Location | None) -> bool:
+    """The run just built (build_run) continues from the checkpoint at path (resume_run), None being a fresh start;
+    False when there is nothing to do. Every rank calls it (a collective).
+
+    A checkpoint that reads but does not fit the run (a DamagedCheckpointError: found before anything of it was
+    loaded, so the run is as built) is treated as one that does not read is when choosing: one that resume chose
+    itself (auto's newest, or the newest that continued from --resume PATH) is set aside, and the run continues
+    from the one chosen next; the one --resume PATH names is refused. folder: the run's checkpoint folder.
+    """
+    env, logger, resume = ctx.env, ctx.logger, cfg.checkpoint.resume
+    while path is not None:
+        try:
+            return resume_run(cfg, ctx, run, path)
+        except DamagedCheckpointError as e:
+            if resume not in ("auto", "never") and same_location(path, storage.as_location(resume)):
+                raise
+            damaged, error = path, e
+            run_on_all_ranks(env, lambda: set_aside(damaged, error, logger.warn) if env.master_process else None)
+            path = choose_resume_checkpoint(ctx, cfg.run.out_dir, folder, resume)
+    return True
+
+
 def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool:
     """The run just built (build_run) continues from the checkpoint at path; False when there is nothing to do
     (the checkpoint is at max_steps, its final evaluations run). Every rank calls it (a collective); a problem
     any rank sees stops every rank alike. It compares the whole configuration with the checkpoint's: what a
     changed setting means."""
     env, logger, max_steps = ctx.env, ctx.logger, cfg.schedule.max_steps
-    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, run.model.config))
+    log = Path(cfg.run.out_dir) / LOG_NAME  # rank 0's: every rank gets its answer
+    logged = broadcast_object(run_on_all_ranks(env, lambda: env.master_process and final_evaluations_logged(path, log)),
+                              env)
+    state = run_on_all_ranks(env, lambda: load_compatible_checkpoint(path, run.model.config, logged))
     if state["step"] >= max_steps:  # decided on every rank: all of them stop here, or run the final evaluations
         if state["step"] > max_steps:
             raise ConfigError(f"max_steps: {max_steps} is below step {state['step']} of {path}; "
@@ -278,6 +305,23 @@ def finished(state: dict) -> bool:
     return state["finished_at"] == state["step"]
 
 
+def final_evaluations_logged(path: Location, log: Path) -> bool:
+    """rank 0: whether the checkpoint at path is one of older code (it saved no finished_at) at its run's max_steps,
+    whose final evaluations log (out_dir's) records: a record of each evaluation its config ran after the last step
+    (val always, hellaswag and samples when their interval was set), at its step. Such code saved its last
+    checkpoint after those evaluations, but a stop in the last step saved it before them, and only the log tells
+    which. Reads the log only for such a checkpoint."""
+    state = load_checkpoint(path)
+    config, step = state.get("config") or {}, state["step"]
+    if "finished_at" in state or step != config.get("max_steps") or not log.is_file():
+        return False
+    records = read_log(log)
+    due = {"val"} | ({"hellaswag"} if config.get("hellaswag_interval") else set())
+    due |= {"sample"} if config.get("sample_interval") and step > 0 else set()
+    skipped = {r.get("eval") for r in records if r.get("kind") == "skip_eval"}  # could not run (no HellaSwag data)
+    return due - skipped <= {r.get("kind") for r in records if r.get("step") == step}
+
+
 def moved_position(loader, saved: dict, position: int) -> str | None:
     """Where one folder's train rows go on from, said in words when another total_batch_size moved it; None where
     it did not (a mixture keeps each source's position as state instead: data/mixture.py).
@@ -306,23 +350,27 @@ def moved_position(loader, saved: dict, position: int) -> str | None:
             f"data's position: step {position} reads from row {new_first:,} of epoch {new_epoch} ({what})")
 
 
-def load_compatible_checkpoint(path: Location, model_config) -> dict:
+def load_compatible_checkpoint(path: Location, model_config, final_evaluations_logged: bool = False) -> dict:
     """The checkpoint's state in this code's layout (current_layout), once it has what a resume needs and fits this
-    run's model shape (its tensors left on storage: every rank then reads only what it keeps)."""
+    run's model shape (its tensors left on storage: every rank then reads only what it keeps).
+    final_evaluations_logged: whether the run's log records its final evaluations (what says whether a checkpoint
+    of older code is of a finished run: final_evaluations_logged above)."""
     state = require_entries(load_checkpoint(path), RESUME_ENTRIES, path, "resuming")
     # --resume never is no way out: it refuses a folder that holds a run
     check_compatible(state, model_config.to_dict(), path, "resume it with the model settings it was trained with "
                                                           "(in its config), or train this model from scratch in a "
                                                           "new out_dir")
-    return current_layout(state)
+    return current_layout(state, final_evaluations_logged)
 
 
-def current_layout(state: dict) -> dict:
+def current_layout(state: dict, final_evaluations_logged: bool = False) -> dict:
     """A checkpoint's entries (load_checkpoint's) as this code's run loads them (Run.load_state_dict): the one
     conversion of what the checkpoints of older code, and a run's settings, left out or kept elsewhere.
     - long_run (format_version 3 and before): its spike window, skips in a row, rollbacks and data offset, each
       an entry (none in older checkpoints: none of them);
-    - finished_at, which older code did not save: finished at its config's max_steps, as that code took it;
+    - finished_at, which older code did not save: finished at its config's max_steps once its run's log records
+      the final evaluations (final_evaluations_logged); that code saved the last checkpoint of a run stopped in
+      its last step before them, and the relaunch must run them;
     - mixture, which one folder's run, and older code, keep none of: where its config puts each source
       (data/mixture.py's derived_state), so that a mixture goes on from the rows they had read;
     - ema_state: older code kept none before the average started: its config's start. A run without an EMA
@@ -333,7 +381,8 @@ def current_layout(state: dict) -> dict:
     state.setdefault("spike_window", long_run.get("spike_window"))
     for key in ("skips_in_a_row", "rollbacks", "data_offset"):
         state.setdefault(key, long_run.get(key, 0))
-    state.setdefault("finished_at", state["step"] if state["step"] == config.get("max_steps") else None)
+    finished = final_evaluations_logged and state["step"] == config.get("max_steps")
+    state.setdefault("finished_at", state["step"] if finished else None)
     if state.get("mixture") is None:
         state["mixture"] = derived_state(config, state["step"], state["step"] + state["data_offset"])
     if state.get("ema_state") is None:
@@ -347,9 +396,14 @@ def current_layout(state: dict) -> dict:
 
 def load_state(run: Run, state: dict, path: Location) -> list[str]:
     """Continue from the checkpoint at path (its state: load_compatible_checkpoint's, on every rank) through the run's
-    parts (Run.parts). A collective: every rank loads its part, in the checkpoint's format. What a part says changed
-    since (a mixture's rows per step), in words. The lineage goes on: the checkpoint's id joins the ancestry."""
-    changes = format_of(path).load_into(run, path, state)
+    parts (Run.parts). A collective: every rank first checks that the checkpoint fits its parts (the format's
+    check_fits: a DamagedCheckpointError, while nothing is loaded), then loads its part, in the checkpoint's format;
+    a failure any rank sees in either (a tensor only it cannot read) stops every rank alike, with its message.
+    What a part says changed since (a mixture's rows per step), in words. The lineage goes on: the checkpoint's id
+    joins the ancestry."""
+    env, fmt = run.strategy.env, format_of(path)
+    run_on_all_ranks(env, lambda: fmt.check_fits(run, path, state))
+    changes = run_on_all_ranks(env, lambda: fmt.load_into(run, path, state))
     run.start_step = run.step
     run.ancestry.append(state["checkpoint_id"])
     return changes

@@ -6,6 +6,7 @@
     or FAULT=slow, FAULT_RANK=r, FAULT_SLEEP=seconds (default 0.2), FAULT_STEP=s (default: from the first step),
        FAULT_MARK=path (created as step s's pause begins: a signal sent once it exists lands inside step s)
     or FAULT=slow_exit, FAULT_RANK=r, FAULT_SLEEP=seconds (default 60)
+    or FAULT=unreadable_checkpoint|missing_init_from, FAULT_RANK=r
 
 The trainer runs unchanged; only the step function it is given differs, and only on rank r at
 optimizer step s (counted from the run's first step, 0):
@@ -24,6 +25,11 @@ slow_exit: rank r's process-group teardown at the end lasts until a signal reach
 FAULT_SLEEP s), as NCCL's teardown can take seconds: the other ranks end first, and torchrun
 then sends rank r SIGTERM while it is still tearing down.
 
+unreadable_checkpoint: rank r cannot read the tensors of the checkpoint file it resumes (a CheckpointError where
+the file format reads them), as a read error of its node's storage would have it; missing_init_from: rank r does
+not find the init_from file, as a node without it would not. Both before the first step: an error that rank
+alone sees during start-up.
+
 spike is a property of the data, as a real spike's cause would be: on every rank, the loss of
 the steps that read the batches of the given data positions (step + data_offset) is multiplied
 by f, and so are its gradients. A rollback that passes over those batches leaves the spike behind.
@@ -36,11 +42,12 @@ import select
 import signal
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 import train_gpt2  # the repository is on PYTHONPATH (tests/conftest.py's run_trainer)
-from common.errors import DataError, run_cli
+from common.errors import CheckpointError, DataError, run_cli
 
 FAULT = os.environ["FAULT"]
 FAULT_STEP = int(os.environ.get("FAULT_STEP", -1))
@@ -120,11 +127,25 @@ def slow_teardown(teardown):
     return slow
 
 
+def unreadable_tensors(fmt, state, parts, path):
+    """The file format's load_tensors on a rank whose storage fails to read the file's tensors."""
+    raise CheckpointError(f"{path}: could not read the checkpoint's tensors (injected on rank {os.environ['RANK']})")
+
+
 def main(argv: list[str]) -> int:
-    if FAULT not in ("nan", "batch", "hang", "signal", "spike", "slow", "slow_exit"):
+    if FAULT not in ("nan", "batch", "hang", "signal", "spike", "slow", "slow_exit", "unreadable_checkpoint",
+                     "missing_init_from"):
         raise SystemExit(f"unknown FAULT {FAULT!r}")
     if FAULT == "slow_exit" and ON_THIS_RANK:
         train_gpt2.teardown_distributed = slow_teardown(train_gpt2.teardown_distributed)
+    if FAULT == "unreadable_checkpoint" and ON_THIS_RANK:
+        from training.checkpoint.file_format import FileFormat
+
+        FileFormat.load_tensors = unreadable_tensors
+    if FAULT == "missing_init_from" and ON_THIS_RANK:
+        from training.run import weights
+
+        weights.as_location = lambda init_from: Path(f"{init_from}.not-on-this-node")
     return train_gpt2.main(argv, wrap_step=with_fault)
 
 

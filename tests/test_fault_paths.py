@@ -95,6 +95,34 @@ def test_a_checkpoint_dir_in_use_by_a_launch_is_refused(data, tmp_path, capfd):
         holder.release()
 
 
+# --- an error one rank alone sees -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def one_step(data, tmp_path_factory) -> Path:
+    """A run of one step: its checkpoint of step 1."""
+    out = tmp_path_factory.mktemp("one_step")
+    assert train(data, out, max_steps=1) == 0
+    return ckpt.checkpoint_path(out / "checkpoints", 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["unreadable_checkpoint", "missing_init_from"])
+def test_an_error_only_rank_1_sees_during_start_up_is_the_one_error_line(data, one_step, tmp_path, fault):
+    """Rank 1 cannot read the tensors of the checkpoint it resumes, or does not find the init_from file: its error
+    reaches every rank, and rank 0 prints it, once. It was rank 0's traceback of a broken connection, its reason
+    only in torchrun's report."""
+    key = "resume" if fault == "unreadable_checkpoint" else "init_from"
+    proc = run_trainer(base_args(data, tmp_path / "out", **{**RUN, "max_steps": 2, key: one_step}), nproc=2,
+                       script="tests/inject_fault.py", extra_env={"FAULT": fault, "FAULT_RANK": "1"}, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    expected = (f"error: {one_step}: could not read the checkpoint's tensors (injected on rank 1)"
+                if fault == "unreadable_checkpoint" else
+                f"error: init_from: '{one_step}' is not scratch, a checkpoint file, a GPT-2 preset or a HF folder")
+    assert errors == [expected], proc.stderr[-3000:]
+    assert proc.exitcodes == [2, 2] and "Traceback" not in proc.stderr
+
+
 # --- a relaunch never starts a run over ----------------------------------------------------------------
 
 

@@ -154,3 +154,44 @@ def test_a_resume_with_another_total_batch_size_warns_of_the_rows_it_moves_past(
     (line,) = [line for line in proc.stderr.splitlines() if "moved the train data's position" in line]
     assert line.startswith("warning: total_batch_size 512 -> 1,024 moved the train data's position: step 3 reads "
                            "from row 96 of epoch 0 (rows 48-95 of epoch 0 are never read) since ")
+
+
+def test_a_checkpoint_of_older_code_at_max_steps_is_finished_only_when_its_log_records_the_final_evaluations(
+        tmp_path, capfd):
+    """Older code saved no finished_at. Its final checkpoint followed the final evaluations, but a stop in the last
+    step saved it before them: only the run's log tells which. One without the final val record in its log gets
+    it from the next launch (which records it in the checkpoint: the launch after has nothing to do); one with it
+    has nothing to do."""
+    import json
+
+    from conftest import base_args, build_tiny_run, lockstep_steps, make_shards, train_here
+    from launch.components import make_checkpointer
+    from training.core.logger import read_log
+
+    data = make_shards(tmp_path / "shards")
+    settings = dict(max_steps=1, eval_interval=0, val_tokens=64)
+    out = tmp_path / "run"
+    cfg, ctx, run = build_tiny_run(data, out, **settings)
+    lockstep_steps(cfg, ctx, run, 1)
+    checkpointer = make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer.save(run)
+    checkpointer.wait()
+    path = ckpt.checkpoint_path(out / "checkpoints", 1)
+    older = {key: value for key, value in ckpt.load_checkpoint(path).items() if key != "finished_at"}
+    ckpt.save_checkpoint(older, path)
+    stopped = [{"kind": "train", "step": 0, "loss": 6.2}, {"kind": "checkpoint", "step": 1, "path": str(path)}]
+    final_val = {"kind": "val", "step": 1, "tokens": 512, "loss": 6.1}
+
+    (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*stopped[:1], final_val, stopped[1]]))
+    assert build_tiny_run(data, out, **settings)[2] is None  # finished: nothing to do
+
+    (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stopped))
+    capfd.readouterr()
+    assert train_here(base_args(data, out, **settings)) == 0
+    said = capfd.readouterr().out
+    assert "its final evaluations were not run (a stop came first): running them" in said
+    assert f"recorded the final evaluations in {path}" in said
+    assert [r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "val"] == [1]
+    assert ckpt.load_checkpoint(path)["finished_at"] == 1
+    assert train_here(base_args(data, out, **settings)) == 0
+    assert "nothing to do" in capfd.readouterr().out

@@ -89,6 +89,11 @@ class FileFormat(CheckpointFormat):
         for name, part in parts.items():
             part.load_full_state_dict(state[name])
 
+    def tensor_layout(self, path: Location, state: dict) -> dict:
+        """Its own entries: their tensors are memory-mapped, their shapes read with the file's record (an optimizer of
+        format_version 1 or 2 keyed by name; a file the readers take may hold none)."""
+        return {**state, "optimizer": optimizer_by_name(state)} if "optimizer" in state else state
+
     def read_model(self, model: torch.nn.Module, path: Location, state: dict) -> None:
         model.load_state_dict(state["model"])
 

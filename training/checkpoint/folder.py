@@ -20,7 +20,8 @@ from common.log_fields import EMA_PREFIX
 from model import GPT, GPTConfig
 from training.checkpoint import sharded_format as sharded  # noqa: F401 - re-exported (tests write folders with it)
 from training.core import storage
-from training.checkpoint.format import FORMAT_VERSION, CheckpointFormat
+from training.checkpoint.format import (FORMAT_VERSION, CheckpointFormat, DamagedCheckpointError,  # noqa: F401
+                                        ModelState, damaged)
 from training.checkpoint.file_format import FileFormat, save_checkpoint
 from training.checkpoint.sharded_format import ShardedFormat
 from training.core.storage import Location
@@ -95,8 +96,12 @@ def load_checkpoint(path: Location) -> dict:
 
 
 def load_model_weights(model: GPT, path: Location, state: dict) -> None:
-    """Copy a checkpoint's model (its state from load_checkpoint) into a whole GPT on this process."""
-    format_of(path).read_model(model, path, state)
+    """Copy a checkpoint's model (its state from load_checkpoint) into a whole GPT on this process, once every tensor
+    of it is there, of its shape (a DamagedCheckpointError naming the file and the tensor, before any is copied)."""
+    fmt = format_of(path)
+    if problem := ModelState(model).problem(fmt.tensor_layout(path, state).get("model")):
+        raise damaged(path, "model", problem)
+    fmt.read_model(model, path, state)
 
 
 def read_full_state(path: Location, state: dict | None = None) -> dict:

@@ -22,6 +22,10 @@ a checkpoint of either resumes in the other, under any strategy and world size: 
 Every other entry is a plain Python value, the same on every rank: the other parts' state and the run's own
 values (Run.state_dict), and what wrote the checkpoint (training/checkpoint/checkpointer.py's
 checkpoint_metadata), format_version included.
+
+Before a checkpoint is loaded into a run, every entry its parts load is checked against them (`check_fits`,
+training/checkpoint/fit.py): one that does not fit is a DamagedCheckpointError naming the file and the entry,
+raised while nothing of it is loaded yet.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import torch
 
 from common.errors import CheckpointError
 from model import GPT
+from training.checkpoint.fit import optimizer_problem, tensors_problem
 from training.core import storage
 from training.core.storage import Location
 from training.distributed.strategies import (Strategy, by_index, by_name, is_sharded, own_cpu_state,
@@ -49,6 +54,17 @@ FORMAT_VERSION = 4
 TENSOR_ENTRIES = ("model", "optimizer")  # the tensor entries every checkpoint holds (the EMA's, only once it started)
 
 
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint that reads, but whose entries do not fit the run that loads it: a tensor missing, one too many,
+    of another shape or kind, a plain entry without its fields (damaged, or edited). Found before anything of it
+    is loaded: a launch that chose it itself sets it aside, as one that does not read (launch/resume.py)."""
+
+
+def damaged(path: Location, entry: str, problem: str) -> DamagedCheckpointError:
+    """The error for an entry of the checkpoint at path that does not fit (problem: training/checkpoint/fit.py's)."""
+    return DamagedCheckpointError(f"{path}: checkpoint entry {entry!r}{problem} (damaged, or edited)")
+
+
 @runtime_checkable
 class TensorPart(Protocol):
     """A part (Stateful) whose state is tensors laid out like the parameters. state_dict / load_state_dict: this
@@ -58,6 +74,8 @@ class TensorPart(Protocol):
     def full_state_dict(self) -> dict: ...
 
     def load_full_state_dict(self, state: dict) -> None: ...
+
+    def problem(self, saved: dict) -> str | None: ...  # what in its checkpoint entry does not fit it (fit.py's words)
 
 
 def _dcp():
@@ -85,6 +103,14 @@ class ModelState:
 
     def load_full_state_dict(self, state: dict) -> None:
         _dcp().set_model_state_dict(self.model, state, options=_dcp().StateDictOptions(full_state_dict=True))
+
+    def problem(self, saved: dict) -> str | None:
+        """Every tensor of the model's state dict, of its shape; a tied weight's second name may be missing (the
+        sharded format keeps one). DCP's full-state load would fill a missing one from the model as it is."""
+        tensors = self.model.state_dict(keep_vars=True)  # under FSDP DTensors, of the whole shape
+        first = {}
+        tied = [name for name, tensor in tensors.items() if first.setdefault(id(tensor), name) != name]
+        return tensors_problem(saved, tensors, optional=tied)
 
 
 class OptimizerState:
@@ -116,6 +142,14 @@ class OptimizerState:
         else:  # as it is (DCP's would turn this run's settings' tuples into lists)
             self.optimizer.load_state_dict(by_index(state, parameter_names(self.model, self.optimizer)))
         own_cpu_state(self.optimizer)
+
+    def problem(self, saved: dict) -> str | None:
+        """Its groups of this optimizer's parameters, and each parameter's state of its shape: torch's
+        Optimizer.load_state_dict takes a moment of any shape, which the first step then fails on."""
+        names, groups = iter(parameter_names(self.model, self.optimizer)), []
+        for group in self.optimizer.param_groups:
+            groups.append([next(names) for _ in group["params"]])
+        return optimizer_problem(saved, groups, dict(self.model.named_parameters()))
 
 
 def spread(model: GPT) -> bool:
@@ -150,6 +184,8 @@ class TrainingState(Protocol):
     def state_dict(self) -> dict: ...  # the plain entries, the same on every rank
 
     def load_state_dict(self, state: dict) -> list[str]: ...  # them back; what changed since, in words
+
+    def state_problem(self, state: dict) -> tuple[str, str] | None: ...  # the first of them that does not fit, and why
 
     def evaluation_state(self) -> dict: ...  # those of them that the evaluations at this step change
 
@@ -231,6 +267,24 @@ class CheckpointFormat:
                 raise CheckpointError(f"{path}: checkpoint entry '{key}' is a {type(state[key]).__name__}, "
                                       f"expected a {kind.__name__}")
         return state
+
+    def tensor_layout(self, path: Location, state: dict) -> dict:
+        """The checkpoint's tensor entries (state: its read_metadata), keyed as the module docstring says, each tensor
+        with its shape and dtype, its data left on storage: what check_fits compares with the run's parts."""
+        raise NotImplementedError
+
+    def check_fits(self, run: TrainingState, path: Location, state: dict) -> None:
+        """Check every entry the run's parts would load from the checkpoint (state: its read_metadata, in this code's
+        layout) against them, before anything is loaded: the run's own values and plain parts (Run.state_problem),
+        and the tensor parts it holds (each part's `problem`). A DamagedCheckpointError names the first that does
+        not fit. Every rank checks its own run, without a collective."""
+        problem = run.state_problem(state)
+        if problem is None:
+            layout = self.tensor_layout(path, state)
+            problem = next(((name, words) for name, part in tensor_parts(run).items()
+                            if name in layout and (words := part.problem(layout[name]))), None)
+        if problem is not None:
+            raise damaged(path, *problem)
 
     def load_into(self, run: TrainingState, path: Location, state: dict) -> list[str]:
         """Load the checkpoint (state: its read_metadata, in this code's layout: launch/resume.py's current_layout)

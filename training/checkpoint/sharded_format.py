@@ -273,6 +273,29 @@ class ShardedFormat(CheckpointFormat):
         """The tensor entries are in the DCP files: there when DCP's index lists them."""
         return key in state or key in state.get("tensor_entries", ())
 
+    def tensor_layout(self, path: Location, state: dict) -> dict:
+        """From DCP's index: each tensor a meta tensor of its shape and dtype, where the state dict DCP flattened had
+        it; a value DCP keeps as bytes (the optimizer's settings and parameter names), None."""
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        try:
+            index = _reader(path).read_metadata()
+        except Exception as e:  # read when the checkpoint was chosen: gone or damaged since
+            raise CheckpointError(f"{path}: unreadable checkpoint index {DCP_METADATA} ({first_line(e)})") from None
+        places = index.planner_data or {}  # each flat key's path in the state dict: ("optimizer", "state", name, ...)
+        layout: dict = {}
+        for key, item in index.state_dict_metadata.items():
+            if key not in places:
+                continue  # not flattened by DCP's default planner: DCP's own load checks it
+            value = torch.empty(item.size, dtype=item.properties.dtype, device="meta") \
+                if isinstance(item, TensorStorageMetadata) else None
+            *outer, last = places[key]
+            container = layout
+            for part in outer:
+                container = container.setdefault(part, {})
+            container[last] = value
+        return as_lists(layout)
+
     def load_tensors(self, state: dict, parts: dict[str, TensorPart], path: Location) -> None:
         load(parts, path, "the training state")
 
@@ -292,6 +315,16 @@ class ShardedFormat(CheckpointFormat):
             model["lm_head.weight"] = model["transformer.wte.weight"]
         entries = {key: value for key, value in state.items() if key != "tensor_entries"}
         return {**entries, **full, "model": model}
+
+
+def as_lists(nested):
+    """nested dicts with the dicts keyed 0..n-1 (DCP's flattening of a list: the optimizer's param_groups) as lists."""
+    if not isinstance(nested, dict):
+        return nested
+    nested = {key: as_lists(value) for key, value in nested.items()}
+    if nested and all(isinstance(key, int) for key in nested) and sorted(nested) == list(range(len(nested))):
+        return [nested[i] for i in range(len(nested))]
+    return nested
 
 
 def _names_a_file(url: str) -> bool:

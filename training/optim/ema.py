@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import TypedDict
 
 import torch
 
+from training.checkpoint.fit import tensors_problem
 from training.distributed.strategies import full_tensors, is_sharded, load_full_tensors, local_part
 from common.settings import Settings, option, require, section
 
@@ -55,6 +57,14 @@ class EMASettings(Settings):
     def start_step(self, max_steps: int) -> int:
         """The first update the average holds (max_steps: the schedule section's), as a fresh run sets it."""
         return math.floor(self.ema_start * max_steps)
+
+
+class EMAState(TypedDict):
+    """The checkpoint's ema_state entry: what WeightAverage.load_state_dict reads."""
+
+    decay: float
+    start_step: int
+    updates: int
 
 
 class WeightAverage:
@@ -91,11 +101,11 @@ class WeightAverage:
                         for name, p in model.named_parameters()}  # a tied weight once, under its first name
 
     # --- state: the checkpoint's ema_state entry (this), and its ema entry (AverageTensors) -----------
-    def state_dict(self) -> dict:
+    def state_dict(self) -> EMAState:
         """Plain values (also before the start: start_step is state)."""
         return {"decay": self.decay, "start_step": self.start_step, "updates": self.updates}
 
-    def load_state_dict(self, saved: dict) -> None:
+    def load_state_dict(self, saved: EMAState) -> None:
         """Go on from a checkpoint's start and count (before AverageTensors: an average not started is dropped). Its
         run kept no EMA (decay 0): this run's start, but no earlier than saved's, the checkpoint's step."""
         self.start_step = saved["start_step"] if saved["decay"] else max(self.start_step, saved["start_step"])
@@ -152,3 +162,7 @@ class AverageTensors:
         return full_tensors(self.ema.average, self.master_process) if self.ema.ready else {}
 
     load_full_state_dict = load_state_dict
+
+    def problem(self, saved: dict) -> str | None:
+        """An average of every parameter (a tied one under its first name), of its shape."""
+        return tensors_problem(saved, dict(self.model.named_parameters()))

@@ -15,6 +15,8 @@ skips exactly the steps a straight one skips.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import torch
 
 from common.settings import Settings, option, require, section
@@ -28,6 +30,14 @@ class RollbackRequested(Exception):
     def __init__(self, step: int, reason: str):
         super().__init__(f"step {step}: {reason}")
         self.step, self.reason = step, reason
+
+
+class SpikeWindowState(TypedDict):
+    """The checkpoint's spike_window entry: what SpikeWindow.load_state_dict reads."""
+
+    values: list[list[float]]  # the losses, then the grad norms
+    filled: int
+    position: int
 
 
 class SpikeWindow:
@@ -56,11 +66,11 @@ class SpikeWindow:
         self.position = (self.position + 1) % self.size
         self.filled = min(self.filled + 1, self.size)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> SpikeWindowState:
         """Plain Python values (the sharded format keeps them in JSON): floats hold float32 exactly."""
         return {"values": self.values.double().cpu().tolist(), "filled": self.filled, "position": self.position}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: SpikeWindowState) -> None:
         values = torch.tensor(state["values"], dtype=torch.float64)
         if values.shape != self.values.shape:  # spike_window changed: start a new window
             self.values.zero_()

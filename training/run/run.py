@@ -8,14 +8,17 @@ state as a checkpoint. A checkpoint `step_s` holds the state after s updates.
 from __future__ import annotations
 
 import copy
+import typing
 import uuid
 from dataclasses import dataclass, field, fields
+from typing import TypedDict
 
 import torch
 
 from data.loader import TrainLoader, ValLoader
-from data.mixture import MixtureLoader
+from data.mixture import MixtureLoader, MixtureState
 from model import GPT
+from training.checkpoint.fit import value_problem
 from training.checkpoint.format import ModelState, OptimizerState, TensorPart
 from training.core.storage import Location
 from training.distributed.strategies import Strategy
@@ -56,7 +59,8 @@ class Run:
     step: int = field(default=0, metadata=STATE)  # optimizer updates applied so far
     tokens_seen: int = field(default=0, metadata=STATE)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex, metadata=STATE)  # drawn fresh, kept by resumes
-    ancestry: list[str] = field(default_factory=list, metadata=STATE)  # checkpoint_ids it resumed from, oldest first
+    # checkpoint_ids it resumed from, oldest first (None: one of format_version 1, which had none)
+    ancestry: list[str | None] = field(default_factory=list, metadata=STATE)
     metrics: dict = field(default_factory=dict, metadata=STATE)  # the latest val / HellaSwag figures
     # the step whose final evaluations (those after the last step) are logged, and in metrics: a checkpoint of that
     # step is of a finished run. None until then; a stop at the last step saves before them, and the relaunch runs them
@@ -80,7 +84,7 @@ class Run:
         """Every part with state (torch.distributed.checkpoint's Stateful: state_dict / load_state_dict), under its
         checkpoint entry: registered here, once. The tensor parts (training/checkpoint/format.py's TensorPart) are
         saved as each format saves tensors; the others' state is plain values."""
-        parts = {"model": ModelState(self.model), "scaler": self.scaler,
+        parts = {"model": ModelState(self.model), "scaler": LossScale(self.scaler),
                  "optimizer": OptimizerState(self.model, self.optimizer)}
         if isinstance(self.train_loader, MixtureLoader):  # one folder's position is a function of the step alone
             parts["mixture"] = DataPosition(self.train_loader, self)
@@ -108,6 +112,25 @@ class Run:
                 if not isinstance(part, TensorPart) and state.get(name)]
         return [words for words in said if words]
 
+    def state_problem(self, state: dict) -> tuple[str, str] | None:
+        """The first of a checkpoint's plain entries (in this code's layout) that load_state_dict could not load, and
+        what is wrong with it (training/checkpoint/fit.py's words); None when they all fit. One of the run's own values
+        must be of its field's type; a plain part's state (one it would load: not empty) of the type its state_dict
+        returns."""
+        types = typing.get_type_hints(Run)
+        for f in fields(self):
+            if f.metadata.get("state"):
+                if f.name not in state:
+                    return f.name, " is missing"
+                if problem := value_problem(state[f.name], types[f.name]):
+                    return f.name, problem
+        for name, part in self.parts().items():
+            if not isinstance(part, TensorPart) and state.get(name):
+                kind = typing.get_type_hints(part.state_dict).get("return", dict)
+                if problem := value_problem(state[name], kind):
+                    return name, problem
+        return None
+
     def evaluation_state(self) -> dict:
         """What the evaluations at this step change of a checkpoint's entries: the latest figures, and whether they
         are the final ones (a checkpoint saved before its final evaluations gets these once they ran)."""
@@ -120,8 +143,33 @@ class DataPosition:
     def __init__(self, loader: MixtureLoader, run: Run):
         self.loader, self.run = loader, run
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> MixtureState:
         return self.loader.state_dict(self.run.step, self.run.step + self.run.data_offset)
 
-    def load_state_dict(self, state: dict) -> str | None:
+    def load_state_dict(self, state: MixtureState) -> str | None:
         return self.loader.load_state_dict(state)
+
+
+class LossScaleState(TypedDict):
+    """The checkpoint's scaler entry: torch.amp.GradScaler's state_dict, the fields it documents."""
+
+    scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    _growth_tracker: int
+
+
+class LossScale:
+    """float16's loss scale as a part of the run's state (`scaler`): torch's GradScaler, with the type of its state
+    said (Run.state_problem checks a checkpoint's against it). A scaler that is off (any dtype but float16) saves
+    {} and loads nothing."""
+
+    def __init__(self, scaler: torch.amp.GradScaler):
+        self.scaler = scaler
+
+    def state_dict(self) -> LossScaleState:
+        return self.scaler.state_dict()
+
+    def load_state_dict(self, state: LossScaleState) -> None:
+        self.scaler.load_state_dict(state)
