@@ -28,7 +28,7 @@ define fresh_folder
 	mkdir -p "$($(1))" && touch "$($(1))/.made_by_make"
 endef
 
-.PHONY: install demo smoke pictures test test-fast test-smoke test-slurm lint lock clean-demo
+.PHONY: install demo smoke pictures test test-fast test-smoke test-slurm test-capability lint lock clean-demo
 
 # requirements.txt holds lower bounds; requirements.lock the exact versions CI passed with
 $(VENV)/.installed: requirements.txt requirements.lock
@@ -98,6 +98,16 @@ XDIST := -n 2 --dist loadfile
 # idle CPU cores. The 10 slowest tests are listed, so growth shows.
 test: install lint
 	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10 -m "not slurm and not smoke"
+
+# The checkpoint and resume tests once more with PyTorch's CPU kernels chosen as on a machine without AVX
+# (ATEN_CPU_CAPABILITY=default), which differ from this machine's own (avx2, avx512) in the last bits of float
+# results: their bitwise comparisons are between two results computed in the same run, so they must hold on any
+# CPU a user has. About 3 minutes on 2 idle CPU cores.
+CAPABILITY_TESTS := tests/test_run_state.py tests/test_resume.py tests/test_checkpoint.py tests/test_sharded_checkpoint.py \
+	tests/test_damaged_checkpoints.py
+test-capability: install
+	ATEN_CPU_CAPABILITY=default $(PY) -c "import torch; print('CPU kernels:', torch.backends.cpu.get_cpu_capability())"
+	ATEN_CPU_CAPABILITY=default $(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) -m "not slurm and not smoke" $(CAPABILITY_TESTS)
 
 # `make smoke` run for real through make, into a temporary SMOKE_DIR, and its run folder checked
 # (tests/test_smoke.py); about 10 s on 2 idle CPU cores.
