@@ -120,7 +120,8 @@ def describe_run(cfg, world_size: int) -> dict:
         "total_batch_size": data.total_batch_size, "world_size": world_size,
         "grad_accum": data.grad_accum_steps(world_size), "strategy": cfg.runtime.strategy, "compile": runtime.compile,
         "activation_checkpointing": cfg.runtime.activation_checkpointing_label(),
-        "loss_chunk_size": runtime.loss_chunk_size, "dtype": runtime.dtype, "device": runtime.device_name,
+        "loss_chunk_size": runtime.loss_chunk_size, "levers": runtime.levers(), "dtype": runtime.dtype,
+        "device": runtime.device_name,
         "torch": torch.__version__,
     }
 
