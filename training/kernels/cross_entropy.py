@@ -13,12 +13,19 @@ kernel can do both, one program per row:
     pass 2  the row again, each entry replaced in place by (exp(x - lse) - [col == target]) / N
 
 A row is 100 KB in bf16, and pass 2 follows pass 1 at once, so on a GPU it reads the row from L2 rather than
-from memory: the logits come from memory once and are written once. The backward only multiplies that buffer
-by the incoming gradient (the 1/grad_accum_steps the trainer scales the loss by). The logits are consumed:
-after the forward their buffer holds the gradient, which is why GPT.forward returns no logits on this path.
+from memory: the logits come from memory once and are written once. The logits are consumed: after the forward
+their buffer holds the gradient, which is why GPT.forward returns no logits on this path.
 
-Wrapped as a custom op that declares the mutation (torch.compile sees one op, with a fake implementation for
-its tracing), inside an autograd.Function that saves the mutated buffer for the backward. Where the Triton
+What is left for the backward is the chain rule's scalar, the incoming gradient (the 1/grad_accum_steps the
+trainer scales each micro-step's loss by). Multiplied into the (N, V) buffer, it would be one more pass over
+it, as much memory traffic as the pass saved. linear_cross_entropy owns the lm_head's matrix product too, so
+its backward applies the scalar to the two products the buffer feeds, 65 times smaller (V / C):
+
+    d(x @ W^T)/dx = (g * G) @ W = g * (G @ W)   (N, C)        G = (softmax - one-hot) / N   (N, V)
+    d(x @ W^T)/dW = (g * G)^T @ x = g * (G^T @ x)   (V, C)    g = the incoming gradient (a scalar)
+
+The kernel is a custom op that declares the mutation (torch.compile sees one op, with a fake implementation for
+its tracing), inside autograd.Functions that save the mutated buffer for the backward. Where the Triton
 kernel cannot run (no Triton, no CUDA), the same op computes the same outputs with torch, 4,096 rows at a time.
 """
 
@@ -109,6 +116,41 @@ def _(logits: torch.Tensor, targets: torch.Tensor, grad_scale: float) -> torch.T
     return logits.new_empty(logits.size(0), dtype=torch.promote_types(logits.dtype, torch.float32))
 
 
+class LinearCrossEntropyOnePass(torch.autograd.Function):
+    """Mean cross-entropy of x @ weight^T: the product, then the kernel in place on it; backward as above."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # x (N, C), weight (V, C), in the compute dtype; targets (N,)
+        n = x.size(0)
+        logits = x @ weight.t()  # (N, V)
+        losses = cross_entropy_rows_(logits, targets, 1.0 / n)  # logits now hold G = d(mean)/d(logits)
+        ctx.save_for_backward(logits, x, weight)
+        return losses.sum() / n
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_logits, x, weight = ctx.saved_tensors
+        g = grad_loss.to(grad_logits.dtype)
+        grad_x = (grad_logits @ weight) * g if ctx.needs_input_grad[0] else None  # (N, C)
+        grad_weight = (grad_logits.t() @ x) * g if ctx.needs_input_grad[1] else None  # (V, C)
+        return grad_x, grad_weight, None
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`F.cross_entropy(x @ weight.T, targets)` (mean; every target counts) for x (N, C), weight (V, C) and
+    targets (N,): the product in the caller's autocast dtype (as autocast runs a Linear: cast in, cast back
+    in the backward), the loss in float32, through the one-pass kernel."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        x, weight = x.to(dtype), weight.to(dtype)
+    elif x.dtype != weight.dtype:
+        x = x.to(weight.dtype)
+    with torch.autocast(device_type, enabled=False):  # the dtypes are set above
+        return LinearCrossEntropyOnePass.apply(x, weight, targets)
+
+
 class CrossEntropyInPlace(torch.autograd.Function):
     """Mean cross-entropy whose forward leaves d(mean)/d(logits) in the logits' buffer; backward scales it."""
 
@@ -122,12 +164,13 @@ class CrossEntropyInPlace(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         (grad,) = ctx.saved_tensors
-        # one pointwise pass (the compiler may reuse the buffer, dead after it); the chain rule's only step left
+        # one pointwise pass over (N, V): what linear_cross_entropy avoids; for logits made some other way
         return grad * grad_loss.to(grad.dtype), None
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """`F.cross_entropy(logits, targets)` (mean over the N rows; every target counts) for logits (N, V) and
     targets (N,), computed in float32 whatever the logits' dtype. Consumes the logits: afterwards their buffer
-    holds the gradient, so they must not be read again."""
+    holds the gradient, so they must not be read again. Its backward scales that buffer: a pass over it that
+    linear_cross_entropy, where the logits are x @ weight^T, does without."""
     return CrossEntropyInPlace.apply(logits, targets)
