@@ -108,10 +108,12 @@ def test_the_trainers_forward_with_the_one_pass_loss_matches_the_plain_one(imple
         torch.testing.assert_close(grad, plain_grads[name], rtol=1e-6, atol=1e-7, msg=name)
 
 
-@pytest.mark.slow  # torch.compile traces the model
+@pytest.mark.slow  # torch.compile traces the model (about 45 s on 2 busy cores: make test-triton's alone)
+@pytest.mark.parametrize("implementation", [pytest.param("triton", marks=pytest.mark.triton)], indirect=True)
 def test_torch_compile_sees_the_loss_as_one_op_with_its_fake(implementation):
     """Dynamo traces the custom op through its fake implementation (fullgraph: no break), and AOTAutograd
-    functionalises its in-place write; the compiled loss and gradients are the eager ones."""
+    functionalises its in-place write; the compiled loss and gradients, the Triton kernel's inside the compiled
+    graph, are the eager ones."""
     torch.manual_seed(0)
     x, weight = torch.randn(6, 16, requires_grad=True), torch.randn(40, 16, requires_grad=True)
     targets = torch.randint(0, 40, (6,))

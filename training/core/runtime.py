@@ -87,9 +87,12 @@ class Runtime:
     def levers(self) -> list[str]:
         """The speed settings away from their defaults, as the startup line names them (with where a kernel
         falls back to torch: no CUDA, or no Triton)."""
-        from training.kernels.triton_support import kernels_available
+        fallback = ""
+        if self.loss_kernel != "torch" or self.fused_residual_norm:  # only then is Triton looked for
+            from training.kernels.triton_support import kernels_available
 
-        fallback = "" if kernels_available(self.device) else " (torch fallback: no Triton kernel on this device)"
+            if not kernels_available(self.device):
+                fallback = " (torch fallback: no Triton kernel on this device)"
         described = [f"compile_mode {self.compile_mode}" if self.compile and self.compile_mode != "default" else "",
                      f"loss_kernel {self.loss_kernel}{fallback}" if self.loss_kernel != "torch" else "",
                      f"fused_residual_norm{fallback}" if self.fused_residual_norm else "",
