@@ -28,7 +28,8 @@ define fresh_folder
 	mkdir -p "$($(1))" && touch "$($(1))/.made_by_make"
 endef
 
-.PHONY: install demo smoke pictures test test-fast test-smoke test-slurm test-capability lint lock clean-demo
+.PHONY: install demo smoke pictures test test-fast test-smoke test-slurm test-capability test-triton lint lock \
+	clean-demo
 
 # requirements.txt holds lower bounds; requirements.lock the exact versions CI passed with
 $(VENV)/.installed: requirements.txt requirements.lock
@@ -120,6 +121,21 @@ test-smoke: install
 test-slurm: install
 	bash scripts/install_slurm.sh
 	REQUIRE_SLURM=1 $(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m slurm tests/test_slurm.py --durations=0
+
+# The Triton kernels (training/kernels/) run by Triton's interpreter on the CPU (TRITON_INTERPRET=1), checked
+# against torch's ops (tests/test_kernels.py, marker `triton`): seconds, in an environment of their own,
+# TRITON_VENV, made once with the same torch and requirements as .venv, plus Triton, which .venv never gets
+# (make test skips these tests, saying why). The Triton that the GPU checks ran with.
+TRITON_VERSION ?= 3.6.0
+TRITON_VENV ?= .venv-triton
+$(TRITON_VENV)/.installed: requirements.txt requirements.lock
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install --quiet torch==$(TORCH_VERSION) $(TORCH_INDEX)
+	$(TRITON_VENV)/bin/python -m pip install --quiet triton==$(TRITON_VERSION) -r requirements.txt -c requirements.lock
+	touch $@
+
+test-triton: $(TRITON_VENV)/.installed
+	TRITON_INTERPRET=1 $(CPU_MALLOC) $(TRITON_VENV)/bin/python -m pytest -q -p no:xdist -m triton tests/test_kernels.py
 
 # the inner loop: no test that starts a process (trainer, torchrun, prep) or compiles; about 40 seconds
 test-fast: install

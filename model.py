@@ -7,7 +7,7 @@ B = batch, T = sequence length, C = n_embd, nh = n_head, hs = C // nh, V = vocab
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 import torch
@@ -95,6 +95,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
         self.recompute = False  # activation checkpointing (GPT.recompute_blocks): keep only x for backward
+        self.add_norm: AddNorm | None = None  # a fused residual add + layer norm (GPT.fuse_residual_norms)
 
     def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         if self.recompute and kv_cache is None and torch.is_grad_enabled():
@@ -105,9 +106,23 @@ class Block(nn.Module):
         return self.residual_branches(x, kv_cache, layer)
 
     def residual_branches(self, x: torch.Tensor, kv_cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), kv_cache, layer)
-        x = x + self.mlp(self.ln_2(x))
+        x, h = add_then_norm(x, self.attn(self.ln_1(x), kv_cache, layer), self.ln_2, self.add_norm)
+        x = x + self.mlp(h)
         return x
+
+
+# (x, branch, weight, bias, eps) -> (x + branch, layer_norm(x + branch)): GPT.fuse_residual_norms' argument
+AddNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float],
+                   tuple[torch.Tensor, torch.Tensor]]
+
+
+def add_then_norm(x: torch.Tensor, branch: torch.Tensor, norm: nn.LayerNorm,
+                  fused: AddNorm | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream after adding a branch (B, T, C), and norm of it: by the two ops, or by `fused`."""
+    if fused is None:
+        x = x + branch
+        return x, norm(x)
+    return fused(x, branch, norm.weight, norm.bias, norm.eps)
 
 
 class LinearCrossEntropy(torch.autograd.Function):
@@ -235,6 +250,16 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             block.recompute = every > 0 and i % every == 0
 
+    def fuse_residual_norms(self, add_norm: AddNorm | None) -> None:
+        """Each block's attention residual add and the layer norm after it (ln_2) by one function, `add_norm`
+        (the training runtime's kernel), or by the two ops (None, the default). The same math.
+
+        Only the pair inside a block: the MLP's add is read by the next block's ln_1, whose parameters belong
+        to that block (under FSDP, gathered only for its own forward), so it stays two ops.
+        """
+        for block in self.transformer.h:
+            block.add_norm = add_norm
+
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count (tied wte/lm_head counted once); non_embedding drops the position table."""
         n = sum(p.numel() for p in self.parameters())
@@ -253,16 +278,21 @@ class GPT(nn.Module):
         return self.transformer.ln_f(x)
 
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_chunk_size: int = 0
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, loss_chunk_size: int = 0,
+        loss_head: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Logits (B, T, V) and, given targets (B, T), the mean cross-entropy over all B*T tokens.
 
         With targets and loss_chunk_size > 0, the loss comes from the fused chunked
-        LinearCrossEntropy and no logits are made (None is returned in their place).
+        LinearCrossEntropy and no logits are made (None is returned in their place). With targets and a
+        loss_head (the training runtime's choice of lm_head and loss kernels), the loss is
+        loss_head(x (B*T, C), lm_head weight (V, C), targets (B*T,)), and no logits are returned either.
         """
         x = self.hidden_states(idx)
-        if targets is not None and loss_chunk_size > 0:
+        if targets is not None and (loss_chunk_size > 0 or loss_head is not None):
             B, T, C = x.size()
+            if loss_head is not None:
+                return None, loss_head(x.view(B * T, C), self.lm_head.weight, targets.view(B * T))
             loss = linear_cross_entropy(x.view(B * T, C), self.lm_head.weight, targets.view(B * T), loss_chunk_size)
             return None, loss
         logits = self.lm_head(x)  # (B, T, V)

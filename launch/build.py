@@ -38,6 +38,7 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
     if data.micro_batch_size is None:  # auto: probed now, and the concrete B is what every part of the run reads
         data.micro_batch_size, micro_batch = choose_micro_batch_size(ctx, strategy, data, cfg.model.model_config())
     grad_accum_steps = data.grad_accum_steps(strategy.dp_size)  # a ConfigError when the batch does not divide
+    strategy.check_accumulation(grad_accum_steps)
     folder = checkpoints_folder(cfg.run.out_dir, cfg.checkpoint.checkpoint_dir)
     resume_path = choose_resume_checkpoint(ctx, cfg.run.out_dir, folder, cfg.checkpoint.resume)
 

@@ -78,6 +78,7 @@ def describe_launch(cfg: TrainConfig, ctx: Context, run: Run) -> None:
         f"device {runtime.device} | {runtime.dtype} | compile {runtime.compile} | {cfg.runtime.strategy} | "
         + (f"activation checkpointing {cfg.runtime.activation_checkpointing_label()} | "
            if runtime.recompute_every else "") +
+        "".join(f"{lever} | " for lever in runtime.levers()) +
         (f"micro_batch_size {cfg.data.micro_batch_size} (auto: {run.micro_batch['how']}) | "
          if run.micro_batch else "") +
         f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.summary()}"

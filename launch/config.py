@@ -94,6 +94,13 @@ class TrainConfig:
         for key in ("hellaswag_interval", "sample_interval"):  # they read GPT-2-tokenized text
             require(not getattr(evaluation, key) or model.vocab_size >= GPT2_VOCAB_SIZE, key,
                     f"needs vocab_size >= {GPT2_VOCAB_SIZE} (GPT-2's tokenizer), got {model.vocab_size}; set it to 0")
+        if self.runtime.fp8_lm_head:  # FP8 changes the numerics, which the faithful recipe keeps as GPT-2's
+            require(self.optimizer.optimizer == "muon", "fp8_lm_head", "is for the modern recipe (optimizer muon, "
+                                                                       "configs/*_modern.yaml) only")
+            shape = self.model.model_config()
+            require(shape.n_embd % 16 == 0 and shape.vocab_size % 16 == 0, "fp8_lm_head",
+                    f"needs n_embd and vocab_size multiples of 16 (FP8 matrix products), got {shape.n_embd} and "
+                    f"{shape.vocab_size}")
         if self.optimizer.optimizer == "muon":
             require(self.schedule.max_lr > 0, "max_lr", "must be positive with optimizer muon (the schedule scales "
                                                         "muon_lr by lr / max_lr)")

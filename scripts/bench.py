@@ -119,8 +119,10 @@ def describe_run(cfg, world_size: int) -> dict:
         "model": cfg.model.model, "params": params, "B": data.micro_batch_size, "T": data.seq_len,
         "total_batch_size": data.total_batch_size, "world_size": world_size,
         "grad_accum": data.grad_accum_steps(world_size), "strategy": cfg.runtime.strategy, "compile": runtime.compile,
+        "optimizer": cfg.optimizer.optimizer,
         "activation_checkpointing": cfg.runtime.activation_checkpointing_label(),
-        "loss_chunk_size": runtime.loss_chunk_size, "dtype": runtime.dtype, "device": runtime.device_name,
+        "loss_chunk_size": runtime.loss_chunk_size, "levers": runtime.levers(), "dtype": runtime.dtype,
+        "device": runtime.device_name,
         "torch": torch.__version__,
     }
 

@@ -38,20 +38,25 @@ TINY=()
 BENCH_MIN_S=${BENCH_MIN_S:-60}          # a variant with less than this left would only time out
 BENCH_TIMEOUT_S=${BENCH_TIMEOUT_S:-900}  # one variant's limit when there is no deadline
 
+chosen() {  # label: status 0 when BENCH_ONLY's patterns (default: all) match it
+    local patterns=() pattern
+    read -r -a patterns <<< "${BENCH_ONLY:-*}"  # label patterns, read without expanding them as file names
+    for pattern in "${patterns[@]}"; do
+        [[ $1 == $pattern ]] && return 0  # unquoted: a glob match
+    done
+    return 1
+}
+
 run() {  # label, [NAME=value...], bench/trainer arguments; status 0 when the JSON was written
     local label=$1 limit=$BENCH_TIMEOUT_S status why
     shift
-    local envs=() patterns=() pattern chosen=no launch=("$PY")
+    local envs=() launch=("$PY")
     while [ $# -gt 0 ] && [[ $1 =~ ^[A-Z_][A-Z0-9_]*= ]]; do
         if [ "$1" = TORCHRUN=1 ]; then launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1)
         else envs+=("$1"); fi
         shift
     done
-    read -r -a patterns <<< "${BENCH_ONLY:-*}"  # label patterns, read without expanding them as file names
-    for pattern in "${patterns[@]}"; do
-        [[ $label == $pattern ]] && chosen=yes  # unquoted: a glob match
-    done
-    [ $chosen = yes ] || return 1
+    chosen "$label" || return 1
     if [ "$LIST" = 1 ]; then
         printf '%s\t%s\t%s\t%s\n' "$label" "$( [ ${#launch[@]} -gt 1 ] && echo torchrun || echo python)" "${envs[*]}" "$*"
         return 1
@@ -109,14 +114,62 @@ group_speed() {  # the reference's setting first, then one lever at a time
     run 124m-compile-plain-b32 "${SPEED[@]}" --micro_batch_size 32 --compile true  --loss_chunk_size 0
 }
 
-group_levers() {  # memory and compiler switches; max-autotune compiles for minutes, so it is last
-    run 124m-eager-plain-b64 --model gpt2 --micro_batch_size 64 --compile false --loss_chunk_size 0 --warmup 2 --steps 3
-    run 124m-compile-plain-b64-cudagraphs TORCHINDUCTOR_CUDAGRAPHS=1 "${SPEED[@]}" --micro_batch_size 64 \
-        --compile true --loss_chunk_size 0
-    run 124m-compile-fused-b64-cudagraphs TORCHINDUCTOR_CUDAGRAPHS=1 "${SPEED[@]}" --micro_batch_size 64 \
-        --compile true --loss_chunk_size 8192
-    run 124m-compile-plain-b64-maxautotune TORCHINDUCTOR_MAX_AUTOTUNE=1 "${SPEED[@]}" --micro_batch_size 64 \
-        --compile true --loss_chunk_size 0
+# The speed levers (docs/PERFORMANCE.md, "Speed levers"), GPT-2 124M compiled at B=64 as the speed group's best,
+# each alone against the plain variant, then the best combination; short (2 warm-up, 8 timed steps, one profiled)
+# so that gpu_check.sh's levers part, with build-nanogpt's loop, fits in 8 minutes on one GPU.
+LEVERS=(--model gpt2 --warmup 2 --steps 8 --micro_batch_size 64 --compile true --loss_chunk_size 0 --profile_top 10)
+# the levers of the faithful recipe that the best combination may take: label suffix, then its trainer arguments
+COMBINABLE=("loss-triton --loss_kernel triton" "fused-norm --fused_residual_norm true")
+
+faster() {  # label, baseline label: status 0 when both ran and label's tokens/s beat the baseline's
+    "$PY" - "$RESULTS/$1.json" "$RESULTS/$2.json" <<'PYTHON'
+import json
+import sys
+
+try:
+    lever, baseline = (json.load(open(path))["tokens_per_sec"] for path in sys.argv[1:])
+except (OSError, KeyError, ValueError):
+    sys.exit(1)
+sys.exit(0 if lever > baseline else 1)
+PYTHON
+}
+
+group_levers() {  # each lever alone, the best combination, FP8 (modern recipe), then max-autotune (minutes to compile)
+    local lever name args combined=() names=()
+    run 124m-levers-plain "${LEVERS[@]}"
+    for lever in "${COMBINABLE[@]}"; do
+        name=${lever%% *}
+        read -r -a args <<< "${lever#* }"
+        run "124m-levers-$name" "${LEVERS[@]}" "${args[@]}"
+    done
+    # the best combination: every lever above that beat the plain variant on its own (listing: all of them)
+    for lever in "${COMBINABLE[@]}"; do
+        name=${lever%% *}
+        if [ "$LIST" = 1 ] || faster "124m-levers-$name" 124m-levers-plain; then
+            names+=("$name")
+            read -r -a args <<< "${lever#* }"
+            combined+=("${args[@]}")
+        fi
+    done
+    if [ ${#names[@]} -ge 2 ]; then
+        run 124m-levers-best "${LEVERS[@]}" "${combined[@]}"
+    elif chosen 124m-levers-best; then
+        printf '124m-levers-best\t%s of %s levers beat 124m-levers-plain alone%s: no combination to run\n' \
+            "${#names[@]}" "${#COMBINABLE[@]}" "${names[*]:+ (${names[*]})}" >> "$RESULTS/skipped.txt"
+    fi
+    # FP8 lm_head: the modern recipe only, so against the modern recipe's own plain row (gpu_check.sh compares the
+    # losses of rows with the same optimizer: Muon's with Muon's). Its wsd schedule refuses a warm-up (715 steps)
+    # that runs into its cooldown, as it would in these 11 steps: 2 warm-up steps, for both rows alike
+    local modern=(--config configs/gpt2_124m_modern.yaml "${LEVERS[@]}" --warmup_steps 2)
+    run 124m-levers-modern "${modern[@]}"
+    if [ "${BENCH_DRY_RUN:-0}" = 1 ] && [ "$LIST" != 1 ]; then  # the CPU has no FP8 matrix units: one error line
+        chosen 124m-levers-modern-fp8 && printf '124m-levers-modern-fp8\tthe dry run is on the CPU, which %s\n' \
+            "fp8_lm_head refuses" >> "$RESULTS/skipped.txt"
+    else
+        run 124m-levers-modern-fp8 "${modern[@]}" --fp8_lm_head true
+    fi
+    # last: Inductor times Triton templates for every matrix product shape, so it compiles for minutes
+    run 124m-levers-autotune "${LEVERS[@]}" --compile_mode max-autotune-no-cudagraphs
 }
 
 group_longrun() {  # what the long-run features cost per step against 124m-compile-plain-b64 (speed group)

@@ -14,7 +14,11 @@
 #   presets    350M, 774M, 1558M at the largest micro-batch that fits
 #   fsdp       --strategy fsdp / fsdp_zero2 under torchrun on the one GPU (124M B=64, 1558M): FSDP's
 #              overhead against the DDP rows
-#   levers     eager plain loss at B=64 (memory), CUDA graphs, max-autotune
+#   levers     the speed levers (docs/PERFORMANCE.md, "Speed levers"), 124M compiled at B=64, 10 steps each: the
+#              plain variant, the one-pass Triton loss, the fused residual add + layer norm, the best
+#              combination of those two, the FP8 lm_head against the modern recipe's plain row, and
+#              max-autotune-no-cudagraphs, beside build-nanogpt's loop timed as the reference part times it;
+#              each profiled one step more; in one call of about 8 minutes (GPU_CHECK_BUDGET_S=480)
 #   longrun    what spike_skip and rank_stats_interval cost per step (124M B=64, against the speed rows)
 #   recipe     Muon's optimizer step for 124M and 1558M (scripts/bench_muon.py: Newton-Schulz of every
 #              matrix, the work that N GPUs share), then the faithful and the modern recipe, GPT-2
@@ -42,19 +46,22 @@
 # that need them are skipped and listed. The parts can also run in several invocations, each into its
 # own RESULTS_DIR (say, on machines rented by the hour), merged afterwards by --report:
 #   bash scripts/gpu_check.sh bench_results/a tests speed
-#   bash scripts/gpu_check.sh bench_results/b reference presets fsdp levers
+#   bash scripts/gpu_check.sh bench_results/b reference presets fsdp
+#   GPU_CHECK_BUDGET_S=480 bash scripts/gpu_check.sh bench_results/e levers   (8 minutes: what does not fit is listed)
 #   bash scripts/gpu_check.sh bench_results/c repro longrun recipe checkpoint
 #   bash scripts/gpu_check.sh bench_results/d memory recompute   (memory: 12 short runs; GPU_CHECK_MEMORY_MODELS=
 #                "gpt2-large gpt2-xl" reruns only those presets)
-#   bash scripts/gpu_check.sh --report bench_results/gpu bench_results/a bench_results/b bench_results/c bench_results/d
+#   bash scripts/gpu_check.sh --report bench_results/gpu bench_results/a bench_results/b bench_results/c bench_results/d \
+#       bench_results/e
 #
 # Time. Measured on one H200 (2026-11-28): tests 140 s (three cold compiles of 124M at B=8, trainer runs
 # of 4-10 steps); each 124M speed variant about 76 s (startup with cold compile 34 s, 31 steps of ~1 s);
 # reference 45 s. Estimated for one H100, not yet measured (summary.md gives each part's seconds):
 # presets ~1.5, 2 and 3 min (compilation grows with depth; each runs 3-6 steps); fsdp ~1.5 min per 124M
-# variant and ~3 min for 1558M; levers ~1 min (eager B=64), ~1.5 min per CUDA-graphs variant, several
-# minutes for max-autotune; checkpoint ~0.5 min for 124M and ~5 min for 1558M (three saves and two loads
-# of 19 GB). So the first two invocations above take ~7 and ~16 min.
+# variant and ~3 min for 1558M; levers ~45 s per variant (a cold compile of 34 s, 11 steps), several
+# minutes for max-autotune, which runs last with what the budget leaves; checkpoint ~0.5 min for 124M and
+# ~5 min for 1558M (three saves and two loads of 19 GB). So the first two invocations above take ~7 and
+# ~13 min, and the levers call 8.
 # GPU_CHECK_BUDGET_S (default 560, 0 for none) caps one invocation at about that many seconds: a part or
 # variant that would start with less than 90 s left is skipped and listed as skipped, and the next
 # invocation can run it, BENCH_ONLY naming the labels (glob patterns) to run:
@@ -163,13 +170,14 @@ def total_steps(row):  # warm-up + timed steps: scripts/bench.py's command line 
 
 
 def compare_losses(rows):
-    """Groups of rows that trained the same model for the same steps on the same tokens."""
+    """Groups of rows that trained the same model with the same optimizer for the same steps on the same tokens."""
     groups = {}
     for row in rows:
-        key = (row["model"], row["T"], row["total_batch_size"], total_steps(row), Path(row["data"]).name)
+        key = (row["model"], row["T"], row["total_batch_size"], total_steps(row), Path(row["data"]).name,
+               row.get("optimizer", "adamw"))  # rows of older scripts, and the reference loop's: AdamW
         groups.setdefault(key, []).append(row)
     compared = []
-    for (model, _, _, steps, data), members in groups.items():
+    for (model, _, _, steps, data, _), members in groups.items():
         if len(members) > 1:
             base = members[0]
             compared.append({"model": model, "steps": steps, "data": data, "baseline": base["label"],
@@ -356,19 +364,22 @@ part_tests() {  # $1: seconds left. pytest-timeout stops one test, timeout the w
 part_speed() { bench_group speed; }
 part_presets() { bench_group presets; }
 part_fsdp() { bench_group fsdp; }
-part_levers() { bench_group levers; }
+part_levers() {  # $1: seconds left. build-nanogpt's loop for as many steps as the levers' rows, then the levers
+    part_reference "$1" reference-build-nanogpt-b64-levers --warmup 2 --steps 8
+    bench_group levers
+}
 part_longrun() { bench_group longrun; }
 part_recompute() { bench_group recompute; }
 
-part_reference() {  # $1: seconds left
-    local label=reference-build-nanogpt-b64 status
+part_reference() {  # $1: seconds left; [$2: the row's label, then gpu_reference.py arguments (the levers part's)]
+    local label=${2:-reference-build-nanogpt-b64} status
     if [ ! -f "$REFERENCE" ]; then
         printf '%s\tno %s (scripts/gpu_reference.py says how to fetch it)\n' "$label" "$REFERENCE" >> "$BENCH/skipped.txt"
         return $SKIPPED
     fi
     echo "$label" >> "$BENCH/order.txt"
     timeout --kill-after=20 "$1" "$PY" scripts/gpu_reference.py --ref "$REFERENCE" --json "$BENCH/$label.json" \
-        --label "$label" "${REFERENCE_ARGS[@]}" > "$BENCH/$label.log" 2>&1
+        --label "$label" "${@:3}" "${REFERENCE_ARGS[@]}" > "$BENCH/$label.log" 2>&1
     status=$?
     tail -3 "$BENCH/$label.log"
     [ $status = 0 ] || printf '%s\texit %s\n' "$label" "$status" >> "$BENCH/failed.txt"

@@ -379,7 +379,7 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
         label, launcher, variables, arguments = line.split("\t")
         assert launcher in ("python", "torchrun") and all("=" in v for v in variables.split()), line
         launches[label] = bench.split_args(arguments.split())[1]
-    groups = {"speed": "124m-compile-plain-b64", "levers": "124m-compile-plain-b64-maxautotune",
+    groups = {"speed": "124m-compile-plain-b64", "levers": "124m-levers-modern-fp8",
               "presets": "1558m-b4", "fsdp": "1558m-fsdp-b4", "longrun": "124m-compile-plain-b64-spikeskip",
               "repro": "124m-compile-plain-b64-deterministic"}
     assert set(groups.values()) <= set(launches), sorted(launches)
@@ -581,6 +581,34 @@ def test_gpu_check_dry_run_recompute_part_benches_activation_checkpointing(gpu_c
     out, results, _ = dry_run_part(gpu_check, "recompute")
     assert [r["label"] for r in results["rows"]] == DRY_RUN_RECOMPUTE
     assert f"| {DRY_RUN_RECOMPUTE[0]} |" in (out / "summary.md").read_text()
+
+
+# The levers part as docs/PERFORMANCE.md gives its call, `GPU_CHECK_BUDGET_S=480 bash scripts/gpu_check.sh DIR levers`:
+# the reference loop, then (to keep the rehearsal short) the plain row and the modern recipe's, with what the part
+# decides without a GPU: the best combination (here no lever beat the plain row: none was measured) and the FP8 row,
+# which the CPU cannot run. Every other variant's arguments are checked by the test of every GPU launch above.
+LEVERS_REHEARSED = ["124m-levers-plain", "124m-levers-best", "124m-levers-modern", "124m-levers-modern-fp8"]
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_levers_part_benches_the_levers_beside_the_reference(gpu_check):
+    out, _ = gpu_check("levers", "levers", GPU_CHECK_BUDGET_S="480", BENCH_ONLY=" ".join(LEVERS_REHEARSED))
+    results = json.loads((out / "results.json").read_text())
+    assert [(p["part"], p["status"]) for p in results["parts"]] == [("levers", "ok")] and not results["failed"]
+    rows = {r["label"]: r for r in results["rows"]}
+    assert list(rows) == ["reference-build-nanogpt-b64-levers", "124m-levers-plain", "124m-levers-modern"]
+    assert [(s["label"], s["why"]) for s in results["skipped"]] == [
+        ("124m-levers-best", "0 of 2 levers beat 124m-levers-plain alone: no combination to run"),
+        ("124m-levers-modern-fp8", "the dry run is on the CPU, which fp8_lm_head refuses")]
+    plain, modern = rows["124m-levers-plain"], rows["124m-levers-modern"]
+    assert (plain["optimizer"], modern["optimizer"]) == ("adamw", "muon") and plain["levers"] == modern["levers"] == []
+    assert plain["top_kernels"] and modern["top_kernels"]  # one profiled step each
+    # the same steps on the same tokens as the reference's (2 + 8 there, shrunk alike to 1 + 2 here)
+    assert rows["reference-build-nanogpt-b64-levers"]["steps_timed"] == plain["steps_timed"] == 2
+    assert json.loads((out / "numerics.json").read_text()) == []  # AdamW and Muon rows are never compared
+    summary = (out / "summary.md").read_text()
+    assert "| reference-build-nanogpt-b64-levers | 2 |" in summary and "1.000x" in summary
+    assert all(f"| {label} |" in summary for label in rows) and "124m-levers-modern-fp8: skipped" in summary
 
 
 @pytest.mark.slow

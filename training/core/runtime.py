@@ -1,4 +1,4 @@
-"""Where and how the math runs: device, precision, compile, loss chunking, recomputation, the FLOP/s peak.
+"""Where and how the math runs: device, precision, compile, loss chunking, recomputation, kernels, the FLOP/s peak.
 
 One resolution of the `auto` settings, shared by the trainer and scripts/bench.py, so both report
 what really runs: `--device cpu` on a machine with a GPU means no compile, no bf16 unless the
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +23,29 @@ from training.core.metrics import detect_peak_flops
 DEFAULT_LOSS_CHUNK = 8192
 
 
+# The compile modes the `compile_mode` key takes: torch.compile's default, or Inductor timing several kernels
+# (Triton templates beside cuBLAS for the matrix products) and keeping the fastest, without CUDA graphs.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+LOSS_KERNELS = ("torch", "triton")  # model.py's F.cross_entropy, or training/kernels/cross_entropy.py's kernel
+FP8_CAPABILITY = (8, 9)  # the first CUDA compute capability with FP8 matrix units (Ada; Hopper is 9.0)
+
+
+@dataclass(frozen=True)
+class DDPOptions:
+    """DistributedDataParallel's gradient buckets (the runtime keys ddp_*); the defaults are DDP's own."""
+
+    bucket_cap_mb: float | None = None  # None: DDP's default (25 MB)
+    gradient_as_bucket_view: bool = False  # each .grad a view into its all-reduce bucket: no copy in or out
+    static_graph: bool = False  # the same parameters get gradients every step: DDP may skip its per-step search
+
+    def kwargs(self) -> dict:
+        """DistributedDataParallel's keyword arguments for the values set: none at the defaults, so that the
+        wrapper is made exactly as without these keys."""
+        defaults = DDPOptions()
+        return {name: getattr(self, name) for name in ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
+                if getattr(self, name) != getattr(defaults, name)}
+
+
 @dataclass(frozen=True)
 class Runtime:
     device: torch.device
@@ -31,6 +55,15 @@ class Runtime:
     peak_flops: float | None  # bf16 FLOP/s of one device, for MFU; None where unknown
     device_name: str
     recompute_every: int = 0  # activation checkpointing: one block in every N recomputed in backward (0: none)
+    compile_mode: str = "default"  # torch.compile's mode (COMPILE_MODES)
+    loss_kernel: str = "torch"  # LOSS_KERNELS
+    fused_residual_norm: bool = False  # the blocks' residual add + ln_2 by training/kernels/add_layer_norm.py
+    fp8_lm_head: bool = False  # the lm_head's matrix products in FP8 (training/kernels/fp8.py)
+    ddp: DDPOptions = field(default_factory=DDPOptions)
+    # what the training forward is handed, made once from the fields above (a new callable per step would
+    # make torch.compile check, or retrace, it every step): GPT.forward's loss_head, GPT.fuse_residual_norms'
+    loss_head: Callable | None = field(default=None, compare=False, repr=False)
+    add_norm: Callable | None = field(default=None, compare=False, repr=False)
 
     @property
     def device_type(self) -> str:
@@ -44,6 +77,28 @@ class Runtime:
     def loss_scaling(self) -> bool:
         """float16's narrow range needs the gradient scaler (training/run/step.py); bfloat16's does not."""
         return self.dtype == "float16"
+
+    def compiled(self, model: torch.nn.Module) -> torch.nn.Module:
+        """torch.compile(model) in compile_mode; the default mode is the call without a mode, as before the key."""
+        if self.compile_mode == "default":
+            return torch.compile(model)
+        return torch.compile(model, mode=self.compile_mode)
+
+    def levers(self) -> list[str]:
+        """The speed settings away from their defaults, as the startup line names them (with where a kernel
+        falls back to torch: no CUDA, or no Triton)."""
+        fallback = ""
+        if self.loss_kernel != "torch" or self.fused_residual_norm:  # only then is Triton looked for
+            from training.kernels.triton_support import kernels_available
+
+            if not kernels_available(self.device):
+                fallback = " (torch fallback: no Triton kernel on this device)"
+        described = [f"compile_mode {self.compile_mode}" if self.compile and self.compile_mode != "default" else "",
+                     f"loss_kernel {self.loss_kernel}{fallback}" if self.loss_kernel != "torch" else "",
+                     f"fused_residual_norm{fallback}" if self.fused_residual_norm else "",
+                     "fp8_lm_head" if self.fp8_lm_head else "",
+                     *(f"ddp {key} {value}" for key, value in self.ddp.kwargs().items())]
+        return [text for text in described if text]
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The forward's precision context: bf16 or fp16 autocast, or nothing."""
@@ -96,17 +151,33 @@ def deterministic_kernels(enabled: bool):
 
 
 def resolve_runtime(device: str, dtype: str, compile: bool | None, loss_chunk_size: int | None,
-                    peak_flops: float = 0.0, local_rank: int = 0, recompute_every: int = 0) -> Runtime:
+                    peak_flops: float = 0.0, local_rank: int = 0, recompute_every: int = 0,
+                    compile_mode: str = "default", loss_kernel: str = "torch", fused_residual_norm: bool = False,
+                    fp8_lm_head: bool = False, ddp: DDPOptions | None = None) -> Runtime:
     """The Runtime for the config's device/dtype/compile/loss_chunk_size/peak_flops values (and
-    recompute_every: the config's recompute_every(), its activation_checkpointing)."""
+    recompute_every: the config's recompute_every(), its activation_checkpointing), and the speed settings
+    (compile_mode, loss_kernel, fused_residual_norm, fp8_lm_head, the ddp_* keys), whose defaults are the
+    path the trainer took before they existed."""
+    from training.kernels.heads import make_loss_head
+
     chosen = pick_device(device, local_rank)
     use_compile = compile if compile is not None else chosen.type == "cuda"
-    if loss_chunk_size is None:
-        loss_chunk_size = DEFAULT_LOSS_CHUNK if chosen.type == "cuda" and not use_compile else 0
+    if loss_chunk_size is None:  # a loss head of its own makes whole logits, not chunks
+        own_head = loss_kernel != "torch" or fp8_lm_head
+        loss_chunk_size = DEFAULT_LOSS_CHUNK if chosen.type == "cuda" and not use_compile and not own_head else 0
+    if fp8_lm_head:
+        require(chosen.type == "cuda" and torch.cuda.get_device_capability(chosen) >= FP8_CAPABILITY, "fp8_lm_head",
+                f"needs a CUDA GPU with FP8 matrix units (compute capability {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} "
+                f"or newer: Ada, Hopper, Blackwell); this run is on {device_name(chosen)}")
+    add_norm = None
+    if fused_residual_norm:
+        from training.kernels.add_layer_norm import add_layer_norm as add_norm
     return Runtime(
         device=chosen, dtype=resolve_dtype(dtype, chosen), compile=use_compile, loss_chunk_size=loss_chunk_size,
         peak_flops=detect_peak_flops(chosen, peak_flops), device_name=device_name(chosen),
-        recompute_every=recompute_every,
+        recompute_every=recompute_every, compile_mode=compile_mode, loss_kernel=loss_kernel,
+        fused_residual_norm=fused_residual_norm, fp8_lm_head=fp8_lm_head, ddp=ddp or DDPOptions(),
+        loss_head=make_loss_head(loss_kernel, fp8_lm_head), add_norm=add_norm,
     )
 
 

@@ -10,7 +10,7 @@ which this floor holds and which itself imports the core's Runtime.
 from __future__ import annotations
 
 from common.settings import OrNone, Settings, dropout_on, option, require, section
-from training.core.runtime import Runtime, resolve_runtime
+from training.core.runtime import COMPILE_MODES, LOSS_KERNELS, DDPOptions, Runtime, resolve_runtime
 from training.distributed.strategies import STRATEGIES, strategies_help
 
 # The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
@@ -37,6 +37,9 @@ class RuntimeSettings(Settings):
                              "AVX512-BF16, where it is faster, else float32; MPS: float32), bfloat16, float16, "
                              "float32, or float64 (weights and math, for numerical checks)", on_resume="trajectory")
     compile: OrNone[bool] = option(None, "torch.compile the model (null: on for CUDA)", on_resume=dropout_on)
+    compile_mode: str = option("default", "torch.compile's mode: default, or max-autotune-no-cudagraphs (Inductor "
+                                          "times Triton templates beside cuBLAS for each matrix product and keeps "
+                                          "the fastest; minutes more compilation)", on_resume=dropout_on)
     seed: int = option(1337, "seed of the initial weights, epoch shuffles, dropout and samples", on_resume="trajectory")
     deterministic: bool = option(False, "only kernels that give the same bits for the same inputs, so two runs "
                                         "with the same seed and data log the same losses (slower on GPUs: see "
@@ -45,6 +48,16 @@ class RuntimeSettings(Settings):
     loss_chunk_size: OrNone[int] = option(None, "fused chunked lm_head + cross-entropy in chunks of N tokens, never "
                                              "holding the whole logits (0: plain; null: 8192 on CUDA without compile)",
                                           on_resume="none")
+    loss_kernel: str = option("torch", "the plain loss's cross-entropy: torch (F.cross_entropy over float32 "
+                                       "logits, two passes) or triton (one kernel writes each row's loss and its "
+                                       "gradient in the forward, reading the bf16 logits once; where Triton or CUDA "
+                                       "is absent, the same math in torch)", on_resume="none")
+    fused_residual_norm: bool = option(False, "each block's attention residual add and the layer norm after it in "
+                                              "one Triton kernel forward and one backward (torch.compile fuses them "
+                                              "already: for eager runs); the same math", on_resume="none")
+    fp8_lm_head: bool = option(False, "the lm_head's matrix products in FP8 with per-tensor dynamic scales "
+                                      "(torch._scaled_mm; CUDA GPUs with FP8: compute capability 8.9+); modern "
+                                      "recipe only (optimizer muon): it changes the numerics", on_resume="trajectory")
     peak_flops: float = option(0.0, "bf16 FLOP/s of one device for MFU (0: look the device up)", on_resume="none")
     strategy: str = option("ddp", f"data parallelism: {strategies_help()}", on_resume="none")
     activation_checkpointing: str = option("none", "recompute transformer blocks' activations in the backward "
@@ -55,13 +68,26 @@ class RuntimeSettings(Settings):
                                            on_resume="none")
     activation_checkpointing_every: int = option(2, "selective: recompute blocks 0, N, 2N, ... (2: every other "
                                                     "block)", on_resume="none")
+    ddp_bucket_cap_mb: OrNone[float] = option(None, "strategy ddp: MB of gradients per all-reduce bucket (null: "
+                                                    "DDP's default, 25)", on_resume="none")
+    ddp_gradient_as_bucket_view: bool = option(False, "strategy ddp: each gradient a view into its all-reduce "
+                                                      "bucket (no copy into and out of the buckets, less memory)",
+                                               on_resume="none")
+    ddp_static_graph: bool = option(False, "strategy ddp: tell DDP every step uses the same parameters, so it "
+                                           "skips its search for unused ones and may reorder its buckets once; "
+                                           "only where grad_accum_steps is 1 (it does not take accumulation)",
+                                    on_resume="none")
     hang_timeout_minutes: float = option(15.0, "after the first step, a collective that waits longer fails the run "
                                             "(a rank hung or died); start-up gets 30 minutes", on_resume="none")
 
     def make_runtime(self, local_rank: int = 0) -> Runtime:
         """The Runtime these settings make on this process: auto values resolved for its device."""
         return resolve_runtime(self.device, self.dtype, self.compile, self.loss_chunk_size, self.peak_flops,
-                               local_rank, self.recompute_every())
+                               local_rank, self.recompute_every(), compile_mode=self.compile_mode,
+                               loss_kernel=self.loss_kernel, fused_residual_norm=self.fused_residual_norm,
+                               fp8_lm_head=self.fp8_lm_head, ddp=DDPOptions(self.ddp_bucket_cap_mb,
+                                                                            self.ddp_gradient_as_bucket_view,
+                                                                            self.ddp_static_graph))
 
     def recompute_every(self) -> int:
         """activation_checkpointing as GPT.recompute_blocks takes it: one block in every N recomputed (0: none)."""
@@ -83,6 +109,16 @@ class RuntimeSettings(Settings):
         require(self.loss_chunk_size is None or self.loss_chunk_size >= 0, "loss_chunk_size",
                 f"must be >= 0, got {self.loss_chunk_size}")
         require(self.peak_flops >= 0, "peak_flops", f"must be >= 0, got {self.peak_flops}")
+        require(self.compile_mode in COMPILE_MODES, "compile_mode",
+                f"unknown mode {self.compile_mode!r}; choose {' or '.join(COMPILE_MODES)}")
+        require(self.loss_kernel in LOSS_KERNELS, "loss_kernel",
+                f"unknown kernel {self.loss_kernel!r}; choose {' or '.join(LOSS_KERNELS)}")
+        for key, on in (("loss_kernel", self.loss_kernel != "torch"), ("fp8_lm_head", self.fp8_lm_head)):
+            require(not on or not self.loss_chunk_size, key,
+                    f"{getattr(self, key)} makes the whole logits, and loss_chunk_size {self.loss_chunk_size} asks for "
+                    f"chunks of them: set loss_chunk_size 0 (or null)")
+        require(self.ddp_bucket_cap_mb is None or self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb",
+                f"must be positive, got {self.ddp_bucket_cap_mb}")
         require(self.strategy in STRATEGIES, "strategy",
                 f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
         require(self.activation_checkpointing in ACTIVATION_CHECKPOINTING, "activation_checkpointing",

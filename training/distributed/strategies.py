@@ -83,15 +83,21 @@ class Strategy:
     def training_model(self, model: GPT) -> torch.nn.Module:
         """The module the training forward goes through: its blocks recomputed in backward as
         runtime.recompute_every says (inside each block's forward, so within FSDP's per-block
-        gathers and DDP's hooks, and traced by torch.compile), compiled (runtime.compile), and wrapped."""
+        gathers and DDP's hooks, and traced by torch.compile), their residual add and layer norm fused
+        where runtime.add_norm is set (fused_residual_norm), compiled (runtime.compile, in its
+        compile_mode), and wrapped."""
         model.recompute_blocks(self.runtime.recompute_every)
-        return torch.compile(model) if self.runtime.compile else model
+        model.fuse_residual_norms(self.runtime.add_norm)
+        return self.runtime.compiled(model) if self.runtime.compile else model
 
     def probe_model(self, model: GPT) -> torch.nn.Module:
         """The training forward for micro_batch_size auto's probes (training/run/micro_batch.py): recomputed
         and compiled as training_model's, but never syncing gradients, and without DDP's wrapper (its
         construction and its hooks are collectives a probe that runs out of memory would leave unmatched)."""
         return Strategy.training_model(self, model)
+
+    def check_accumulation(self, grad_accum_steps: int) -> None:
+        """A ConfigError where this strategy cannot accumulate grad_accum_steps micro-batches per step."""
 
     # --- the step ------------------------------------------------------------------------------
     def gradient_sync(self, model: GPT, train_model: torch.nn.Module, enabled: bool) -> SyncContext:
@@ -127,8 +133,16 @@ class DDP(Strategy):
         train_model = super().training_model(model)
         if not self.env.distributed:
             return train_model
+        # the ddp_* keys' bucket size, bucket views and static graph, where set (runtime.ddp.kwargs: none by default)
         return DistributedDataParallel(train_model, device_ids=[self.env.local_rank]
-                                       if self.runtime.device_type == "cuda" else None)
+                                       if self.runtime.device_type == "cuda" else None, **self.runtime.ddp.kwargs())
+
+    def check_accumulation(self, grad_accum_steps: int) -> None:
+        # DDP's static graph fails inside its reducer (an internal assertion) at the first backward under no_sync
+        if self.env.distributed and self.runtime.ddp.static_graph and grad_accum_steps > 1:
+            raise ConfigError(f"ddp_static_graph: DDP's static graph does not take gradient accumulation, and each "
+                              f"rank accumulates {grad_accum_steps} micro-batches a step here: set ddp_static_graph "
+                              f"false, or micro_batch_size so that grad_accum_steps is 1")
 
     def gradient_sync(self, model: GPT, train_model: torch.nn.Module, enabled: bool) -> SyncContext:
         if self.env.distributed and not enabled:

@@ -209,7 +209,7 @@ def search_with_probe_model(ctx: Context, strategy: Strategy, candidates: list[i
             torch.cuda.reset_peak_memory_stats(device)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout draws
             with runtime.autocast():
-                _, loss = train_model(x, x, loss_chunk_size=runtime.loss_chunk_size)
+                _, loss = train_model(x, x, loss_chunk_size=runtime.loss_chunk_size, loss_head=runtime.loss_head)
             loss.backward()
         if device.type == "cuda":
             torch.cuda.synchronize(device)

@@ -38,7 +38,7 @@ def train_step(run: Run, model: torch.nn.Module, micro_batches: Iterable[tuple[t
     for micro_step, (x, y) in enumerate(micro_batches):
         with run.strategy.gradient_sync(run.model, model, enabled=micro_step == last):
             with runtime.autocast():
-                _, loss = model(x, y, loss_chunk_size=runtime.loss_chunk_size)
+                _, loss = model(x, y, loss_chunk_size=runtime.loss_chunk_size, loss_head=runtime.loss_head)
             loss = loss / run.grad_accum_steps  # the gradients add up to the mean over the whole batch
             loss_accum += loss.detach()
             run.scaler.scale(loss).backward()  # float16: scaled up, so small gradients do not flush to zero
