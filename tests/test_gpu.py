@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -361,7 +362,8 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     setting.
 
     CI has no GPU and the dry runs replace the model and device, so a renamed key or a new rule
-    between keys would otherwise first fail on a GPU. World size 1, as gpu_check runs them.
+    between keys would otherwise first fail on a GPU. Each at its world size: 1, as gpu_check runs them, but
+    for the group multigpu's (listed for a node of 8 GPUs, and of 3, whose step is not 524,288 tokens).
     """
     sys.path.insert(0, str(REPO / "scripts"))
     import bench
@@ -371,14 +373,20 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     from launch.config import parse_args
     from training.run.micro_batch import candidate_sizes
 
-    listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-"], env=dict(os.environ, BENCH_LIST="1"),
-                             capture_output=True, text=True, timeout=guard(60))
-    assert listing.returncode == 0, listing.stderr
-    launches = {}
-    for line in listing.stdout.splitlines():
-        label, launcher, variables, arguments = line.split("\t")
-        assert launcher in ("python", "torchrun") and all("=" in v for v in variables.split()), line
-        launches[label] = bench.split_args(arguments.split())[1]
+    launches, world_sizes = {}, {}
+    # the default groups, then group multigpu's variants as a node of 8 GPUs and one of 3 would run them
+    for gpus, groups in (("", []), ("8", ["multigpu"]), ("3", ["multigpu"])):
+        listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-", *groups],
+                                 env=dict(os.environ, BENCH_LIST="1", BENCH_GPUS=gpus), capture_output=True, text=True,
+                                 timeout=guard(60))
+        assert listing.returncode == 0, listing.stderr
+        for line in listing.stdout.splitlines():
+            label, launcher, variables, arguments = line.split("\t")
+            assert re.fullmatch(r"python|torchrun:\d+", launcher) and all("=" in v for v in variables.split()), line
+            label += f" (node of {gpus})" if gpus else ""
+            launches[label] = bench.split_args(arguments.split())[1]
+            world_sizes[label] = int(launcher.partition(":")[2] or 1)
+    assert [world_sizes[f"124m-ddp-{n}gpu (node of {n})"] for n in (8, 3)] == [8, 3]
     groups = {"speed": "124m-compile-plain-b64", "levers": "124m-compile-plain-b64-maxautotune",
               "presets": "1558m-b4", "fsdp": "1558m-fsdp-b4", "longrun": "124m-compile-plain-b64-spikeskip",
               "repro": "124m-compile-plain-b64-deterministic"}
@@ -396,9 +404,9 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
         cfg = parse_args(arguments)  # a ConfigError names the key
         assert cfg.runtime.device == "cuda" or "--device" not in arguments, label
         if cfg.data.micro_batch_size is None:  # auto: some micro-batch keeps grad_accum_steps whole
-            assert candidate_sizes(cfg.data.total_batch_size, cfg.data.seq_len, 1), label
+            assert candidate_sizes(cfg.data.total_batch_size, cfg.data.seq_len, world_sizes.get(label, 1)), label
         else:
-            cfg.data.grad_accum_steps(1)
+            cfg.data.grad_accum_steps(world_sizes.get(label, 1))
 
 
 def test_packages_on_the_callers_pythonpath_reach_the_trainers_the_tests_start(monkeypatch, tmp_path):
