@@ -650,3 +650,29 @@ def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
     summary = (merged / "summary.md").read_text()
     assert "speed ok" in summary and "reference ok" in summary and "tests skipped" in summary
     assert "1.000x" in summary  # the reference's row, with ratios beside the speed rows
+
+
+def test_the_preemption_check_names_each_way_a_preempted_run_can_go_wrong():
+    """scripts/preemption_check.py's verdict on two launches: none for a stop mid-run resumed where it stopped,
+    one sentence for each thing that went wrong otherwise."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from preemption_check import check
+
+    def launch(console: str, newest: int | None, exit: int = 0) -> dict:
+        return {"console": console, "newest": newest, "exit": exit, "error": "error: the reason"}
+
+    stopped = launch("SIGTERM received: saved step 12; run the same command again to resume", 12, exit=1)
+    resumed = launch("model gpt2 | resumed from /r/checkpoints/step_00000012.pt at step 12", 30)
+    steps = [(s, 3.0) for s in range(30)]
+    assert check(stopped, resumed, steps, max_steps=30, signal_after=10) == []
+    problems = check(stopped, launch("resumed from x at step 9", 29, exit=1), [*steps[:20], *steps[19:29],
+                     (29, float("nan"))], max_steps=30, signal_after=10)
+    assert [p.split(":")[0].split(",")[0] for p in problems] == [
+        "the second launch exited 1", "the second launch did not resume at step 12",
+        "the newest checkpoint after the second launch is step 29", "the log's training steps are not 0 to 29 once each",
+        "losses that are not finite at steps [29]"]
+    assert "repeated [19]" in problems[3]
+    late = launch("SIGTERM received: saved step 30; ...", 30, exit=1)  # the run ended before the signal landed
+    assert "did not land mid-run" in check(late, resumed, steps, 30, 10)[0]
+    assert check(launch("error: no shards", None, exit=2), resumed, [], 30, 10) == [
+        "the first launch never said it saved after SIGTERM (exit 2): error: the reason"]
