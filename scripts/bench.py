@@ -135,7 +135,8 @@ def scaling(rows: list[dict]) -> list[dict]:
     """
     named = [(m.group(1), row) for row in rows if (m := re.fullmatch(r"(.+)-\d+gpu", row["label"]))]
     one = {name: row for name, row in named if row["world_size"] == 1}
-    return [{"label": row["label"], "baseline": one[name]["label"], "world_size": row["world_size"],
+    return [{"label": row["label"], "model": row.get("model"), "baseline": one[name]["label"],
+             "world_size": row["world_size"],
              "tokens_per_sec": row["tokens_per_sec"], "per_gpu": row["tokens_per_sec"] / row["world_size"],
              "baseline_tokens_per_sec": one[name]["tokens_per_sec"],
              "efficiency": row["tokens_per_sec"] / (row["world_size"] * one[name]["tokens_per_sec"]),

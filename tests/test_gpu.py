@@ -454,16 +454,17 @@ raise SystemExit("the reference's top-level training code ran")
 """
 
 
-# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the parts in four invocations, grouped as its header
-# splits them, each into its own results folder, and one test per part; then a budget that skips every part,
-# and --report merging them all. The `gpu` tests above run in this suite itself
+# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the parts in five invocations, grouped as its header
+# splits them (multigpu alone: 2 ranks on gloo), each into its own results folder, and one test per part; then
+# a budget that skips every part, and --report merging them all. The `gpu` tests above run in this suite itself
 # (their CPU form, without CUDA): the tests part runs one of them (GPU_CHECK_TESTS), which proves the part's
 # own plumbing (its pytest command, the junit XML read into results.json) without running them twice.
 DRY_RUN_SPEED = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the part short
 DRY_RUN_RECOMPUTE = ["124m-eager-fused-b64-full"]  # one of bench_gpu.sh's group recompute
 DRY_RUN_TEST = "test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients"  # in-process: seconds
 DRY_RUN_CALLS = {"call1": ("tests", "speed"), "call2": ("reference",), "call3": ("recipe", "checkpoint"),
-                 "call4": ("memory", "recompute")}  # results folder: its call's parts
+                 "call4": ("memory", "recompute"), "call5": ("multigpu",)}  # results folder: its call's parts
+DRY_RUN_MULTIGPU = ["124m-ddp-1gpu", "124m-ddp-2gpu"]  # bench_gpu.sh's group multigpu on 2 ranks
 # recipe's comparison of two recipes needs data/shakespeare (`make demo` makes it), and is skipped without it
 RECIPE_WITHOUT_DATA = ("recipe", "no data/shakespeare (python prep/shakespeare.py first)")
 
@@ -479,7 +480,8 @@ def gpu_check(tmp_path_factory):
     reference.write_text(REFERENCE_STAND_IN)
     env = dict(os.environ, GPU_CHECK_DRY_RUN="1", GPU_REFERENCE=str(reference), PYTHON=sys.executable,
                MALLOC_MMAP_THRESHOLD_="17179869184", MALLOC_TRIM_THRESHOLD_="17179869184",
-               BENCH_ONLY=" ".join(DRY_RUN_SPEED + DRY_RUN_RECOMPUTE + ["reference-*"]), GPU_CHECK_TESTS=DRY_RUN_TEST)
+               BENCH_ONLY=" ".join(DRY_RUN_SPEED + DRY_RUN_RECOMPUTE + DRY_RUN_MULTIGPU + ["reference-*"]),
+               GPU_CHECK_TESTS=DRY_RUN_TEST)
     env.pop("OUT", None)
     done = {}
 
@@ -592,6 +594,32 @@ def test_gpu_check_dry_run_recompute_part_benches_activation_checkpointing(gpu_c
 
 
 @pytest.mark.slow
+def test_gpu_check_dry_run_multigpu_part_scales_all_reduces_and_preempts_on_2_ranks(gpu_check):
+    """The part on every GPU, rehearsed on 2 gloo ranks: the same step on 2 ranks and on 1 (its figures paired,
+    its losses equal: DDP on 2 ranks trains on the same batches as accumulation on one), the all-reduce of a
+    bucket and of the whole gradient, and a run that SIGTERM stopped mid-run and a relaunch resumed."""
+    out, results, details = dry_run_part(gpu_check, "multigpu")
+    assert [(r["label"], r["world_size"], r["grad_accum"]) for r in results["rows"]] == [
+        ("124m-ddp-1gpu", 1, 2), ("124m-ddp-2gpu", 2, 1)]
+    (numerics,) = json.loads((out / "numerics.json").read_text())
+    assert [r["label"] for r in numerics["rows"]] == DRY_RUN_MULTIGPU and all(r["within_tolerance"] for r in numerics["rows"])
+    assert [(a["label"], a["world_size"], a["backend"]) for a in results["allreduce"]] == [
+        (f"allreduce-{buffer}-{dtype}", 2, "gloo") for buffer in ("bucket", "grad") for dtype in ("fp32", "bf16")]
+    assert all(a["ms"] > 0 and a["algbw_gbps"] > 0 for a in results["allreduce"])
+    assert all(a["busbw_gbps"] == pytest.approx(a["algbw_gbps"]) for a in results["allreduce"])  # 2 ranks: 2(N-1)/N = 1
+    (preempted,) = results["preemption"]
+    assert preempted["ok"] and preempted["problems"] == [] and preempted["world_size"] == 2
+    assert 3 < preempted["saved_step"] == preempted["resumed_at"] < preempted["final_checkpoint"] == 12
+    assert preempted["logged_steps"] == 12
+    summary = (out / "summary.md").read_text()
+    assert "## Several GPUs: the same step under DDP on N GPUs and on one" in summary
+    assert "| 124m-ddp-2gpu | 2 |" in summary and "| allreduce-grad-fp32 | dry_run |" in summary
+    assert "| preemption-2gpu | 2 | 12 | 3 |" in summary and "ok: resumed where it stopped" in summary
+    assert {"124m-ddp-2gpu.json", "allreduce-2gpu.log", "preemption-2gpu.log", "preemption-2gpu-launch1.log",
+            "preemption-2gpu-launch2.log"} <= details
+
+
+@pytest.mark.slow
 def test_gpu_check_skips_every_part_a_spent_budget_leaves_no_time_for(gpu_check):
     skipped, _ = gpu_check("skipped", "tests", "presets", GPU_CHECK_BUDGET_S="1")
     parts = json.loads((skipped / "results.json").read_text())["parts"]
@@ -612,14 +640,17 @@ sys.meta_path.insert(0, Absent())
 """
 
 
-@pytest.mark.parametrize("case", ["a python without the requirements", "an unknown part"])
+@pytest.mark.parametrize("case", ["a python without the requirements", "an unknown part", "a count of no GPUs"])
 def test_gpu_check_refuses_in_one_line_before_it_runs_any_part(case, tmp_path):
-    """A GPU image's own Python with torch but without requirements.txt (pydantic), or a misspelt part:
-    one error line and exit 2, no results folder, rather than the same traceback in every part."""
+    """A GPU image's own Python with torch but without requirements.txt (pydantic), a misspelt part, or
+    GPU_CHECK_GPUS not a number of GPUs: one error line and exit 2, no results folder, rather than the same
+    traceback in every part."""
     env = dict(os.environ, GPU_CHECK_DRY_RUN="1", PYTHON=sys.executable)
     args = ["tests"]
     if case == "an unknown part":
         args = ["tests", "sped"]
+    elif case == "a count of no GPUs":
+        env["GPU_CHECK_GPUS"] = "0"
     else:
         (tmp_path / "site").mkdir()
         (tmp_path / "site" / "sitecustomize.py").write_text(WITHOUT_PYDANTIC)
@@ -628,7 +659,8 @@ def test_gpu_check_refuses_in_one_line_before_it_runs_any_part(case, tmp_path):
                           env=env, capture_output=True, text=True, timeout=guard(60))
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:] + proc.stderr[-2000:]
     (line,) = proc.stderr.splitlines()
-    expected = "unknown part sped" if case == "an unknown part" else "No module named 'pydantic'"
+    expected = {"an unknown part": "unknown part sped", "a count of no GPUs": "GPU_CHECK_GPUS=0: a number of GPUs"}.get(
+        case, "No module named 'pydantic'")
     assert line.startswith("error: ") and expected in line, line
     assert not (tmp_path / "results").exists()
 
@@ -646,7 +678,8 @@ def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
         *((p, "ok") for call_parts in DRY_RUN_CALLS.values() for p in call_parts if p != "recipe"),
         ("tests", "skipped"), ("presets", "skipped")]
     assert [t["test"] for t in results["tests"]] == [DRY_RUN_TEST]
-    assert [r["label"] for r in results["rows"]] == [*DRY_RUN_SPEED, "reference-build-nanogpt-b64", *DRY_RUN_RECOMPUTE]
+    assert [r["label"] for r in results["rows"]] == [*DRY_RUN_SPEED, "reference-build-nanogpt-b64", *DRY_RUN_RECOMPUTE,
+                                                     *DRY_RUN_MULTIGPU]
     summary = (merged / "summary.md").read_text()
     assert "speed ok" in summary and "reference ok" in summary and "tests skipped" in summary
     assert "1.000x" in summary  # the reference's row, with ratios beside the speed rows
