@@ -3,10 +3,12 @@
 #
 #   bash scripts/gpu_check.sh [RESULTS_DIR] [PART...]         # RESULTS_DIR: $OUT if set, else bench_results
 #   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh /tmp/dry    # every part's plumbing on the CPU, tiny models
+#   GPU_CHECK_DRY_RUN=1 GPU_CHECK_GPUS=2 bash scripts/gpu_check.sh /tmp/dry2   # as on a node of 2 GPUs
 #   bash scripts/gpu_check.sh --report DIR RESULTS...         # one summary of several invocations' results
 #
 # Parts, most valuable first. The default on one GPU is the twelve from tests on, in this order; with more
-# than one GPU visible it is all thirteen, in this order:
+# than one GPU visible it is all thirteen: multigpu on every GPU first, then the others side by side, one
+# GPU each (below, "Several GPUs"):
 #   multigpu   every GPU at once (skipped on one): GPT-2 124M's step (B=64, 524,288 tokens) under torchrun on
 #              all GPUs and on one, tokens/s per GPU and scaling efficiency (bench_gpu.sh group multigpu);
 #              the all-reduce of DDP's 25 MiB gradient bucket and of the whole 124M gradient, fp32 and
@@ -44,7 +46,7 @@
 # On a GPU machine, from a clone of this repository with `make install` done:
 #   git clone https://github.com/karpathy/build-nanogpt .ref/build-nanogpt   # the reference loop (git-ignored)
 #   python prep/shakespeare.py                                               # the recipe part's tokens
-#   GPU_CHECK_BUDGET_S=0 bash scripts/gpu_check.sh bench_results/gpu         # every part, in order
+#   GPU_CHECK_BUDGET_S=0 bash scripts/gpu_check.sh bench_results/gpu         # every part (see "Several GPUs")
 # then read bench_results/gpu/summary.md (printed last). Without .ref/ or data/shakespeare the parts
 # that need them are skipped and listed. The parts can also run in several invocations, each into its
 # own RESULTS_DIR (say, on machines rented by the hour), merged afterwards by --report:
@@ -55,6 +57,16 @@
 #                "gpt2-large gpt2-xl" reruns only those presets)
 #   bash scripts/gpu_check.sh --report bench_results/gpu bench_results/a bench_results/b bench_results/c bench_results/d
 #
+# Several GPUs (a rented node): the same command, `bash scripts/gpu_check.sh bench_results/node`, runs
+# multigpu, then spreads the other parts over the GPUs: each GPU gets an invocation of this script of its
+# own (CUDA_VISIBLE_DEVICES one GPU, its results merged into RESULTS_DIR as --report does), all at once,
+# under this invocation's budget. The parts go out in the order given, each to the GPU with the least
+# estimated work so far (the times below), so that under a budget every GPU starts with its most valuable
+# part. Named parts are spread the same way (multigpu, if named, still first). GPU_CHECK_GPUS=N uses the
+# first N visible GPUs (1: one part after the other on one GPU, as on a machine of one). The parts running
+# side by side share the host's CPUs, so their compile and startup seconds may read higher than alone; a
+# step's time is the GPU's.
+#
 # Time. Measured on one H200 (2026-11-28): tests 140 s (three cold compiles of 124M at B=8, trainer runs
 # of 4-10 steps); each 124M speed variant about 76 s (startup with cold compile 34 s, 31 steps of ~1 s);
 # reference 45 s. Estimated for one H100, not yet measured (summary.md gives each part's seconds):
@@ -64,17 +76,21 @@
 # of 19 GB). So the first two invocations above take ~7 and ~16 min, and all twelve about an hour.
 # Estimated for a node of 8 H100s, not yet measured: multigpu ~4.5 min (one GPU's 30 steps ~76 s as a speed
 # variant, 8 GPUs' ~50 s, the all-reduces ~20 s, the preemption check's two launches with cold compiles ~2
-# min).
+# min); the default budget then leaves ~4.5 min to the other parts, every GPU starting its most valuable
+# ones: ~10 min in all, every GPU busy. Without a budget the longest GPU's share takes ~12 min: ~17 min for
+# every part, against about an hour one part after the other on one GPU.
 # GPU_CHECK_BUDGET_S (default 560, 0 for none) caps one invocation at about that many seconds: a part or
 # variant that would start with less than 90 s left is skipped and listed as skipped, and the next
 # invocation can run it, BENCH_ONLY naming the labels (glob patterns) to run:
 #   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash ... speed presets
 # and GPU_CHECK_TESTS (a pytest -k expression) the tests part's tests:  GPU_CHECK_TESTS=resume bash ... tests
 #
-# Results, flat, rewritten after every part (an invocation stopped midway keeps what it did): summary.md,
+# Results, flat, rewritten after every part (an invocation stopped midway keeps what it did; parts spread
+# over GPUs join them once every GPU is done): summary.md,
 # results.json (every row, test, failure and part), numerics.json, gpu_check.log (the console) and
-# details.tar.gz (each variant's scripts/bench.py JSON and log, pytest's junit XML and log): five files,
-# so a results folder is quick to copy off the machine.
+# details.tar.gz (each variant's scripts/bench.py JSON and log, pytest's junit XML and log; with parts
+# spread over GPUs, each GPU's console and details.tar.gz): five files, so a results folder is quick to
+# copy off the machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
@@ -165,6 +181,7 @@ def collect(work, results):
         "memory": [json.loads(line) for line in tail(bench / "memory.jsonl", None)],
         "allreduce": [json.loads(line) for line in tail(bench / "allreduce.jsonl", None)],
         "preemption": [json.loads(path.read_text()) for path in [bench / "preemption.json"] if path.exists()],
+        "spread": [{"gpu": gpu, "parts": parts.split()} for gpu, parts in table_lines(work / "spread.tsv")],
         "failed": [{"label": label, "why": why, "log_tail": tail(bench / f"{label}.log")}
                    for label, why in table_lines(bench / "failed.txt")],
         "skipped": [{"label": label, "why": why} for label, why in table_lines(bench / "skipped.txt")],
@@ -215,7 +232,7 @@ def report(out, *sources):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "muon": [], "recipe": [], "repro": [],
-              "memory": [], "allreduce": [], "preemption": [], "failed": [], "skipped": []}
+              "memory": [], "allreduce": [], "preemption": [], "spread": [], "failed": [], "skipped": []}
     for source in sources:
         path = Path(source) / "results.json" if Path(source).is_dir() else Path(source)
         for key, value in json.loads(path.read_text()).items():
@@ -229,6 +246,9 @@ def report(out, *sources):
     md = [f"# GPU check {env['date']}: {gpus}, torch {env['torch']} (CUDA {env['cuda']})"
           + (" -- DRY RUN on the CPU, tiny models: no figure here is a GPU measurement" if env["dry_run"] else ""),
           "", "Parts: " + ", ".join(f"{p['part']} {p['status']} ({p['seconds']} s)" for p in merged["parts"]), ""]
+    if merged["spread"]:
+        md += [f"Spread over {len(merged['spread'])} GPUs, one invocation each, side by side: "
+               + "; ".join(f"GPU {s['gpu']}: {' '.join(s['parts'])}" for s in merged["spread"]), ""]
     if merged["tests"]:
         md += ["## Correctness: pytest -m gpu tests/test_gpu.py", "",
                "| test | outcome | s | note |", "| --- | --- | --- | --- |"]
@@ -372,7 +392,7 @@ if ! [[ $GPUS =~ ^[1-9][0-9]*$ ]] || { [ "$DRY_RUN" != 1 ] && (( GPUS > (VISIBLE
 fi
 # The multigpu part's ranks: every GPU used (the dry run's stand-ins for them: at least 2 ranks on gloo)
 RANKS=$(( DRY_RUN == 1 && GPUS < 2 ? 2 : GPUS ))
-# Named parts run as named; by default, with more than one GPU, multigpu first
+# Named parts run as named; by default, with more than one GPU, multigpu and then the rest spread over the GPUs
 PARTS=${*:-$( (( GPUS > 1 )) && echo "$ALL_PARTS" || echo "$ONE_GPU_PARTS")}
 BUDGET=${GPU_CHECK_BUDGET_S:-$([ "$DRY_RUN" = 1 ] && echo 1800 || echo 560)}
 REFERENCE=${GPU_REFERENCE:-.ref/build-nanogpt/train_gpt2.py}
@@ -591,14 +611,68 @@ run_part() {  # one part under the budget; its status goes to parts.tsv, then th
     summarize collect "$WORK" "$RESULTS" && summarize report "$RESULTS" "$RESULTS/results.json"
 }
 
+# Each single-GPU part's seconds on one H100, estimated (the header's figures): what spreading them evens out
+declare -A PART_S=([tests]=140 [speed]=300 [reference]=45 [presets]=390 [fsdp]=360 [levers]=540 [longrun]=150
+                   [recipe]=150 [checkpoint]=330 [memory]=600 [repro]=580 [recompute]=410)
+
+spread() {  # the single-GPU parts "$@" side by side: one invocation of this script per GPU, under this one's budget
+    local -a load=() groups=() devices=() pids=() sources=("$RESULTS/results.json")
+    local part i best left code
+    IFS=, read -r -a devices <<< "${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( GPUS - 1 )))}"
+    # In the order given (most valuable first by default), each part to the GPU with the least estimated work
+    # so far: under a budget, every GPU starts with the most valuable part it holds
+    for part in "$@"; do
+        best=0
+        for (( i = 1; i < GPUS; i++ )); do (( ${load[i]:-0} < ${load[best]:-0} )) && best=$i; done
+        load[best]=$(( ${load[best]:-0} + PART_S[$part] ))
+        groups[best]+="${groups[best]:+ }$part"
+    done
+    left=$(( DEADLINE - $(date +%s) ))
+    if (( left < MIN_START_S )); then
+        for part in "$@"; do printf '%s\tskipped: %ss of the budget left\t0\n' "$part" "$left" >> "$WORK/parts.tsv"; done
+    else
+        for i in "${!groups[@]}"; do
+            echo "=== GPU ${devices[i]}: ${groups[i]} (its console: gpu_check-gpu$i.log in details.tar.gz)"
+            printf '%s\t%s\n' "${devices[i]}" "${groups[i]}" >> "$WORK/spread.tsv"
+            # its budget ends with this one's (each keeps 20 s for its summary); 0 stays no budget
+            CUDA_VISIBLE_DEVICES=${devices[i]} GPU_CHECK_GPUS=1 GPU_CHECK_BUDGET_S=$(( BUDGET > 0 ? left + 20 : 0 )) \
+                PYTHON=$PY bash scripts/gpu_check.sh "$WORK/gpu$i" ${groups[i]} > "$WORK/gpu_check-gpu$i.log" 2>&1 &
+            pids[i]=$!
+        done
+        for i in "${!pids[@]}"; do
+            wait "${pids[i]}"
+            code=$?
+            echo "=== GPU ${devices[i]}, exit $code: $(grep -m1 '^Parts:' "$WORK/gpu$i/summary.md" 2>/dev/null)"
+            if [ -f "$WORK/gpu$i/results.json" ]; then
+                sources+=("$WORK/gpu$i/results.json")
+                cp "$WORK/gpu$i/details.tar.gz" "$WORK/details-gpu$i.tar.gz"
+            else  # it stopped before its first part: its console says why
+                for part in ${groups[i]}; do
+                    printf '%s\tfailed: its invocation exited %s (gpu_check-gpu%s.log)\t0\n' "$part" "$code" "$i" \
+                        >> "$WORK/parts.tsv"
+                done
+            fi
+        done
+    fi
+    summarize collect "$WORK" "$RESULTS" && summarize report "$RESULTS" "${sources[@]}"
+}
+
 main() {
     echo "gpu_check: parts [$PARTS] into $RESULTS, budget ${BUDGET}s, $GPUS GPU(s)$([ "$DRY_RUN" = 1 ] &&
         echo ', DRY RUN on the CPU')"
     mkdir -p "$BENCH"
     summarize environment "$DRY_RUN" "$PARTS" "$BUDGET" > "$WORK/environment.json"
-    for part in $PARTS; do
-        run_part "$part"
-    done
+    local part others=()
+    if (( GPUS > 1 )); then  # multigpu takes every GPU: first, then the other parts side by side
+        for part in $PARTS; do
+            if [ "$part" = multigpu ]; then run_part multigpu; else others+=("$part"); fi
+        done
+        (( ${#others[@]} == 0 )) || spread "${others[@]}"
+    else
+        for part in $PARTS; do
+            run_part "$part"
+        done
+    fi
     echo
     cat "$RESULTS/summary.md"
 }

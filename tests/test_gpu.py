@@ -456,7 +456,7 @@ raise SystemExit("the reference's top-level training code ran")
 
 # scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the parts in five invocations, grouped as its header
 # splits them (multigpu alone: 2 ranks on gloo), each into its own results folder, and one test per part; then
-# a budget that skips every part, and --report merging them all. The `gpu` tests above run in this suite itself
+# parts spread over 2 stand-in GPUs side by side, a budget that skips every part, and --report merging them all. The `gpu` tests above run in this suite itself
 # (their CPU form, without CUDA): the tests part runs one of them (GPU_CHECK_TESTS), which proves the part's
 # own plumbing (its pytest command, the junit XML read into results.json) without running them twice.
 DRY_RUN_SPEED = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the part short
@@ -620,10 +620,36 @@ def test_gpu_check_dry_run_multigpu_part_scales_all_reduces_and_preempts_on_2_ra
 
 
 @pytest.mark.slow
+def test_gpu_check_on_several_gpus_runs_the_single_gpu_parts_side_by_side_one_gpu_each(gpu_check):
+    """With 2 GPUs (GPU_CHECK_GPUS=2: stand-ins on the CPU) two parts run at once, each in an invocation of its own
+    on one of the GPUs CUDA_VISIBLE_DEVICES names, and their results merge into the one results folder."""
+    out, proc = gpu_check("spread", "tests", "reference", GPU_CHECK_GPUS="2", CUDA_VISIBLE_DEVICES="4,6")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "details.tar.gz", "gpu_check.log", "numerics.json", "results.json", "summary.md"]
+    assert proc.stdout.endswith((out / "summary.md").read_text())
+    results = json.loads((out / "results.json").read_text())
+    assert results["spread"] == [{"gpu": "4", "parts": ["tests"]}, {"gpu": "6", "parts": ["reference"]}]
+    assert [(p["part"], p["status"]) for p in results["parts"]] == [("tests", "ok"), ("reference", "ok")]
+    assert [e["cuda_visible_devices"] for e in results["environment"]] == ["4,6", "4", "6"]
+    assert [t["test"] for t in results["tests"]] == [DRY_RUN_TEST]
+    assert [r["label"] for r in results["rows"]] == ["reference-build-nanogpt-b64"] and not results["failed"]
+    assert "Spread over 2 GPUs, one invocation each, side by side: GPU 4: tests; GPU 6: reference" in (
+        out / "summary.md").read_text()
+    with tarfile.open(out / "details.tar.gz") as tar:
+        assert {"gpu_check-gpu0.log", "gpu_check-gpu1.log", "details-gpu0.tar.gz", "details-gpu1.tar.gz",
+                "spread.tsv"} <= set(tar.getnames())
+
+
+@pytest.mark.slow
 def test_gpu_check_skips_every_part_a_spent_budget_leaves_no_time_for(gpu_check):
     skipped, _ = gpu_check("skipped", "tests", "presets", GPU_CHECK_BUDGET_S="1")
     parts = json.loads((skipped / "results.json").read_text())["parts"]
     assert [p["part"] for p in parts] == ["tests", "presets"] and all(p["status"].startswith("skipped") for p in parts)
+    # on several GPUs: multigpu first, then the others, none started
+    spread, _ = gpu_check("skipped-spread", "tests", "presets", "multigpu", GPU_CHECK_BUDGET_S="1", GPU_CHECK_GPUS="2")
+    results = json.loads((spread / "results.json").read_text())
+    assert [p["part"] for p in results["parts"]] == ["multigpu", "tests", "presets"] and not results["spread"]
+    assert all(p["status"].startswith("skipped") for p in results["parts"]), results["parts"]
 
 
 WITHOUT_PYDANTIC = """
