@@ -62,7 +62,8 @@
 # own (CUDA_VISIBLE_DEVICES one GPU, its results merged into RESULTS_DIR as --report does), all at once,
 # under this invocation's budget. The parts go out in the order given, each to the GPU with the least
 # estimated work so far (the times below), so that under a budget every GPU starts with its most valuable
-# part. Named parts are spread the same way (multigpu, if named, still first). GPU_CHECK_GPUS=N uses the
+# part. Named parts are spread the same way (multigpu, if named, still first; a single part runs here, on the
+# first GPU). While they run, each GPU's console is the file the script names. GPU_CHECK_GPUS=N uses the
 # first N visible GPUs (1: one part after the other on one GPU, as on a machine of one). The parts running
 # side by side share the host's CPUs, so their compile and startup seconds may read higher than alone; a
 # step's time is the GPU's.
@@ -632,7 +633,7 @@ spread() {  # the single-GPU parts "$@" side by side: one invocation of this scr
         for part in "$@"; do printf '%s\tskipped: %ss of the budget left\t0\n' "$part" "$left" >> "$WORK/parts.tsv"; done
     else
         for i in "${!groups[@]}"; do
-            echo "=== GPU ${devices[i]}: ${groups[i]} (its console: gpu_check-gpu$i.log in details.tar.gz)"
+            echo "=== GPU ${devices[i]}: ${groups[i]} (console: $WORK/gpu_check-gpu$i.log, kept in details.tar.gz)"
             printf '%s\t%s\n' "${devices[i]}" "${groups[i]}" >> "$WORK/spread.tsv"
             # its budget ends with this one's (each keeps 20 s for its summary); 0 stays no budget
             CUDA_VISIBLE_DEVICES=${devices[i]} GPU_CHECK_GPUS=1 GPU_CHECK_BUDGET_S=$(( BUDGET > 0 ? left + 20 : 0 )) \
@@ -667,7 +668,11 @@ main() {
         for part in $PARTS; do
             if [ "$part" = multigpu ]; then run_part multigpu; else others+=("$part"); fi
         done
-        (( ${#others[@]} == 0 )) || spread "${others[@]}"
+        case ${#others[@]} in
+            0) ;;
+            1) run_part "${others[0]}" ;;  # nothing to run beside it: here, its console live
+            *) spread "${others[@]}" ;;
+        esac
     else
         for part in $PARTS; do
             run_part "$part"
