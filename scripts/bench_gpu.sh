@@ -6,9 +6,12 @@
 #   BENCH_DRY_RUN=1 bash scripts/bench_gpu.sh /tmp/b     # every variant as a 3-step tiny CPU run (plumbing)
 #   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash scripts/bench_gpu.sh DIR speed presets   # some labels only
 #   BENCH_LIST=1 bash scripts/bench_gpu.sh - [GROUP...]  # runs nothing; a line a variant: label, launcher
-#                                                        # (python|torchrun), NAME=value words, arguments (tabs)
+#                                                        # (python, or torchrun:N for N ranks), NAME=value words,
+#                                                        # arguments (tabs)
+#   bash scripts/bench_gpu.sh DIR multigpu               # DDP on every GPU against one GPU (not among the default
+#                                                        # groups; BENCH_GPUS: how many GPUs, else all torch sees)
 #
-# scripts/gpu_check.sh calls this for its speed, levers and presets parts. Each variant writes
+# scripts/gpu_check.sh calls this for its speed, levers, presets and multigpu parts, among others. Each variant writes
 # RESULTS_DIR/<label>.json (scripts/bench.py's row) and <label>.log. A variant that fails (out of memory,
 # its time limit) adds "label<TAB>why" to failed.txt and the rest go on (the script then exits 1, but for
 # variants that only ran out of memory); with BENCH_DEADLINE
@@ -19,8 +22,9 @@
 # a first launch on a fresh machine costs, whatever ran before.
 #
 # To add a variant, add one `run LABEL [NAME=value...] ARGS...` line to a group (leading NAME=value
-# words are environment variables, e.g. inductor switches; TORCHRUN=1 launches the variant under
-# `torchrun --nproc_per_node=1`, which a sharded --strategy needs); `fit` tries micro-batch sizes in turn.
+# words are environment variables, e.g. inductor switches; TORCHRUN=N launches the variant under
+# `torchrun --nproc_per_node=N`: N=1 is what a sharded --strategy needs on one GPU); `fit` tries micro-batch
+# sizes in turn.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=${1:-bench_results}
@@ -52,13 +56,15 @@ run() {  # label, [NAME=value...], bench/trainer arguments; status 0 when the JS
     shift
     local envs=() launch=("$PY")
     while [ $# -gt 0 ] && [[ $1 =~ ^[A-Z_][A-Z0-9_]*= ]]; do
-        if [ "$1" = TORCHRUN=1 ]; then launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1)
+        if [[ $1 =~ ^TORCHRUN=([1-9][0-9]*)$ ]]; then
+            launch=("$PY" -m torch.distributed.run --standalone --nproc_per_node="${BASH_REMATCH[1]}")
         else envs+=("$1"); fi
         shift
     done
     chosen "$label" || return 1
     if [ "$LIST" = 1 ]; then
-        printf '%s\t%s\t%s\t%s\n' "$label" "$( [ ${#launch[@]} -gt 1 ] && echo torchrun || echo python)" "${envs[*]}" "$*"
+        printf '%s\t%s\t%s\t%s\n' "$label" "$( [ ${#launch[@]} -gt 1 ] && echo "torchrun:${launch[-1]#*=}" || echo python)" \
+            "${envs[*]}" "$*"
         return 1
     fi
     if [ -n "${BENCH_DEADLINE:-}" ]; then
@@ -211,12 +217,33 @@ group_fsdp() {  # FSDP2 on one GPU (torchrun, world size 1): its overhead agains
     fit 1558m-fsdp "8 4" TORCHRUN=1 --model gpt2-xl --compile true --warmup 1 --steps 2 --strategy fsdp
 }
 
+group_multigpu() {  # 124M's step under DDP on MULTI_GPUS GPUs against one, the same tokens a step: how it scales
+    # B=64 on every GPU: each GPU takes 8/N of the 8 micro-batches of 524,288 tokens. A count that does not
+    # divide 8 takes 65,536 x N x floor(8/N) tokens a step (N x 65,536 above 8 GPUs), on one GPU as on N.
+    local per_gpu=$(( MULTI_GPUS < 8 ? 8 / MULTI_GPUS : 1 ))
+    local same=("${SPEED[@]}" --micro_batch_size 64 --compile true --loss_chunk_size 0
+                --total_batch_size $(( 65536 * MULTI_GPUS * per_gpu )))
+    run 124m-ddp-1gpu TORCHRUN=1 "${same[@]}"
+    run "124m-ddp-${MULTI_GPUS}gpu" TORCHRUN="$MULTI_GPUS" "${same[@]}"
+}
+
 for group in $GROUPS_TO_RUN; do
     if ! declare -F "group_$group" > /dev/null; then
         echo "error: unknown group $group (groups: $(declare -F | sed -n 's/^declare -f group_//p' | tr '\n' ' '))" >&2
         exit 2
     fi
 done
+if [[ " $GROUPS_TO_RUN " == *" multigpu "* ]]; then  # how many GPUs: BENCH_GPUS, else every GPU torch sees
+    if [ -n "${BENCH_GPUS:-}" ]; then MULTI_GPUS=$BENCH_GPUS
+    elif [ "$LIST" = 1 ]; then MULTI_GPUS=8  # the listing shows a node of 8
+    elif [ "${BENCH_DRY_RUN:-0}" = 1 ]; then MULTI_GPUS=2  # 2 ranks on gloo
+    else MULTI_GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count())" 2> /dev/null)
+    fi
+    if ! [[ $MULTI_GPUS =~ ^[0-9]+$ ]] || (( MULTI_GPUS < 2 )); then
+        echo "error: group multigpu compares 2 or more GPUs with one, and there are ${MULTI_GPUS:-no} (BENCH_GPUS sets how many)" >&2
+        exit 2
+    fi
+fi
 if [ "$LIST" = 1 ]; then
     for group in $GROUPS_TO_RUN; do "group_$group"; done
     exit 0

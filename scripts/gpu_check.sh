@@ -3,9 +3,18 @@
 #
 #   bash scripts/gpu_check.sh [RESULTS_DIR] [PART...]         # RESULTS_DIR: $OUT if set, else bench_results
 #   GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh /tmp/dry    # every part's plumbing on the CPU, tiny models
+#   GPU_CHECK_DRY_RUN=1 GPU_CHECK_GPUS=2 bash scripts/gpu_check.sh /tmp/dry2   # as on a node of 2 GPUs
 #   bash scripts/gpu_check.sh --report DIR RESULTS...         # one summary of several invocations' results
 #
-# Parts, most valuable first (the default is all twelve, in this order):
+# Parts, most valuable first. The default on one GPU is the twelve from tests on, in this order; with more
+# than one GPU visible it is all thirteen: multigpu on every GPU first, then the others side by side, one
+# GPU each (below, "Several GPUs"):
+#   multigpu   every GPU at once (skipped on one): GPT-2 124M's step (B=64, 524,288 tokens) under torchrun on
+#              all GPUs and on one, tokens/s per GPU and scaling efficiency (bench_gpu.sh group multigpu);
+#              the all-reduce of DDP's 25 MiB gradient bucket and of the whole 124M gradient, fp32 and
+#              bf16, algorithm and bus bandwidth (scripts/bench_allreduce.py); a 30-step 124M run on all
+#              GPUs stopped by SIGTERM to torchrun after step 10 and launched again, which must resume
+#              from that checkpoint, end at step 30 and log every step once (scripts/preemption_check.py)
 #   tests      pytest -m gpu tests/test_gpu.py: compiled vs eager, fused loss, resume, HellaSwag under
 #              compile, sample.py's KV cache, export to transformers (124M, bf16, real tokens)
 #   speed      GPT-2 124M, T=1024, 524,288 tokens/step: compiled/eager x plain/fused loss, B=64 and 32
@@ -41,7 +50,7 @@
 # On a GPU machine, from a clone of this repository with `make install` done:
 #   git clone https://github.com/karpathy/build-nanogpt .ref/build-nanogpt   # the reference loop (git-ignored)
 #   python prep/shakespeare.py                                               # the recipe part's tokens
-#   GPU_CHECK_BUDGET_S=0 bash scripts/gpu_check.sh bench_results/gpu         # every part, in order
+#   GPU_CHECK_BUDGET_S=0 bash scripts/gpu_check.sh bench_results/gpu         # every part (see "Several GPUs")
 # then read bench_results/gpu/summary.md (printed last). Without .ref/ or data/shakespeare the parts
 # that need them are skipped and listed. The parts can also run in several invocations, each into its
 # own RESULTS_DIR (say, on machines rented by the hour), merged afterwards by --report:
@@ -54,6 +63,17 @@
 #   bash scripts/gpu_check.sh --report bench_results/gpu bench_results/a bench_results/b bench_results/c bench_results/d \
 #       bench_results/e
 #
+# Several GPUs (a rented node): the same command, `bash scripts/gpu_check.sh bench_results/node`, runs
+# multigpu, then spreads the other parts over the GPUs: each GPU gets an invocation of this script of its
+# own (CUDA_VISIBLE_DEVICES one GPU, its results merged into RESULTS_DIR as --report does), all at once,
+# under this invocation's budget. The parts go out in the order given, each to the GPU with the least
+# estimated work so far (the times below), so that under a budget every GPU starts with its most valuable
+# part. Named parts are spread the same way (multigpu, if named, still first; a single part runs here, on the
+# first GPU). While they run, each GPU's console is the file the script names. GPU_CHECK_GPUS=N uses the
+# first N visible GPUs (1: one part after the other on one GPU, as on a machine of one). The parts running
+# side by side share the host's CPUs, so their compile and startup seconds may read higher than alone; a
+# step's time is the GPU's.
+#
 # Time. Measured on one H200 (2026-11-28): tests 140 s (three cold compiles of 124M at B=8, trainer runs
 # of 4-10 steps); each 124M speed variant about 76 s (startup with cold compile 34 s, 31 steps of ~1 s);
 # reference 45 s. Estimated for one H100, not yet measured (summary.md gives each part's seconds):
@@ -61,32 +81,44 @@
 # variant and ~3 min for 1558M; levers ~45 s per variant (a cold compile of 34 s, 11 steps), several
 # minutes for max-autotune, which runs last with what the budget leaves; checkpoint ~0.5 min for 124M and
 # ~5 min for 1558M (three saves and two loads of 19 GB). So the first two invocations above take ~7 and
-# ~13 min, and the levers call 8.
+# ~13 min, the levers call 8, and all twelve about an hour.
+# Estimated for a node of 8 H100s, not yet measured: multigpu ~4.5 min (one GPU's 30 steps ~76 s as a speed
+# variant, 8 GPUs' ~50 s, the all-reduces ~20 s, the preemption check's two launches with cold compiles ~2
+# min); the default budget then leaves ~4.5 min to the other parts, every GPU starting its most valuable
+# ones: ~10 min in all, every GPU busy. Without a budget the longest GPU's share takes ~12 min: ~17 min for
+# every part, against about an hour one part after the other on one GPU.
 # GPU_CHECK_BUDGET_S (default 560, 0 for none) caps one invocation at about that many seconds: a part or
 # variant that would start with less than 90 s left is skipped and listed as skipped, and the next
 # invocation can run it, BENCH_ONLY naming the labels (glob patterns) to run:
 #   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash ... speed presets
 # and GPU_CHECK_TESTS (a pytest -k expression) the tests part's tests:  GPU_CHECK_TESTS=resume bash ... tests
 #
-# Results, flat, rewritten after every part (an invocation stopped midway keeps what it did): summary.md,
+# Results, flat, rewritten after every part (an invocation stopped midway keeps what it did; parts spread
+# over GPUs join them once every GPU is done): summary.md,
 # results.json (every row, test, failure and part), numerics.json, gpu_check.log (the console) and
-# details.tar.gz (each variant's scripts/bench.py JSON and log, pytest's junit XML and log): five files,
-# so a results folder is quick to copy off the machine.
+# details.tar.gz (each variant's scripts/bench.py JSON and log, pytest's junit XML and log; with parts
+# spread over GPUs, each GPU's console and details.tar.gz): five files, so a results folder is quick to
+# copy off the machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-ALL_PARTS="tests speed reference presets fsdp levers longrun recipe checkpoint memory repro recompute"
+ALL_PARTS="multigpu tests speed reference presets fsdp levers longrun recipe checkpoint memory repro recompute"
+ONE_GPU_PARTS=${ALL_PARTS#multigpu }  # the default on one GPU: every part but the one that needs several
 SKIPPED=99  # a part's exit status for "nothing to run here" (not one pytest or timeout uses)
 
 summarize() {  # environment DRY_RUN PARTS BUDGET | collect WORK RESULTS | report OUT RESULTS...
     "$PY" - "$@" <<'PYTHON'
 import json
+import os
 import re
 import subprocess
 import sys
 import tarfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+sys.path.insert(0, str(Path("scripts").resolve()))  # run from the repository root
+from bench import scaling  # noqa: E402  the multi-GPU rows beside their one-GPU row
 
 NUMERICS_TOL = 1e-2  # final loss vs the group's first variant: the bound of the compiled-vs-eager test
 TARGET, AIM, PUBLISHED = 540_000, 600_000, 468_000  # 124M tokens/s: the issue's target, aim and reference
@@ -117,6 +149,7 @@ def environment(dry_run, parts, budget):
     print(json.dumps({
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "dry_run": dry_run == "1",
         "parts": parts.split(), "budget_s": int(budget), "gpu": torch.cuda.get_device_name() if cuda else None,
+        "gpu_count": torch.cuda.device_count(), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "gpu_memory_gb": torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None,
         "driver": command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"),
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
@@ -154,6 +187,9 @@ def collect(work, results):
         "recipe": json.loads((bench / "recipes.json").read_text()) if (bench / "recipes.json").exists() else [],
         "repro": [(bench / "repro.md").read_text()] if (bench / "repro.md").exists() else [],
         "memory": [json.loads(line) for line in tail(bench / "memory.jsonl", None)],
+        "allreduce": [json.loads(line) for line in tail(bench / "allreduce.jsonl", None)],
+        "preemption": [json.loads(path.read_text()) for path in [bench / "preemption.json"] if path.exists()],
+        "spread": [{"gpu": gpu, "parts": parts.split()} for gpu, parts in table_lines(work / "spread.tsv")],
         "failed": [{"label": label, "why": why, "log_tail": tail(bench / f"{label}.log")}
                    for label, why in table_lines(bench / "failed.txt")],
         "skipped": [{"label": label, "why": why} for label, why in table_lines(bench / "skipped.txt")],
@@ -205,7 +241,7 @@ def report(out, *sources):
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     merged = {"environment": [], "parts": [], "tests": [], "rows": [], "checkpoint": [], "muon": [], "recipe": [], "repro": [],
-              "memory": [], "failed": [], "skipped": []}
+              "memory": [], "allreduce": [], "preemption": [], "spread": [], "failed": [], "skipped": []}
     for source in sources:
         path = Path(source) / "results.json" if Path(source).is_dir() else Path(source)
         for key, value in json.loads(path.read_text()).items():
@@ -215,9 +251,13 @@ def report(out, *sources):
     (out / "numerics.json").write_text(json.dumps(numerics, indent=2) + "\n")
 
     env = merged["environment"][0]
-    md = [f"# GPU check {env['date']}: {env['gpu'] or 'no GPU'}, torch {env['torch']} (CUDA {env['cuda']})"
+    gpus = f"{env['gpu_count']} x {env['gpu']}" if env.get("gpu_count", 0) > 1 else env["gpu"] or "no GPU"
+    md = [f"# GPU check {env['date']}: {gpus}, torch {env['torch']} (CUDA {env['cuda']})"
           + (" -- DRY RUN on the CPU, tiny models: no figure here is a GPU measurement" if env["dry_run"] else ""),
           "", "Parts: " + ", ".join(f"{p['part']} {p['status']} ({p['seconds']} s)" for p in merged["parts"]), ""]
+    if merged["spread"]:
+        md += [f"Spread over {len(merged['spread'])} GPUs, one invocation each, side by side: "
+               + "; ".join(f"GPU {s['gpu']}: {' '.join(s['parts'])}" for s in merged["spread"]), ""]
     if merged["tests"]:
         md += ["## Correctness: pytest -m gpu tests/test_gpu.py", "",
                "| test | outcome | s | note |", "| --- | --- | --- | --- |"]
@@ -228,18 +268,19 @@ def report(out, *sources):
         md.append("")
     rows = merged["rows"]
     reference = next((r for r in rows if r["label"].startswith("reference")), None)
+    one_gpu = [r for r in rows if r.get("world_size", 1) == 1]  # the reference and the targets are one GPU's
     if rows:
         md += ["## Speed: scripts/bench.py (the trainer's step) and the reference loop", "",
                "| variant | B | ms/step (p10-p90) | tokens/s | vs reference | MFU | peak GB | compile s | startup s "
                "| final loss |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rows:
-            same_model = reference and (r["params"], r["T"]) == (reference["params"], reference["T"])
+            same_model = reference and r in one_gpu and (r["params"], r["T"]) == (reference["params"], reference["T"])
             ratio = f"{r['tokens_per_sec'] / reference['tokens_per_sec']:.3f}x" if same_model else "-"
             md.append(f"| {r['label']} | {r['B']} | {r['ms_per_step']:.1f} ({r['ms_p10']:.1f}-{r['ms_p90']:.1f}) "
                       f"| {r['tokens_per_sec']:,.0f} | {ratio} | {fmt(r['mfu'], '.1%')} "
                       f"| {fmt(r['peak_mem_gb'], '.1f')} | {r['compile_s']:.1f} | {r['startup_s']:.1f} "
                       f"| {r['final_loss']:.5f} |")
-        gpt2 = [r for r in rows if r["model"] == "gpt2" and r["T"] == 1024 and r["total_batch_size"] == 524288]
+        gpt2 = [r for r in one_gpu if r["model"] == "gpt2" and r["T"] == 1024 and r["total_batch_size"] == 524288]
         if gpt2:
             best = max(gpt2, key=lambda r: r["tokens_per_sec"])
             md += ["", f"- Best 124M: {best['label']}, {best['tokens_per_sec']:,.0f} tokens/s: "
@@ -253,6 +294,30 @@ def report(out, *sources):
             md.append(f"- Startup (launch to first finished step, cold compile) under {STARTUP_TARGET_S} s: "
                       + (f"not for {', '.join(slow)}." if slow else "yes, for every 124M variant."))
         md.append("")
+    scaled = scaling(rows)
+    md += table("Several GPUs: the same step under DDP on N GPUs and on one (scripts/bench_gpu.sh group multigpu)",
+                ["variant", "GPUs", "tokens/s", "per GPU", "one GPU's tokens/s", "scaling efficiency",
+                 "ms/step: N GPUs, one"],
+                [[s["label"], s["world_size"], f"{s['tokens_per_sec']:,.0f}", f"{s['per_gpu']:,.0f}",
+                  f"{s['baseline_tokens_per_sec']:,.0f}", f"{s['efficiency']:.1%}",
+                  f"{s['ms_per_step']:.1f}, {s['baseline_ms_per_step']:.1f}"] for s in scaled])
+    runs = [s for s in scaled if s["model"] == "gpt2"]  # the README's time for the 124M run assumed N x one GPU's rate
+    md += [f"- {s['label']}: GPT-2 124M's 10.0B tokens take {10e9 / s['tokens_per_sec'] / 60:.0f} min of steps at "
+           f"this rate ({10e9 / (s['world_size'] * s['baseline_tokens_per_sec']) / 60:.0f} min at {s['world_size']} x "
+           "the one-GPU rate)." for s in runs] + ([""] if runs else [])
+    md += table("All-reduce on every GPU: scripts/bench_allreduce.py (DDP's 25 MiB bucket and the whole gradient; "
+                "busbw = algbw x 2(N-1)/N)",
+                ["buffer", "model", "MB", "ranks", "backend", "ms", "algbw GB/s", "busbw GB/s"],
+                [[a["label"], a["model"], f"{a['bytes'] / 1e6:,.1f}", a["world_size"], a["backend"], f"{a['ms']:.3f}",
+                  f"{a['algbw_gbps']:.1f}", f"{a['busbw_gbps']:.1f}"] for a in merged["allreduce"]])
+    md += table("Preemption on every GPU: scripts/preemption_check.py (SIGTERM to torchrun, then the same command)",
+                ["check", "ranks", "steps", "SIGTERM after step", "saved step", "resumed at", "last checkpoint",
+                 "training records", "launches s", "verdict"],
+                [[p["label"], p["world_size"], p["max_steps"], p["signal_after"], fmt(p["saved_step"], "d"),
+                  fmt(p["resumed_at"], "d"), fmt(p["final_checkpoint"], "d"), p["logged_steps"],
+                  f"{p['first_launch_s']:.0f} + {p['second_launch_s']:.0f}",
+                  "ok: resumed where it stopped, every step logged once" if p["ok"] else "; ".join(p["problems"])]
+                 for p in merged["preemption"]])
     md += table("One profiled step after the timed ones: its costliest kernels (scripts/bench.py --profile_top)",
                 ["variant", "kernel", "ms", "share of busy time", "calls"],
                 [[r["label"], k["name"][:90], f"{k['ms']:.1f}", f"{k['share']:.1%}", k["calls"]]
@@ -316,18 +381,28 @@ fi
 
 RESULTS=${1:-${OUT:-bench_results}}
 shift $(( $# > 0 ? 1 : 0 ))
-PARTS=${*:-$ALL_PARTS}
-for part in $PARTS; do
+for part in "$@"; do
     [[ " $ALL_PARTS " == *" $part "* ]] || { echo "error: unknown part $part (parts: $ALL_PARTS)" >&2; exit 2; }
 done
 # Every part runs the trainer: one line now if this Python cannot import it (a GPU image with its own torch
 # but without requirements.txt, say), rather than the same traceback in every part's log
-if ! import_error=$("$PY" -c "import train_gpt2" 2>&1); then
-    echo "error: $PY cannot import the trainer ($(tail -1 <<< "$import_error")): run make install, or set PYTHON" \
+if ! probe=$("$PY" -c "import train_gpt2, torch; print(torch.cuda.device_count())" 2>&1); then
+    echo "error: $PY cannot import the trainer ($(tail -1 <<< "$probe")): run make install, or set PYTHON" \
          "to a Python with requirements.txt installed" >&2
     exit 2
 fi
 DRY_RUN=${GPU_CHECK_DRY_RUN:-0}
+VISIBLE=$(tail -1 <<< "$probe")  # the GPUs torch sees (CUDA_VISIBLE_DEVICES narrows them)
+[[ $VISIBLE =~ ^[0-9]+$ ]] || VISIBLE=0
+GPUS=${GPU_CHECK_GPUS:-$(( VISIBLE > 0 ? VISIBLE : 1 ))}
+if ! [[ $GPUS =~ ^[1-9][0-9]*$ ]] || { [ "$DRY_RUN" != 1 ] && (( GPUS > (VISIBLE > 0 ? VISIBLE : 1) )); }; then
+    echo "error: GPU_CHECK_GPUS=$GPUS: a number of GPUs from 1 to the $VISIBLE torch sees here" >&2
+    exit 2
+fi
+# The multigpu part's ranks: every GPU used (the dry run's stand-ins for them: at least 2 ranks on gloo)
+RANKS=$(( DRY_RUN == 1 && GPUS < 2 ? 2 : GPUS ))
+# Named parts run as named; by default, with more than one GPU, multigpu and then the rest spread over the GPUs
+PARTS=${*:-$( (( GPUS > 1 )) && echo "$ALL_PARTS" || echo "$ONE_GPU_PARTS")}
 BUDGET=${GPU_CHECK_BUDGET_S:-$([ "$DRY_RUN" = 1 ] && echo 1800 || echo 560)}
 REFERENCE=${GPU_REFERENCE:-.ref/build-nanogpt/train_gpt2.py}
 # 20 s of the budget stay for the last summary; 0 means no budget
@@ -477,6 +552,56 @@ part_memory() {  # $1: seconds left. One scripts/memory_check.py per preset (its
     return $status
 }
 
+timed_step() {  # label, command...: run with the budget's time left, its console in $BENCH/label.log; or skipped
+    local label=$1 left code
+    shift
+    left=$(( DEADLINE - $(date +%s) ))
+    if (( left < MIN_START_S )); then
+        printf '%s\t%ss of the time budget left\n' "$label" "$left" >> "$BENCH/skipped.txt"
+        return 0
+    fi
+    echo "=== $label"
+    timeout --kill-after=20 "$left" "$@" > "$BENCH/$label.log" 2>&1
+    code=$?
+    tail -3 "$BENCH/$label.log"
+    case $code in
+        0) return 0 ;;
+        124 | 137) printf '%s\ttimed out after %ss\n' "$label" "$left" >> "$BENCH/failed.txt" ;;
+        *) printf '%s\texit %s: %s\n' "$label" "$code" \
+               "$(grep -m1 '^error:' "$BENCH/$label.log" || tail -1 "$BENCH/$label.log")" >> "$BENCH/failed.txt" ;;
+    esac
+    return $code
+}
+
+part_multigpu() {  # $1: seconds left. Every GPU at once (the dry run: $RANKS ranks on gloo): 124M's step on all
+    # of them against one, the all-reduce of DDP's gradient buckets, and a short run stopped by SIGTERM and resumed
+    local status=0 launch torchrun=("$PY" -m torch.distributed.run --standalone --nproc_per_node="$RANKS")
+    local allreduce=() preemption=(--max_steps 30 --signal_after 10 --total_batch_size $(( 65536 * RANKS ))
+                                   --val_tokens 65536)  # one B=64 micro-batch per GPU a step
+    if (( RANKS < 2 )); then
+        printf 'multigpu\tone GPU: nothing to compare it with\n' >> "$BENCH/skipped.txt"
+        return $SKIPPED
+    fi
+    if [ "$DRY_RUN" = 1 ]; then
+        allreduce=(--device cpu --dry_run)
+        preemption=(--max_steps 12 --signal_after 3 --model custom --n_layer 2 --n_head 2 --n_embd 64 --block_size 32
+                    --seq_len 32 --micro_batch_size 2 --total_batch_size $(( 64 * RANKS )) --device cpu
+                    --dtype float32 --compile false --val_tokens 64)
+    fi
+    corpus || return
+    DATA_DIR=$WORK/corpus PYTHON=$PY BENCH_GPUS=$RANKS bash scripts/bench_gpu.sh "$BENCH" multigpu || status=$?
+    timed_step "allreduce-${RANKS}gpu" "${torchrun[@]}" scripts/bench_allreduce.py --json "$BENCH/allreduce.jsonl" \
+        "${allreduce[@]}" || status=$?
+    # each of its two launches gets at most half the time left, so that a hung one still leaves its findings
+    timed_step "preemption-${RANKS}gpu" "$PY" scripts/preemption_check.py --nproc "$RANKS" --out "$WORK/preemption" \
+        --json "$BENCH/preemption.json" --launch_timeout $(( (DEADLINE - $(date +%s)) / 2 )) \
+        --data_dir "$WORK/corpus" "${preemption[@]}" || status=$?
+    for launch in 1 2; do  # the two launches' consoles, for details.tar.gz
+        cp "$WORK/preemption/launch$launch.log" "$BENCH/preemption-${RANKS}gpu-launch$launch.log" 2>/dev/null
+    done
+    return $status
+}
+
 run_part() {  # one part under the budget; its status goes to parts.tsv, then the results are rewritten
     local name=$1 start left code status
     start=$(date +%s)
@@ -498,13 +623,72 @@ run_part() {  # one part under the budget; its status goes to parts.tsv, then th
     summarize collect "$WORK" "$RESULTS" && summarize report "$RESULTS" "$RESULTS/results.json"
 }
 
+# Each single-GPU part's seconds on one H100, estimated (the header's figures): what spreading them evens out
+declare -A PART_S=([tests]=140 [speed]=300 [reference]=45 [presets]=390 [fsdp]=360 [levers]=540 [longrun]=150
+                   [recipe]=150 [checkpoint]=330 [memory]=600 [repro]=580 [recompute]=410)
+
+spread() {  # the single-GPU parts "$@" side by side: one invocation of this script per GPU, under this one's budget
+    local -a load=() groups=() devices=() pids=() sources=("$RESULTS/results.json")
+    local part i best left code
+    IFS=, read -r -a devices <<< "${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $(( GPUS - 1 )))}"
+    # In the order given (most valuable first by default), each part to the GPU with the least estimated work
+    # so far: under a budget, every GPU starts with the most valuable part it holds
+    for part in "$@"; do
+        best=0
+        for (( i = 1; i < GPUS; i++ )); do (( ${load[i]:-0} < ${load[best]:-0} )) && best=$i; done
+        load[best]=$(( ${load[best]:-0} + PART_S[$part] ))
+        groups[best]+="${groups[best]:+ }$part"
+    done
+    left=$(( DEADLINE - $(date +%s) ))
+    if (( left < MIN_START_S )); then
+        for part in "$@"; do printf '%s\tskipped: %ss of the budget left\t0\n' "$part" "$left" >> "$WORK/parts.tsv"; done
+    else
+        for i in "${!groups[@]}"; do
+            echo "=== GPU ${devices[i]}: ${groups[i]} (console: $WORK/gpu_check-gpu$i.log, kept in details.tar.gz)"
+            printf '%s\t%s\n' "${devices[i]}" "${groups[i]}" >> "$WORK/spread.tsv"
+            # its budget ends with this one's (each keeps 20 s for its summary); 0 stays no budget
+            CUDA_VISIBLE_DEVICES=${devices[i]} GPU_CHECK_GPUS=1 GPU_CHECK_BUDGET_S=$(( BUDGET > 0 ? left + 20 : 0 )) \
+                PYTHON=$PY bash scripts/gpu_check.sh "$WORK/gpu$i" ${groups[i]} > "$WORK/gpu_check-gpu$i.log" 2>&1 &
+            pids[i]=$!
+        done
+        for i in "${!pids[@]}"; do
+            wait "${pids[i]}"
+            code=$?
+            echo "=== GPU ${devices[i]}, exit $code: $(grep -m1 '^Parts:' "$WORK/gpu$i/summary.md" 2>/dev/null)"
+            if [ -f "$WORK/gpu$i/results.json" ]; then
+                sources+=("$WORK/gpu$i/results.json")
+                cp "$WORK/gpu$i/details.tar.gz" "$WORK/details-gpu$i.tar.gz"
+            else  # it stopped before its first part: its console says why
+                for part in ${groups[i]}; do
+                    printf '%s\tfailed: its invocation exited %s (gpu_check-gpu%s.log)\t0\n' "$part" "$code" "$i" \
+                        >> "$WORK/parts.tsv"
+                done
+            fi
+        done
+    fi
+    summarize collect "$WORK" "$RESULTS" && summarize report "$RESULTS" "${sources[@]}"
+}
+
 main() {
-    echo "gpu_check: parts [$PARTS] into $RESULTS, budget ${BUDGET}s$([ "$DRY_RUN" = 1 ] && echo ', DRY RUN on the CPU')"
+    echo "gpu_check: parts [$PARTS] into $RESULTS, budget ${BUDGET}s, $GPUS GPU(s)$([ "$DRY_RUN" = 1 ] &&
+        echo ', DRY RUN on the CPU')"
     mkdir -p "$BENCH"
     summarize environment "$DRY_RUN" "$PARTS" "$BUDGET" > "$WORK/environment.json"
-    for part in $PARTS; do
-        run_part "$part"
-    done
+    local part others=()
+    if (( GPUS > 1 )); then  # multigpu takes every GPU: first, then the other parts side by side
+        for part in $PARTS; do
+            if [ "$part" = multigpu ]; then run_part multigpu; else others+=("$part"); fi
+        done
+        case ${#others[@]} in
+            0) ;;
+            1) run_part "${others[0]}" ;;  # nothing to run beside it: here, its console live
+            *) spread "${others[@]}" ;;
+        esac
+    else
+        for part in $PARTS; do
+            run_part "$part"
+        done
+    fi
     echo
     cat "$RESULTS/summary.md"
 }

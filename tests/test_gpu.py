@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -361,7 +362,8 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     setting.
 
     CI has no GPU and the dry runs replace the model and device, so a renamed key or a new rule
-    between keys would otherwise first fail on a GPU. World size 1, as gpu_check runs them.
+    between keys would otherwise first fail on a GPU. Each at its world size: 1, as gpu_check runs them, but
+    for the group multigpu's (listed for a node of 8 GPUs, and of 3, whose step is not 524,288 tokens).
     """
     sys.path.insert(0, str(REPO / "scripts"))
     import bench
@@ -371,14 +373,20 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     from launch.config import parse_args
     from training.run.micro_batch import candidate_sizes
 
-    listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-"], env=dict(os.environ, BENCH_LIST="1"),
-                             capture_output=True, text=True, timeout=guard(60))
-    assert listing.returncode == 0, listing.stderr
-    launches = {}
-    for line in listing.stdout.splitlines():
-        label, launcher, variables, arguments = line.split("\t")
-        assert launcher in ("python", "torchrun") and all("=" in v for v in variables.split()), line
-        launches[label] = bench.split_args(arguments.split())[1]
+    launches, world_sizes = {}, {}
+    # the default groups, then group multigpu's variants as a node of 8 GPUs and one of 3 would run them
+    for gpus, groups in (("", []), ("8", ["multigpu"]), ("3", ["multigpu"])):
+        listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-", *groups],
+                                 env=dict(os.environ, BENCH_LIST="1", BENCH_GPUS=gpus), capture_output=True, text=True,
+                                 timeout=guard(60))
+        assert listing.returncode == 0, listing.stderr
+        for line in listing.stdout.splitlines():
+            label, launcher, variables, arguments = line.split("\t")
+            assert re.fullmatch(r"python|torchrun:\d+", launcher) and all("=" in v for v in variables.split()), line
+            label += f" (node of {gpus})" if gpus else ""
+            launches[label] = bench.split_args(arguments.split())[1]
+            world_sizes[label] = int(launcher.partition(":")[2] or 1)
+    assert [world_sizes[f"124m-ddp-{n}gpu (node of {n})"] for n in (8, 3)] == [8, 3]
     groups = {"speed": "124m-compile-plain-b64", "levers": "124m-levers-modern-fp8",
               "presets": "1558m-b4", "fsdp": "1558m-fsdp-b4", "longrun": "124m-compile-plain-b64-spikeskip",
               "repro": "124m-compile-plain-b64-deterministic"}
@@ -396,9 +404,9 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
         cfg = parse_args(arguments)  # a ConfigError names the key
         assert cfg.runtime.device == "cuda" or "--device" not in arguments, label
         if cfg.data.micro_batch_size is None:  # auto: some micro-batch keeps grad_accum_steps whole
-            assert candidate_sizes(cfg.data.total_batch_size, cfg.data.seq_len, 1), label
+            assert candidate_sizes(cfg.data.total_batch_size, cfg.data.seq_len, world_sizes.get(label, 1)), label
         else:
-            cfg.data.grad_accum_steps(1)
+            cfg.data.grad_accum_steps(world_sizes.get(label, 1))
 
 
 def test_packages_on_the_callers_pythonpath_reach_the_trainers_the_tests_start(monkeypatch, tmp_path):
@@ -446,16 +454,17 @@ raise SystemExit("the reference's top-level training code ran")
 """
 
 
-# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the parts in four invocations, grouped as its header
-# splits them, each into its own results folder, and one test per part; then a budget that skips every part,
-# and --report merging them all. The `gpu` tests above run in this suite itself
+# scripts/gpu_check.sh on the CPU (GPU_CHECK_DRY_RUN=1): the parts in five invocations, grouped as its header
+# splits them (multigpu alone: 2 ranks on gloo), each into its own results folder, and one test per part; then
+# parts spread over 2 stand-in GPUs side by side, a budget that skips every part, and --report merging them all. The `gpu` tests above run in this suite itself
 # (their CPU form, without CUDA): the tests part runs one of them (GPU_CHECK_TESTS), which proves the part's
 # own plumbing (its pytest command, the junit XML read into results.json) without running them twice.
 DRY_RUN_SPEED = ["124m-compile-plain-b64", "124m-eager-fused-b64"]  # two of the group keep the part short
 DRY_RUN_RECOMPUTE = ["124m-eager-fused-b64-full"]  # one of bench_gpu.sh's group recompute
 DRY_RUN_TEST = "test_fused_chunked_loss_matches_the_plain_loss_and_its_gradients"  # in-process: seconds
 DRY_RUN_CALLS = {"call1": ("tests", "speed"), "call2": ("reference",), "call3": ("recipe", "checkpoint"),
-                 "call4": ("memory", "recompute")}  # results folder: its call's parts
+                 "call4": ("memory", "recompute"), "call5": ("multigpu",)}  # results folder: its call's parts
+DRY_RUN_MULTIGPU = ["124m-ddp-1gpu", "124m-ddp-2gpu"]  # bench_gpu.sh's group multigpu on 2 ranks
 # recipe's comparison of two recipes needs data/shakespeare (`make demo` makes it), and is skipped without it
 RECIPE_WITHOUT_DATA = ("recipe", "no data/shakespeare (python prep/shakespeare.py first)")
 
@@ -471,7 +480,8 @@ def gpu_check(tmp_path_factory):
     reference.write_text(REFERENCE_STAND_IN)
     env = dict(os.environ, GPU_CHECK_DRY_RUN="1", GPU_REFERENCE=str(reference), PYTHON=sys.executable,
                MALLOC_MMAP_THRESHOLD_="17179869184", MALLOC_TRIM_THRESHOLD_="17179869184",
-               BENCH_ONLY=" ".join(DRY_RUN_SPEED + DRY_RUN_RECOMPUTE + ["reference-*"]), GPU_CHECK_TESTS=DRY_RUN_TEST)
+               BENCH_ONLY=" ".join(DRY_RUN_SPEED + DRY_RUN_RECOMPUTE + DRY_RUN_MULTIGPU + ["reference-*"]),
+               GPU_CHECK_TESTS=DRY_RUN_TEST)
     env.pop("OUT", None)
     done = {}
 
@@ -612,10 +622,62 @@ def test_gpu_check_dry_run_levers_part_benches_the_levers_beside_the_reference(g
 
 
 @pytest.mark.slow
+def test_gpu_check_dry_run_multigpu_part_scales_all_reduces_and_preempts_on_2_ranks(gpu_check):
+    """The part on every GPU, rehearsed on 2 gloo ranks: the same step on 2 ranks and on 1 (its figures paired,
+    its losses equal: DDP on 2 ranks trains on the same batches as accumulation on one), the all-reduce of a
+    bucket and of the whole gradient, and a run that SIGTERM stopped mid-run and a relaunch resumed."""
+    out, results, details = dry_run_part(gpu_check, "multigpu")
+    assert [(r["label"], r["world_size"], r["grad_accum"]) for r in results["rows"]] == [
+        ("124m-ddp-1gpu", 1, 2), ("124m-ddp-2gpu", 2, 1)]
+    (numerics,) = json.loads((out / "numerics.json").read_text())
+    assert [r["label"] for r in numerics["rows"]] == DRY_RUN_MULTIGPU and all(r["within_tolerance"] for r in numerics["rows"])
+    assert [(a["label"], a["world_size"], a["backend"]) for a in results["allreduce"]] == [
+        (f"allreduce-{buffer}-{dtype}", 2, "gloo") for buffer in ("bucket", "grad") for dtype in ("fp32", "bf16")]
+    assert all(a["ms"] > 0 and a["algbw_gbps"] > 0 for a in results["allreduce"])
+    assert all(a["busbw_gbps"] == pytest.approx(a["algbw_gbps"]) for a in results["allreduce"])  # 2 ranks: 2(N-1)/N = 1
+    (preempted,) = results["preemption"]
+    assert preempted["ok"] and preempted["problems"] == [] and preempted["world_size"] == 2
+    assert 3 < preempted["saved_step"] == preempted["resumed_at"] < preempted["final_checkpoint"] == 12
+    assert preempted["logged_steps"] == 12
+    summary = (out / "summary.md").read_text()
+    assert "## Several GPUs: the same step under DDP on N GPUs and on one" in summary
+    assert "| 124m-ddp-2gpu | 2 |" in summary and "| allreduce-grad-fp32 | dry_run |" in summary
+    assert "| preemption-2gpu | 2 | 12 | 3 |" in summary and "ok: resumed where it stopped" in summary
+    assert {"124m-ddp-2gpu.json", "allreduce-2gpu.log", "preemption-2gpu.log", "preemption-2gpu-launch1.log",
+            "preemption-2gpu-launch2.log"} <= details
+
+
+@pytest.mark.slow
+def test_gpu_check_on_several_gpus_runs_the_single_gpu_parts_side_by_side_one_gpu_each(gpu_check):
+    """With 2 GPUs (GPU_CHECK_GPUS=2: stand-ins on the CPU) two parts run at once, each in an invocation of its own
+    on one of the GPUs CUDA_VISIBLE_DEVICES names, and their results merge into the one results folder."""
+    out, proc = gpu_check("spread", "tests", "reference", GPU_CHECK_GPUS="2", CUDA_VISIBLE_DEVICES="4,6")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "details.tar.gz", "gpu_check.log", "numerics.json", "results.json", "summary.md"]
+    assert proc.stdout.endswith((out / "summary.md").read_text())
+    results = json.loads((out / "results.json").read_text())
+    assert results["spread"] == [{"gpu": "4", "parts": ["tests"]}, {"gpu": "6", "parts": ["reference"]}]
+    assert [(p["part"], p["status"]) for p in results["parts"]] == [("tests", "ok"), ("reference", "ok")]
+    assert [e["cuda_visible_devices"] for e in results["environment"]] == ["4,6", "4", "6"]
+    assert [t["test"] for t in results["tests"]] == [DRY_RUN_TEST]
+    assert [r["label"] for r in results["rows"]] == ["reference-build-nanogpt-b64"] and not results["failed"]
+    assert "Spread over 2 GPUs, one invocation each, side by side: GPU 4: tests; GPU 6: reference" in (
+        out / "summary.md").read_text()
+    with tarfile.open(out / "details.tar.gz") as tar:
+        assert {"gpu_check-gpu0.log", "gpu_check-gpu1.log", "details-gpu0.tar.gz", "details-gpu1.tar.gz",
+                "spread.tsv"} <= set(tar.getnames())
+
+
+@pytest.mark.slow
 def test_gpu_check_skips_every_part_a_spent_budget_leaves_no_time_for(gpu_check):
     skipped, _ = gpu_check("skipped", "tests", "presets", GPU_CHECK_BUDGET_S="1")
     parts = json.loads((skipped / "results.json").read_text())["parts"]
     assert [p["part"] for p in parts] == ["tests", "presets"] and all(p["status"].startswith("skipped") for p in parts)
+    # on several GPUs: multigpu first, then the others, none started
+    spread, _ = gpu_check("skipped-spread", "tests", "presets", "multigpu", GPU_CHECK_BUDGET_S="1", GPU_CHECK_GPUS="2")
+    results = json.loads((spread / "results.json").read_text())
+    assert [p["part"] for p in results["parts"]] == ["multigpu", "tests", "presets"] and not results["spread"]
+    assert all(p["status"].startswith("skipped") for p in results["parts"]), results["parts"]
 
 
 WITHOUT_PYDANTIC = """
@@ -632,14 +694,17 @@ sys.meta_path.insert(0, Absent())
 """
 
 
-@pytest.mark.parametrize("case", ["a python without the requirements", "an unknown part"])
+@pytest.mark.parametrize("case", ["a python without the requirements", "an unknown part", "a count of no GPUs"])
 def test_gpu_check_refuses_in_one_line_before_it_runs_any_part(case, tmp_path):
-    """A GPU image's own Python with torch but without requirements.txt (pydantic), or a misspelt part:
-    one error line and exit 2, no results folder, rather than the same traceback in every part."""
+    """A GPU image's own Python with torch but without requirements.txt (pydantic), a misspelt part, or
+    GPU_CHECK_GPUS not a number of GPUs: one error line and exit 2, no results folder, rather than the same
+    traceback in every part."""
     env = dict(os.environ, GPU_CHECK_DRY_RUN="1", PYTHON=sys.executable)
     args = ["tests"]
     if case == "an unknown part":
         args = ["tests", "sped"]
+    elif case == "a count of no GPUs":
+        env["GPU_CHECK_GPUS"] = "0"
     else:
         (tmp_path / "site").mkdir()
         (tmp_path / "site" / "sitecustomize.py").write_text(WITHOUT_PYDANTIC)
@@ -648,7 +713,8 @@ def test_gpu_check_refuses_in_one_line_before_it_runs_any_part(case, tmp_path):
                           env=env, capture_output=True, text=True, timeout=guard(60))
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:] + proc.stderr[-2000:]
     (line,) = proc.stderr.splitlines()
-    expected = "unknown part sped" if case == "an unknown part" else "No module named 'pydantic'"
+    expected = {"an unknown part": "unknown part sped", "a count of no GPUs": "GPU_CHECK_GPUS=0: a number of GPUs"}.get(
+        case, "No module named 'pydantic'")
     assert line.startswith("error: ") and expected in line, line
     assert not (tmp_path / "results").exists()
 
@@ -666,7 +732,34 @@ def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
         *((p, "ok") for call_parts in DRY_RUN_CALLS.values() for p in call_parts if p != "recipe"),
         ("tests", "skipped"), ("presets", "skipped")]
     assert [t["test"] for t in results["tests"]] == [DRY_RUN_TEST]
-    assert [r["label"] for r in results["rows"]] == [*DRY_RUN_SPEED, "reference-build-nanogpt-b64", *DRY_RUN_RECOMPUTE]
+    assert [r["label"] for r in results["rows"]] == [*DRY_RUN_SPEED, "reference-build-nanogpt-b64", *DRY_RUN_RECOMPUTE,
+                                                     *DRY_RUN_MULTIGPU]
     summary = (merged / "summary.md").read_text()
     assert "speed ok" in summary and "reference ok" in summary and "tests skipped" in summary
     assert "1.000x" in summary  # the reference's row, with ratios beside the speed rows
+
+
+def test_the_preemption_check_names_each_way_a_preempted_run_can_go_wrong():
+    """scripts/preemption_check.py's verdict on two launches: none for a stop mid-run resumed where it stopped,
+    one sentence for each thing that went wrong otherwise."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from preemption_check import check
+
+    def launch(console: str, newest: int | None, exit: int = 0) -> dict:
+        return {"console": console, "newest": newest, "exit": exit, "error": "error: the reason"}
+
+    stopped = launch("SIGTERM received: saved step 12; run the same command again to resume", 12, exit=1)
+    resumed = launch("model gpt2 | resumed from /r/checkpoints/step_00000012.pt at step 12", 30)
+    steps = [(s, 3.0) for s in range(30)]
+    assert check(stopped, resumed, steps, max_steps=30, signal_after=10) == []
+    problems = check(stopped, launch("resumed from x at step 9", 29, exit=1), [*steps[:20], *steps[19:29],
+                     (29, float("nan"))], max_steps=30, signal_after=10)
+    assert [p.split(":")[0].split(",")[0] for p in problems] == [
+        "the second launch exited 1", "the second launch did not resume at step 12",
+        "the newest checkpoint after the second launch is step 29", "the log's training steps are not 0 to 29 once each",
+        "losses that are not finite at steps [29]"]
+    assert "repeated [19]" in problems[3]
+    late = launch("SIGTERM received: saved step 30; ...", 30, exit=1)  # the run ended before the signal landed
+    assert "did not land mid-run" in check(late, resumed, steps, 30, 10)[0]
+    assert check(launch("error: no shards", None, exit=2), resumed, [], 30, 10) == [
+        "the first launch never said it saved after SIGTERM (exit 2): error: the reason"]
