@@ -62,7 +62,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from data.loader import ValLoader
-from data.mixture import parse_val_sets
+from data.settings import parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, token_byte_lengths
 from common.errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
 from common.settings import path_argument, require

@@ -3,7 +3,7 @@
 Each section (common/settings.py) is declared beside the component it configures:
 
     run          out_dir                                     training/checkpoint/run_folder.py
-    data         the shards and the batch geometry           data/mixture.py
+    data         the shards and the batch geometry           data/settings.py
     model        the architecture, the initial weights       training/run/weights.py (model.py stays pure)
     optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/optimizers.py
     schedule     max_steps and the learning-rate schedule    training/optim/schedule.py
@@ -38,7 +38,7 @@ import yaml
 
 from common.errors import ConfigError, first_line
 from common.settings import Settings, require, require_path
-from data.mixture import DataSettings, parse_val_sets
+from data.settings import DataSettings, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from evals.settings import EvalSettings
 from training.checkpoint.checkpointer import CheckpointSettings

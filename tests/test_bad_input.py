@@ -105,7 +105,7 @@ def test_an_indivisible_batch_names_the_nearest_batches_that_divide(world_size, 
     import re
 
     from common.errors import ConfigError
-    from data.loader import grad_accum_steps
+    from data.settings import grad_accum_steps
 
     total, seq_len = 524288, 1024
     with pytest.raises(ConfigError) as raised:

@@ -225,7 +225,7 @@ def test_a_section_checks_its_own_keys(section, values, message):
 
 
 def test_the_rules_that_span_sections_are_trainconfigs():
-    from data.mixture import DataSettings
+    from data.settings import DataSettings
 
     assert DataSettings(seq_len=2048).seq_len == 2048  # the data section alone cannot know block_size
     with pytest.raises(ConfigError, match="^seq_len: 2048 exceeds block_size 1024$"):
