@@ -49,7 +49,7 @@ from training.distributed.preemption import PreemptionFlag, StopVote
 from training.observe.provenance import provenance
 from launch.recovery import Recovery
 from launch.build import build_run
-from launch.components import (StepRecords, check_optional_packages, describe_launch, make_checkpointer,
+from launch.components import (StepRecords, check_installed, describe_launch, make_checkpointer,
                                make_evaluation, make_lockstep, open_run_folder, resume_hint)
 from training.run.run import Run
 from training.checkpoint.run_folder import claim_run_folder, release_all
@@ -68,7 +68,7 @@ def main(argv: list[str], wrap_step=None) -> int:
         return 0
     with held_alike_by(NODE_RANKS):  # before the ranks connect: a node's ranks read the same arguments and files
         cfg = parse_args(argv)
-        check_optional_packages(cfg)
+        check_installed(cfg)
     with deterministic_kernels(cfg.runtime.deterministic):  # entered before any CUDA work
         return run_training(cfg, argv, wrap_step)
 

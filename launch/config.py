@@ -5,13 +5,13 @@ Each section (common/settings.py) is declared beside the component it configures
     run          out_dir                                     training/checkpoint/run_folder.py
     data         the shards and the batch geometry           data/settings.py
     model        the architecture, the initial weights       training/run/weights.py (model.py stays pure)
-    optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/optimizers.py
+    optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/settings.py
     schedule     max_steps and the learning-rate schedule    training/optim/schedule.py
-    ema          an average of the weights, evaluated beside  training/optim/ema.py
+    ema          an average of the weights, evaluated beside  training/optim/settings.py
     evaluation   val loss, HellaSwag, samples                evals/settings.py
     checkpoint   cadence, retention, resume, where and how   training/checkpoint/checkpointer.py
     runtime      device, precision, kernels, seed, ranks     training/distributed/runtime_settings.py
-    long_run     loss spikes and rollbacks                   training/optim/spikes.py
+    long_run     loss spikes and rollbacks                   training/optim/settings.py
     diagnostics  rank stats, profiler, memory snapshots      training/observe/diagnostics.py
     logging      the console, TensorBoard, W&B               training/core/logger.py
 
@@ -47,10 +47,8 @@ from training.core.logger import LoggingSettings
 from training.distributed.runtime_settings import RuntimeSettings
 from training.distributed.strategies import STRATEGIES
 from training.observe.diagnostics import DiagnosticsSettings
-from training.optim.ema import EMASettings
-from training.optim.optimizers import OptimizerSettings
 from training.optim.schedule import ScheduleSettings
-from training.optim.spikes import LongRunSettings
+from training.optim.settings import EMASettings, LongRunSettings, OptimizerSettings
 from training.run.weights import ModelSettings
 
 

@@ -44,7 +44,7 @@ from training.core.context import Context
 from training.core.logger import LOG_NAME, read_log
 from training.core.process_group import DistEnv, broadcast_object, run_on_all_ranks
 from training.core.storage import Location, name_of, parent_of
-from training.optim.ema import EMASettings
+from training.optim.settings import EMASettings
 from training.optim.spikes import RollbackRequested
 from launch.config import ON_RESUME_OF, TrainConfig
 from training.run.run import Run

@@ -17,10 +17,9 @@ from conftest import REPO, train_here
 from training.distributed.runtime_settings import MAX_HANG_TIMEOUT_MINUTES
 from launch.config import (SECTION_OF, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
                            parse_args, usage)
-from training.optim.optimizers import OptimizerSettings
 from training.core.logger import LoggingSettings
 from training.optim.schedule import ScheduleSettings, learning_rate
-from training.optim.spikes import LongRunSettings
+from training.optim.settings import LongRunSettings, OptimizerSettings
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)

@@ -37,7 +37,8 @@ from training.core.process_group import any_rank, run_on_all_ranks
 from training.distributed.strategies import local_part
 from training.core.context import Context
 from training.checkpoint.run_folder import adopt_checkpoint_folder
-from training.optim.spikes import RollbackRequested, rollbacks_on
+from training.optim.settings import rollbacks_on
+from training.optim.spikes import RollbackRequested
 from training.core.storage import Location, absolute, is_url
 
 

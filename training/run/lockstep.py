@@ -35,7 +35,8 @@ from training.core.context import Context
 from training.run.run import Run
 from data.settings import DataSettings
 from training.optim.schedule import ScheduleSettings
-from training.optim.spikes import LongRunSettings, RollbackRequested, spike_reason
+from training.optim.settings import LongRunSettings
+from training.optim.spikes import RollbackRequested, spike_reason
 from training.run.step import apply_update, train_step
 
 
