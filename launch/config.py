@@ -2,14 +2,14 @@
 
 Each section (common/settings.py) is declared beside the component it configures:
 
-    run          out_dir                                     training/checkpoint/run_folder.py
+    run          out_dir                                     training/checkpoint/settings.py
     data         the shards and the batch geometry           data/settings.py
     model        the architecture, the initial weights       training/run/weights.py (model.py stays pure)
     optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/settings.py
     schedule     max_steps and the learning-rate schedule    training/optim/schedule.py
     ema          an average of the weights, evaluated beside  training/optim/settings.py
     evaluation   val loss, HellaSwag, samples                evals/settings.py
-    checkpoint   cadence, retention, resume, where and how   training/checkpoint/checkpointer.py
+    checkpoint   cadence, retention, resume, where and how   training/checkpoint/settings.py
     runtime      device, precision, kernels, seed, ranks     training/distributed/runtime_settings.py
     long_run     loss spikes and rollbacks                   training/optim/settings.py
     diagnostics  rank stats, profiler, memory snapshots      training/observe/diagnostics.py
@@ -41,8 +41,7 @@ from common.settings import Settings, require, require_path
 from data.settings import DataSettings, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from evals.settings import EvalSettings
-from training.checkpoint.checkpointer import CheckpointSettings
-from training.checkpoint.run_folder import RunSettings
+from training.checkpoint.settings import CheckpointSettings, RunSettings
 from training.core.logger import LoggingSettings
 from training.distributed.runtime_settings import RuntimeSettings
 from training.distributed.strategies import STRATEGIES

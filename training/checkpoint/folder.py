@@ -4,7 +4,7 @@ The checkpoint folder is `out_dir/checkpoints` unless `checkpoint_dir` names ano
 local path or an fsspec URL, see training/core/storage.py). A checkpoint `step_s` holds the state
 after s optimizer updates, in one of two formats (training/checkpoint/format.py says what they hold).
 `format_of` (a path) and FORMATS (by name: the checkpoint_format a run writes, auto resolved by
-training/checkpoint/checkpointer.py's CheckpointSettings) are the only places that tell them
+training/checkpoint/settings.py's CheckpointSettings) are the only places that tell them
 apart. Everything here takes both: listing, "newest readable", retention, and the readers
 (sample.py, export_hf.py, eval_lm.py, init_from, consolidation) do not care which format a
 checkpoint has. Which checkpoint a launch resumes, the lineage rules and what a resume loads
