@@ -4,7 +4,7 @@ Each section (common/settings.py) is declared beside the component it configures
 
     run          out_dir                                     training/checkpoint/settings.py
     data         the shards and the batch geometry           data/settings.py
-    model        the architecture, the initial weights       training/run/weights.py (model.py stays pure)
+    model        the architecture, the initial weights       training/run/settings.py (model.py stays pure)
     optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/settings.py
     schedule     max_steps and the learning-rate schedule    training/optim/schedule.py
     ema          an average of the weights, evaluated beside  training/optim/settings.py
@@ -12,7 +12,7 @@ Each section (common/settings.py) is declared beside the component it configures
     checkpoint   cadence, retention, resume, where and how   training/checkpoint/settings.py
     runtime      device, precision, kernels, seed, ranks     training/distributed/runtime_settings.py
     long_run     loss spikes and rollbacks                   training/optim/settings.py
-    diagnostics  rank stats, profiler, memory snapshots      training/observe/diagnostics.py
+    diagnostics  rank stats, profiler, memory snapshots      training/observe/settings.py
     logging      the console, TensorBoard, W&B               training/core/logger.py
 
 TrainConfig's own validate() holds the rules that span sections. The keys users type stay flat:
@@ -45,10 +45,10 @@ from training.checkpoint.settings import CheckpointSettings, RunSettings
 from training.core.logger import LoggingSettings
 from training.distributed.runtime_settings import RuntimeSettings
 from training.distributed.strategies import STRATEGIES
-from training.observe.diagnostics import DiagnosticsSettings
+from training.observe.settings import DiagnosticsSettings
 from training.optim.schedule import ScheduleSettings
 from training.optim.settings import EMASettings, LongRunSettings, OptimizerSettings
-from training.run.weights import ModelSettings
+from training.run.settings import ModelSettings
 
 
 # --- the whole configuration ------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from launch.config import (SECTION_OF, SECTIONS, ConfigError, TrainConfig, confi
 from training.core.logger import LoggingSettings
 from training.optim.schedule import ScheduleSettings, learning_rate
 from training.optim.settings import LongRunSettings, OptimizerSettings
+from training.run.settings import PRESET_NAMES
+from model import PRESETS
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -100,6 +102,14 @@ def test_grad_accum_must_divide_exactly():
     assert cfg.data.grad_accum_steps(8) == 1 and cfg.data.grad_accum_steps(1) == 8
     with pytest.raises(ConfigError, match="total_batch_size: 524288 is not divisible by micro_batch_size"):
         cfg.data.grad_accum_steps(3)
+
+
+def test_the_model_section_names_model_pys_presets():
+    """The section knows the presets by name without importing model.py (torch); model_config takes their shapes."""
+    assert PRESET_NAMES == tuple(PRESETS)
+    for name, shape in PRESETS.items():
+        config = TrainConfig(model=name).model.model_config()
+        assert dict(n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd) == shape
 
 
 @pytest.mark.slow
