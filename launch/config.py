@@ -43,8 +43,7 @@ from data.tokenizer import GPT2_VOCAB_SIZE
 from evals.settings import EvalSettings
 from training.checkpoint.settings import CheckpointSettings, RunSettings
 from training.core.logger import LoggingSettings
-from training.distributed.runtime_settings import RuntimeSettings
-from training.distributed.strategies import STRATEGIES
+from training.distributed.runtime_settings import STRATEGY_INFO, RuntimeSettings
 from training.observe.settings import DiagnosticsSettings
 from training.optim.schedule import ScheduleSettings
 from training.optim.settings import EMASettings, LongRunSettings, OptimizerSettings
@@ -98,7 +97,7 @@ class TrainConfig:
     def resolved_checkpoint_format(self) -> str:
         """file or sharded: the checkpoint section's checkpoint_format, its auto resolved with the runtime
         section's strategy (CheckpointSettings.resolved_format)."""
-        return self.checkpoint.resolved_format(STRATEGIES[self.runtime.strategy].default_checkpoint_format)
+        return self.checkpoint.resolved_format(STRATEGY_INFO[self.runtime.strategy].default_checkpoint_format)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
