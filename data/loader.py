@@ -39,7 +39,7 @@ import torch
 
 from common.errors import DataError
 from data.settings import grad_accum_steps
-from data.shards import check_token_range, find_shards, open_shard
+from data.shards import check_token_range, find_shards, open_shard, val_shards
 from data.tokenizer import EOT_TOKEN
 
 
@@ -313,9 +313,7 @@ class ValLoader:
     def __init__(self, data_dir: str | Path, seq_len: int, val_tokens: int, batch_size: int,
                  rank: int = 0, world_size: int = 1, key: str = "data_dir"):
         # key: the config key that named the folder or file (data_dir, or val_sets), for the errors
-        if not Path(data_dir).exists():
-            raise DataError(f"{key} {data_dir}: no such folder or val shard file")
-        self.paths = [Path(data_dir)] if Path(data_dir).is_file() else find_shards(data_dir, "val", key)
+        self.paths = val_shards(data_dir, key)
         self.stream = RowStream(self.paths, seq_len)
         self.num_rows = val_tokens // seq_len
         if self.num_rows < 1:

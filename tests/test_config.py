@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import REPO, train_here
+from slowness import guard
 from training.distributed.runtime_settings import MAX_HANG_TIMEOUT_MINUTES
 from launch.config import (SECTION_OF, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
                            parse_args, usage)
@@ -121,6 +122,23 @@ def test_trainer_reports_config_errors_on_one_line_with_exit_code_2():
     assert "Traceback" not in proc.stderr
     helped = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), "--help"], capture_output=True, text=True)
     assert helped.returncode == 0 and "--total_batch_size" in helped.stdout
+
+
+@pytest.mark.slow
+def test_the_configuration_is_read_without_torch():
+    """launch/config.py and every settings section import neither torch, numpy nor the model, and nor do the
+    trainer's early checks torch: train_gpt2.py checks its arguments before it imports them (seconds)."""
+    code = "\n".join([
+        "import sys",
+        "from launch.config import parse_args, usage",
+        "usage()",
+        "parse_args(['--config', 'configs/demo.yaml', '--max_steps', '1', '--optimizer', 'muon', '--strategy', 'fsdp'])",
+        "print(sorted(name for name in ('torch', 'numpy', 'model') if name in sys.modules))",
+        "import launch.early_checks",
+        "print(sorted(name for name in ('torch', 'model') if name in sys.modules))",
+    ])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=guard(60))
+    assert (proc.returncode, proc.stdout) == (0, "[]\n[]\n"), proc.stderr[-2000:]
 
 
 def test_every_float_spelling_is_accepted_from_yaml(tmp_path):

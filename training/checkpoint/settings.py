@@ -77,3 +77,9 @@ class CheckpointSettings(Settings):
         require(not (is_url(self.checkpoint_dir) and self.checkpoint_format == "file"), "checkpoint_format",
                 f"file checkpoints are written locally; checkpoint_dir {self.checkpoint_dir!r} is a URL: use sharded")
         # resume's path is checked where the checkpoint is opened
+
+
+def no_checkpoint_at(resume: str) -> str:
+    """What a `resume` path that names nothing is told (launch/resume.py; launch/early_checks.py, before torch)."""
+    return (f"no checkpoint file or folder at {resume!r} (use auto, never, or the path of a step_XXXXXXXX.pt file or "
+            f"step_XXXXXXXX folder)")

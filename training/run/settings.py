@@ -63,3 +63,9 @@ class ModelSettings(Settings):
 
         shape = PRESETS.get(self.model) or dict(n_layer=self.n_layer, n_head=self.n_head, n_embd=self.n_embd)
         return GPTConfig(block_size=self.block_size, vocab_size=self.vocab_size, dropout=self.dropout, **shape)
+
+
+def unknown_init_from(init_from: str) -> str:
+    """What an `init_from` that names none of what it may name is told (weights.py's load_initial_weights;
+    launch/early_checks.py, before torch, where it names no file or folder)."""
+    return f"{init_from!r} is not scratch, a checkpoint file, a GPT-2 preset or a HF folder"

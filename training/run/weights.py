@@ -16,6 +16,7 @@ from model import GPT, PRESETS
 from training.checkpoint.folder import (WEIGHTS_ENTRIES, check_compatible, load_checkpoint, load_model_weights,
                                  require_entries, step_of)
 from training.core.storage import as_location, is_url
+from training.run.settings import unknown_init_from
 
 
 def load_initial_weights(model: GPT, init_from: str) -> None:
@@ -36,4 +37,4 @@ def load_initial_weights(model: GPT, init_from: str) -> None:
         except HFInteropError as e:
             raise ConfigError(f"init_from: {e}") from None
         return
-    raise ConfigError(f"init_from: {init_from!r} is not scratch, a checkpoint file, a GPT-2 preset or a HF folder")
+    raise ConfigError(f"init_from: {unknown_init_from(init_from)}")
