@@ -1,6 +1,8 @@
 """The training configuration: TrainConfig holds one settings section per component as its fields.
 
-Each section (common/settings.py) is declared beside the component it configures:
+Each section (common/settings.py) is declared in its component's package, in a module that imports no torch,
+numpy or model.py (its settings.py, or the component's own module where that imports none of them), and so does
+this one: the trainer checks a configuration before it imports them (launch/early_checks.py).
 
     run          out_dir                                     training/checkpoint/settings.py
     data         the shards and the batch geometry           data/settings.py

@@ -61,7 +61,7 @@ def build_optimizer(model: GPT, settings: OptimizerSettings, peak_lr: float,
 def require_available(settings: OptimizerSettings) -> None:
     """The optimizer section's one rule that needs torch, so not checked with the others (training/optim/settings.py,
     read before torch is imported): the optimizer it names runs on this PyTorch. A ConfigError naming optimizer,
-    which the trainer raises once torch is imported, before any work (launch/components.py's check_installed)."""
+    which the trainer raises once torch is imported, before any work (train_gpt2.py's main)."""
     if settings.optimizer == "muon":
         missing = muon_unavailable()
         require(missing is None, "optimizer", missing)
