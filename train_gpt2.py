@@ -32,9 +32,10 @@ from training.core.launcher import stop_when_launcher_dies
 
 stop_when_launcher_dies()  # under torchrun: a launcher killed during the imports leaves no orphan behind
 
-from launch.early_checks import check_before_imports, check_launch
+from common.errors import check_before_imports
+from launch.early_checks import check_command_line, check_launch
 
-check_before_imports(__name__)  # run as a script: a mistake in its arguments or files is one line now, before torch
+check_before_imports(__name__, check_command_line)  # as a script: a mistake in its arguments or files is one line now
 
 import datetime
 import sys

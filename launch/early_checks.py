@@ -2,9 +2,9 @@
 
 Importing torch and the training stack takes seconds (tens on a slow or busy machine); a key typo, a bad YAML
 value or a missing data folder needs none of it to be found. So train_gpt2.py's first statement after the
-launcher's is check_before_imports(__name__): run as a script, it checks its command line here (launch/config.py,
-the settings sections and this module import neither torch nor the model) and a mistake is its one `error:`
-line and exit code at once; only then does the script import the rest. main() checks the same again
+launcher's is check_before_imports(__name__, check_command_line): run as a script, it checks its command line here
+(launch/config.py, the settings sections and this module import neither torch nor the model) and a mistake is its
+one `error:` line and exit code at once; only then does the script import the rest. main() checks the same again
 (check_launch, milliseconds), since tests and tools call it without the script's first lines.
 
 The files are checked as the trainer will open them, with the same errors: a resume path that names nothing, an
@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from common.errors import NODE_RANKS, ConfigError, ReproError, held_alike_by, report
+from common.errors import NODE_RANKS, ConfigError, held_alike_by
 from common.settings import require
 from data.settings import parse_sources, parse_val_sets
 from data.shards import find_shards, val_shards
@@ -32,22 +32,15 @@ from training.core.storage import filesystem, is_url
 from training.run.settings import PRESET_NAMES, unknown_init_from
 
 
-def check_before_imports(module_name: str) -> None:
-    """Run as a script (module_name is "__main__"), check the command line before the script imports torch:
-    --help prints the keys and exits 0; a mistake is one `error:` line and its exit code, reported as run_cli
-    reports it (once per node, and into torchrun's error file). Otherwise return: the script goes on to import
-    the rest and runs main. Imported (module_name is the module's own), nothing: main checks for itself."""
-    if module_name != "__main__":
-        return
-    argv = sys.argv[1:]
+def check_command_line(argv: list[str]) -> None:
+    """The trainer's command line, checked before torch is imported (train_gpt2.py hands this to common/errors.py's
+    check_before_imports): --help prints the keys and exits 0; a mistake is a ReproError held alike by the node's
+    ranks, as main's own check is."""
     if wants_help(argv):
         print(usage())
         sys.exit(0)
-    try:
-        with held_alike_by(NODE_RANKS):  # before the ranks connect: a node's ranks read the same arguments and files
-            check_launch(argv)
-    except ReproError as e:
-        sys.exit(report(e))
+    with held_alike_by(NODE_RANKS):  # before the ranks connect: a node's ranks read the same arguments and files
+        check_launch(argv)
 
 
 def check_launch(argv: list[str]) -> TrainConfig:

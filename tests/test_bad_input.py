@@ -274,15 +274,16 @@ def test_an_entry_point_run_outside_the_environment_says_so_in_one_line(script, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv,message", [
-    (["--max_lrr", "1e-3"], "error: max_lrr: unknown config key"),
-    (["--config", "bad.yaml"], "error: max_lr: expected a number, got ['0.1', '0.2']"),
-    (["--data_dir", "no/such/folder"], "error: data_dir no/such/folder: no such directory (prepare data first"),
-], ids=["unknown key", "bad YAML value", "missing data_dir"])
-def test_a_configuration_error_is_one_line_before_torch_is_imported(argv, message, tmp_path):
+@pytest.mark.parametrize("script,argv,message", [
+    ("train_gpt2.py", ["--max_lrr", "1e-3"], "error: max_lrr: unknown config key"),
+    ("train_gpt2.py", ["--config", "bad.yaml"], "error: max_lr: expected a number, got ['0.1', '0.2']"),
+    ("train_gpt2.py", ["--data_dir", "no/such/folder"], "error: data_dir no/such/folder: no such directory (prepare"),
+    ("eval_lm.py", ["out/run"], "error: --tasks: needed without --card"),
+], ids=["unknown key", "bad YAML value", "missing data_dir", "eval_lm without --tasks"])
+def test_a_configuration_error_is_one_line_before_torch_is_imported(script, argv, message, tmp_path):
     """`python train_gpt2.py` with a mistake in its arguments or the folders they name says so within 3 s on the
-    reference machine: it took 17-33 s, importing torch and the training stack first. Here torch cannot be
-    imported at all (a stand-in fails), so the line is seen to need none of it."""
+    reference machine: it took 17-33 s, importing torch and the training stack first (eval_lm.py's arguments
+    likewise). Here torch cannot be imported at all (a stand-in fails), so the line is seen to need none of it."""
     import os
     import subprocess
     import sys
@@ -297,7 +298,7 @@ def test_a_configuration_error_is_one_line_before_torch_is_imported(argv, messag
     env = {key: value for key, value in os.environ.items() if key not in (*RANKS, "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     env["PYTHONPATH"] = str(tmp_path / "no_torch")  # ahead of the installed packages
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), *argv], cwd=tmp_path, env=env,
+    proc = subprocess.run([sys.executable, str(REPO / script), *argv], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=guard(60))
     took = time.perf_counter() - started
     assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr[-2000:]

@@ -23,6 +23,7 @@ from training.core import storage
 from training.checkpoint.format import (FORMAT_VERSION, CheckpointFormat, DamagedCheckpointError,  # noqa: F401
                                         ModelState, damaged)
 from training.checkpoint.file_format import FileFormat, save_checkpoint
+from training.checkpoint.settings import WEIGHTS  # noqa: F401 - the readers' --weights, for callers
 from training.checkpoint.sharded_format import ShardedFormat
 from training.core.storage import Location
 
@@ -172,9 +173,6 @@ def run_checkpoints_folder(folder: Path) -> Location:
             checkpoint_dir = ""
         return checkpoints_folder(folder, checkpoint_dir)
     return folder / CHECKPOINT_DIR if (folder / CHECKPOINT_DIR).is_dir() else folder
-
-
-WEIGHTS = ("live", "ema")  # the readers' --weights: the trained weights, or their EMA (training/optim/ema.py)
 
 
 def require_average(state: dict, path: Location) -> None:

@@ -1,5 +1,6 @@
 """The checkpoint folder's sections: the run folder (run: out_dir, which run_folder.py claims) and the checkpoints
-(checkpoint: when checkpointer.py writes them, where, in which format, how many it keeps, which one a launch resumes).
+(checkpoint: when checkpointer.py writes them, where, in which format, how many it keeps, which one a launch resumes);
+and the weights the checkpoints' readers may take (WEIGHTS: sample.py, export_hf.py, eval_lm.py's --weights).
 
 Torch-free, as every settings section is (launch/config.py): the trainer checks a configuration before it imports
 torch.
@@ -14,6 +15,8 @@ from pydantic import AfterValidator
 from common.settings import Settings, option, require, section
 from training.core.storage import absolute, is_url
 from training.optim.settings import rollbacks_on
+
+WEIGHTS = ("live", "ema")  # the readers' --weights: the trained weights, or their EMA (training/optim/ema.py)
 
 
 @section
