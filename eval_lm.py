@@ -46,45 +46,20 @@ token-normalised acc_norm as an lm_eval metric).
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (the arguments are checked before the imports that take seconds)
 import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
 
-import datetime
-import difflib
-import functools
-import json
-import math
-import os
-import socket
-import sys
-import time
-from importlib import metadata
+import argparse
 from pathlib import Path
-from urllib.parse import urlparse
 
-from data.loader import ValLoader
-from data.mixture import parse_val_sets
-from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, token_byte_lengths
-from common.errors import ArgumentParser, CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
+from common.errors import ArgumentParser, check_before_imports
 from common.settings import path_argument, require
-from evals.report_card import DEFAULT_METRIC, SUITE, build_card, card_markdown, task_figure, val_figures
-from evals.val_loss import val_row_losses
-from hf_interop.convert import load_hf_gpt2
-from model import PRESETS
-from training.core import storage
-from training.checkpoint.folder import CHECKPOINT_DIR, WEIGHTS, read_model
-from training.core.process_group import DistEnv
-from training.core.logger import format_duration, wandb_mode_of, write_text_file
-from launch.config import parse_args as trainer_defaults
-from training.core.runtime import resolve_runtime
-
-RESULTS_DIR = "lm_eval"  # inside the run folder
-WANDB_PREFIX = "lm_eval"
-REPORT = "report"  # the card's files: RUN/report.md and RUN/report.json (report_ema.* for the EMA weights)
-HUB_PROBE_TIMEOUT_S = 5.0
-PROGRESS_EVERY_S = 30.0
+from training.checkpoint.settings import WEIGHTS
 
 
-def main(argv: list[str]) -> int:
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    """The arguments, with every check that needs nothing but them: made before the imports below (torch, the
+    training stack: seconds) as the script starts, and again by main (tests call it directly)."""
     parser = ArgumentParser(prog="eval_lm.py", description=__doc__)
     parser.add_argument("ckpt", type=path_argument,
                         help="checkpoint .pt file, or a run folder (its newest readable checkpoint); with "
@@ -127,13 +102,55 @@ def main(argv: list[str]) -> int:
         require(value is None or value >= low, f"--{name}", f"must be >= {low}, got {value}")
     require(not args.include_path or Path(args.include_path).is_dir(), "--include_path",
             f"{args.include_path} is not a folder")
+    if not args.card:
+        for name in ("data_dir", "seq_len", "val_tokens"):
+            require(getattr(args, name) is None, f"--{name}", "only for the report card (--card)")
+        require(args.tasks is not None, "--tasks", "needed without --card (comma-separated lm_eval task names)")
+        require(any(name.strip() for name in args.tasks.split(",")), "--tasks", "no task names given")
+    return args
+
+
+check_before_imports(__name__, parse_arguments)  # as a script: a mistake in the arguments is one line now
+
+import datetime
+import difflib
+import functools
+import json
+import math
+import os
+import socket
+import sys
+import time
+from importlib import metadata
+from urllib.parse import urlparse
+
+from data.loader import ValLoader
+from data.settings import parse_val_sets
+from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, token_byte_lengths
+from common.errors import CheckpointError, ConfigError, DataError, WriteError, first_line, run_cli
+from evals.report_card import DEFAULT_METRIC, SUITE, build_card, card_markdown, task_figure, val_figures
+from evals.val_loss import val_row_losses
+from hf_interop.convert import load_hf_gpt2
+from model import PRESETS
+from training.core import storage
+from training.checkpoint.folder import CHECKPOINT_DIR, read_model
+from training.core.process_group import DistEnv
+from training.core.logger import format_duration, wandb_mode_of, write_text_file
+from launch.config import parse_args as trainer_defaults
+from training.core.runtime import resolve_runtime
+
+RESULTS_DIR = "lm_eval"  # inside the run folder
+WANDB_PREFIX = "lm_eval"
+REPORT = "report"  # the card's files: RUN/report.md and RUN/report.json (report_ema.* for the EMA weights)
+HUB_PROBE_TIMEOUT_S = 5.0
+PROGRESS_EVERY_S = 30.0
+
+
+def main(argv: list[str]) -> int:
+    args = parse_arguments(argv)
     if args.card:
         return report_card(args)
-    for name in ("data_dir", "seq_len", "val_tokens"):
-        require(getattr(args, name) is None, f"--{name}", "only for the report card (--card)")
-    require(args.tasks is not None, "--tasks", "needed without --card (comma-separated lm_eval task names)")
     tasks = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    require(tasks, "--tasks", "no task names given")
     require(not is_hf_model(args.ckpt), args.ckpt, "a Hugging Face model is evaluated with --card here, or with "
                                                    "lm_eval's own `--model hf` (docs/INTEROP.md)")
     check_checkpoint_argument(args)

@@ -53,7 +53,7 @@ from matplotlib.markers import MarkerStyle  # noqa: E402
 from common.errors import ArgumentParser, DataError, ReproError, WriteError, run_cli  # noqa: E402
 from common.log_fields import val_set_names  # noqa: E402
 from common.settings import path_argument  # noqa: E402
-from data.mixture import parse_sources  # noqa: E402
+from data.settings import parse_sources  # noqa: E402
 from data.shards import find_shards, open_shard  # noqa: E402
 from evals.base import EMA_PREFIX, TRAIN_LOSS, Series, averaged_series  # noqa: E402
 from evals.periodic import EVALUATORS  # noqa: E402

@@ -25,11 +25,17 @@ status, 1 (docs/OPERATIONS.md, "When things go wrong").
 
 from __future__ import annotations
 
-# ruff: noqa: E402 (the launcher's parent-death signal is asked for before the imports, which take seconds)
+# ruff: noqa: E402 (the launcher's parent-death signal and the arguments' check come before the imports, which
+# take seconds)
 import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
 from training.core.launcher import stop_when_launcher_dies
 
 stop_when_launcher_dies()  # under torchrun: a launcher killed during the imports leaves no orphan behind
+
+from common.errors import check_before_imports
+from launch.early_checks import check_command_line, check_launch
+
+check_before_imports(__name__, check_command_line)  # as a script: a mistake in its arguments or files is one line now
 
 import datetime
 import sys
@@ -39,7 +45,7 @@ import torch
 from data.tokenizer import get_tokenizer
 from common.errors import EVERY_RANK, NODE_RANKS, held_alike_by, run_cli
 from training.checkpoint.folder import checkpoints_folder
-from launch.config import TrainConfig, config_yaml, parse_args, usage, wants_help
+from launch.config import TrainConfig, config_yaml, usage, wants_help
 from training.core.context import Context
 from training.observe.diagnostics import Diagnostics
 from training.core.process_group import (barrier, local_rank, run_on_all_ranks,
@@ -49,12 +55,13 @@ from training.distributed.preemption import PreemptionFlag, StopVote
 from training.observe.provenance import provenance
 from launch.recovery import Recovery
 from launch.build import build_run
-from launch.components import (StepRecords, check_optional_packages, describe_launch, make_checkpointer,
-                               make_evaluation, make_lockstep, open_run_folder, resume_hint)
+from launch.components import (StepRecords, describe_launch, make_checkpointer, make_evaluation, make_lockstep,
+                               open_run_folder, resume_hint)
 from training.run.run import Run
 from training.checkpoint.run_folder import claim_run_folder, release_all
 from training.core.logger import RunLogger
 from training.core.runtime import deterministic_kernels
+from training.optim.optimizers import require_available
 from training.optim.spikes import RollbackRequested
 from training.core.storage import require_shared
 
@@ -67,8 +74,8 @@ def main(argv: list[str], wrap_step=None) -> int:
         print(usage())
         return 0
     with held_alike_by(NODE_RANKS):  # before the ranks connect: a node's ranks read the same arguments and files
-        cfg = parse_args(argv)
-        check_optional_packages(cfg)
+        cfg = check_launch(argv)  # check_before_imports made these checks as the script started; tests call main
+        require_available(cfg.optimizer)  # the configuration's one rule that needs torch
     with deterministic_kernels(cfg.runtime.deterministic):  # entered before any CUDA work
         return run_training(cfg, argv, wrap_step)
 

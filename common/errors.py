@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 
 # Which ranks of a torchrun launch hold an error alike, so that one of them prints it for all: the variable
 # torchrun gives each worker whose value 0 names the rank that prints.
@@ -206,6 +207,20 @@ def run_cli(main, argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C where no handler keeps it (the trainer's second one says why)
         report_interrupt(e)
         return 130
+
+
+def check_before_imports(module_name: str, check: Callable[[list[str]], object]) -> None:
+    """An entry script's check of its command line, made before the script imports what takes seconds (torch): run
+    as a script (module_name, the caller's __name__, is "__main__"), check(sys.argv[1:]), whose ReproError ends the
+    process with its one line and exit code, reported as run_cli reports it (torchrun's error file too); otherwise
+    return, and the script goes on to import the rest and run main, which checks its arguments again (tests and
+    tools call main directly, without the script's first lines)."""
+    if module_name != "__main__":
+        return
+    try:
+        check(sys.argv[1:])
+    except ReproError as e:
+        sys.exit(report(e))
 
 
 class ArgumentParser(argparse.ArgumentParser):

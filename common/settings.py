@@ -1,9 +1,10 @@
 """Settings sections: each component's keys, typed, with their help, their rules and what they do on resume.
 
-A section is a `Settings` made with the `section` decorator (a pydantic dataclass). It sits beside the
-component it configures (training/optim/optimizers.py's OptimizerSettings, ...), which is handed the
-section itself, not the whole configuration. Each key is a field made with option(): its default, the
-help --help prints, and what another value does to a resumed run. Every value goes through
+A section is a `Settings` made with the `section` decorator (a pydantic dataclass). It sits in the
+package of the component it configures, in a module that imports no torch (training/optim/settings.py's
+OptimizerSettings for optimizers.py, ...: the configuration is checked before torch is imported), and
+that component is handed the section itself, not the whole configuration. Each key is a field made with
+option(): its default, the help --help prints, and what another value does to a resumed run. Every value goes through
 Settings.coerce: text (the command line, and YAML's numbers, which launch/config.py's loader keeps as text) as
 the field's type reads text, any other value strictly (`true` is no integer); the types below add None's
 words, comma-separated lists and a YAML mapping kept as its command-line text. Then the section's

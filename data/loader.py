@@ -37,9 +37,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.shards import check_token_range, find_shards, open_shard
+from common.errors import DataError
+from data.settings import grad_accum_steps
+from data.shards import check_token_range, find_shards, open_shard, val_shards
 from data.tokenizer import EOT_TOKEN
-from common.errors import ConfigError, DataError
 
 
 def document_row_starts(tokens: np.ndarray, seq_len: int, doc_token: int) -> np.ndarray:
@@ -149,67 +150,6 @@ def shard_order(seed: int, epoch: int, num_shards: int, source: tuple[int, ...] 
 def row_permutation(seed: int, epoch: int, num_rows: int, source: tuple[int, ...] = ()) -> np.ndarray:
     """With shuffle: an epoch's order of the train rows, seeded by (seed, epoch[, source])."""
     return np.random.default_rng([seed, epoch, *source, ROWS_TAG]).permutation(num_rows)
-
-
-def grad_accum_steps(total_batch_size: int, seq_len: int, micro_batch_size: int, world_size: int) -> int:
-    """Micro-steps per optimizer step on each rank: total_batch_size / (micro_batch_size * seq_len * world_size).
-
-    It must be whole: a ConfigError naming total_batch_size otherwise (the trainer checks it
-    before any work; the loader relies on it).
-    """
-    rows_per_step = total_batch_size // seq_len
-    if total_batch_size % seq_len:
-        raise ConfigError(f"total_batch_size: {total_batch_size} is not a multiple of seq_len {seq_len}")
-    if rows_per_step < world_size:
-        raise ConfigError(
-            f"total_batch_size: a step of {total_batch_size} tokens holds {rows_per_step} rows of seq_len "
-            f"{seq_len}, fewer than the {world_size} ranks; raise total_batch_size or use fewer ranks")
-    tokens_per_micro_step = micro_batch_size * seq_len * world_size
-    if total_batch_size % tokens_per_micro_step:
-        raise ConfigError(
-            f"total_batch_size: {total_batch_size} is not divisible by micro_batch_size * seq_len * world_size = "
-            f"{micro_batch_size} * {seq_len} * {world_size} = {tokens_per_micro_step}; "
-            + batches_that_fit(total_batch_size, seq_len, micro_batch_size, world_size))
-    return total_batch_size // tokens_per_micro_step
-
-
-def batches_that_fit(total_batch_size: int, seq_len: int, micro_batch_size: int, world_size: int) -> str:
-    """What works instead of a total_batch_size (a multiple of seq_len) that world_size ranks' micro-batches do not
-    divide: the nearest total_batch_size below and above that micro_batch_size divides, and, where the step's rows
-    split over the ranks, the largest micro_batch_size below it that keeps total_batch_size.
-
-    GPT-2's 524,288 tokens of seq_len 1024 on 3 ranks with micro_batch_size 64: 393,216 or 589,824 (its 512 rows
-    do not split over 3 ranks, so no micro_batch_size keeps it).
-    """
-    step = micro_batch_size * seq_len * world_size
-    totals = nearest_multiples(total_batch_size, step)
-    ranks = f"{world_size} rank{'s' if world_size > 1 else ''}"
-    advice = (f"on {ranks} with micro_batch_size {micro_batch_size}, total_batch_size "
-              f"{' or '.join(str(t) for t in totals)} works "
-              f"(grad_accum_steps {' or '.join(str(t // step) for t in totals)})")
-    sizes = candidate_sizes(total_batch_size, seq_len, world_size)
-    if not sizes:
-        return advice + (f"; no micro_batch_size works for {total_batch_size} itself, whose "
-                         f"{total_batch_size // seq_len} rows of seq_len {seq_len} do not split over {ranks}")
-    largest = max(b for b in sizes if b < micro_batch_size)  # 1 always is one
-    return advice + (f"; or keep {total_batch_size} with micro_batch_size {largest} "
-                     f"(grad_accum_steps {sizes[-1] // largest})")
-
-
-def candidate_sizes(total_batch_size: int, seq_len: int, dp_size: int) -> list[int]:
-    """The micro-batches that keep grad_accum_steps whole, ascending: the divisors of the rows each rank
-    reads per step (total_batch_size / seq_len / dp_size); none when the rows do not split over the ranks."""
-    rows = total_batch_size // seq_len
-    if total_batch_size % seq_len or rows % dp_size:
-        return []
-    per_rank = rows // dp_size
-    return [b for b in range(1, per_rank + 1) if per_rank % b == 0]
-
-
-def nearest_multiples(value: int, unit: int) -> list[int]:
-    """The positive multiples of unit nearest to value (which is not one): below it (if positive) and above it."""
-    below = value // unit * unit
-    return [m for m in (below, below + unit) if m > 0]
 
 
 class TrainLoader:
@@ -373,9 +313,7 @@ class ValLoader:
     def __init__(self, data_dir: str | Path, seq_len: int, val_tokens: int, batch_size: int,
                  rank: int = 0, world_size: int = 1, key: str = "data_dir"):
         # key: the config key that named the folder or file (data_dir, or val_sets), for the errors
-        if not Path(data_dir).exists():
-            raise DataError(f"{key} {data_dir}: no such folder or val shard file")
-        self.paths = [Path(data_dir)] if Path(data_dir).is_file() else find_shards(data_dir, "val", key)
+        self.paths = val_shards(data_dir, key)
         self.stream = RowStream(self.paths, seq_len)
         self.num_rows = val_tokens // seq_len
         if self.num_rows < 1:

@@ -76,6 +76,16 @@ def find_shards(data_dir: str | os.PathLike, split: str, key: str = "data_dir") 
     return shards
 
 
+
+def val_shards(location: str | os.PathLike, key: str = "data_dir") -> list[Path]:
+    """The shards of a val set: the one val shard file `location` names, or its folder's val split (find_shards);
+    a clear error naming `key` (data_dir, or val_sets) when it names neither."""
+    location = Path(location)
+    if not location.exists():
+        raise DataError(f"{key} {location}: no such folder or val shard file")
+    return [location] if location.is_file() else find_shards(location, "val", key)
+
+
 class ShardWriter:
     """Packs a stream of documents' tokens into shards: index 0 is the val split, then train.
 

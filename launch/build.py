@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from data.loader import TrainLoader, ValLoader, validate_shards
-from data.mixture import MixtureLoader, make_train_loader, parse_val_sets, sources_fingerprint
+from data.mixture import MixtureLoader, make_train_loader, sources_fingerprint
+from data.settings import parse_val_sets
 from model import GPT
 from training.checkpoint.folder import checkpoints_folder
 from training.core.context import Context

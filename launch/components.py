@@ -5,7 +5,7 @@ The evaluations (evals/periodic.py), the checkpointer (training/checkpoint/check
 ranks' lockstep around one step (training/run/lockstep.py) are each made here from the sections they
 read, with any key of another section passed as a value; StepRecords turns a step's result into its
 train record and console line. The run folder is opened here too (config.yaml, run.json, log.jsonl,
-W&B, TensorBoard), and the optional packages a configuration needs are checked before any work.
+W&B, TensorBoard).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from evals.periodic import PeriodicEvaluation
 from launch.config import TrainConfig, config_yaml
 from training.checkpoint.checkpointer import Checkpointer
 from training.core.context import Context
-from training.core.logger import TENSORBOARD_MISSING, format_train_line
+from training.core.logger import format_train_line
 from training.core.metrics import model_flops_utilization, process_start_time
 from training.core.process_group import run_on_all_ranks, set_collective_timeout
-from training.core.storage import filesystem, is_url
 from training.distributed.strategies import Strategy, local_state_bytes
 from training.run.lockstep import Lockstep, StepResult
 from training.run.run import Run
@@ -147,16 +146,3 @@ def resume_hint(resume: str, last_step: bool) -> str:
     out_dir); at the last step, what is left of it is its final evaluations."""
     again = "with --resume auto" if resume == "never" else "again"
     return f"run the same command {again} to {'run the final evaluations' if last_step else 'resume'}"
-
-
-def check_optional_packages(cfg: TrainConfig) -> None:
-    """Fail up front, on every rank, when the config asks for a package that is not installed."""
-    import importlib.util
-
-    logging, checkpoint_dir = cfg.logging, cfg.checkpoint.checkpoint_dir
-    if logging.wandb and logging.resolved_wandb_mode() != "disabled" and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("wandb: the wandb package is not installed (pip install wandb), or set --wandb false")
-    if logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError(TENSORBOARD_MISSING)
-    if is_url(checkpoint_dir):
-        filesystem(checkpoint_dir)  # a ConfigError naming the package a URL's scheme needs (s3fs, gcsfs)

@@ -1,18 +1,20 @@
 """The training configuration: TrainConfig holds one settings section per component as its fields.
 
-Each section (common/settings.py) is declared beside the component it configures:
+Each section (common/settings.py) is declared in its component's package, in a module that imports no torch,
+numpy or model.py (its settings.py, or the component's own module where that imports none of them), and so does
+this one: the trainer checks a configuration before it imports them (launch/early_checks.py).
 
-    run          out_dir                                     training/checkpoint/run_folder.py
-    data         the shards and the batch geometry           data/mixture.py
-    model        the architecture, the initial weights       training/run/weights.py (model.py stays pure)
-    optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/optimizers.py
+    run          out_dir                                     training/checkpoint/settings.py
+    data         the shards and the batch geometry           data/settings.py
+    model        the architecture, the initial weights       training/run/settings.py (model.py stays pure)
+    optimizer    AdamW or Muon + AdamW, gradient clipping    training/optim/settings.py
     schedule     max_steps and the learning-rate schedule    training/optim/schedule.py
-    ema          an average of the weights, evaluated beside  training/optim/ema.py
+    ema          an average of the weights, evaluated beside  training/optim/settings.py
     evaluation   val loss, HellaSwag, samples                evals/settings.py
-    checkpoint   cadence, retention, resume, where and how   training/checkpoint/checkpointer.py
+    checkpoint   cadence, retention, resume, where and how   training/checkpoint/settings.py
     runtime      device, precision, kernels, seed, ranks     training/distributed/runtime_settings.py
-    long_run     loss spikes and rollbacks                   training/optim/spikes.py
-    diagnostics  rank stats, profiler, memory snapshots      training/observe/diagnostics.py
+    long_run     loss spikes and rollbacks                   training/optim/settings.py
+    diagnostics  rank stats, profiler, memory snapshots      training/observe/settings.py
     logging      the console, TensorBoard, W&B               training/core/logger.py
 
 TrainConfig's own validate() holds the rules that span sections. The keys users type stay flat:
@@ -38,20 +40,16 @@ import yaml
 
 from common.errors import ConfigError, first_line
 from common.settings import Settings, require, require_path
-from data.mixture import DataSettings, parse_val_sets
+from data.settings import DataSettings, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from evals.settings import EvalSettings
-from training.checkpoint.checkpointer import CheckpointSettings
-from training.checkpoint.run_folder import RunSettings
+from training.checkpoint.settings import CheckpointSettings, RunSettings
 from training.core.logger import LoggingSettings
-from training.distributed.runtime_settings import RuntimeSettings
-from training.distributed.strategies import STRATEGIES
-from training.observe.diagnostics import DiagnosticsSettings
-from training.optim.ema import EMASettings
-from training.optim.optimizers import OptimizerSettings
+from training.distributed.runtime_settings import STRATEGY_INFO, RuntimeSettings
+from training.observe.settings import DiagnosticsSettings
 from training.optim.schedule import ScheduleSettings
-from training.optim.spikes import LongRunSettings
-from training.run.weights import ModelSettings
+from training.optim.settings import EMASettings, LongRunSettings, OptimizerSettings
+from training.run.settings import ModelSettings
 
 
 # --- the whole configuration ------------------------------------------------------------------------
@@ -108,7 +106,7 @@ class TrainConfig:
     def resolved_checkpoint_format(self) -> str:
         """file or sharded: the checkpoint section's checkpoint_format, its auto resolved with the runtime
         section's strategy (CheckpointSettings.resolved_format)."""
-        return self.checkpoint.resolved_format(STRATEGIES[self.runtime.strategy].default_checkpoint_format)
+        return self.checkpoint.resolved_format(STRATEGY_INFO[self.runtime.strategy].default_checkpoint_format)
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:

@@ -39,12 +39,13 @@ from data.mixture import changed_shards, derived_state
 from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, DamagedCheckpointError,
                                         check_compatible, format_of, list_checkpoints, load_checkpoint,
                                         newest_readable_checkpoint, require_entries, set_aside)
+from training.checkpoint.settings import no_checkpoint_at
 from training.core import storage
 from training.core.context import Context
 from training.core.logger import LOG_NAME, read_log
 from training.core.process_group import DistEnv, broadcast_object, run_on_all_ranks
 from training.core.storage import Location, name_of, parent_of
-from training.optim.ema import EMASettings
+from training.optim.settings import EMASettings
 from training.optim.spikes import RollbackRequested
 from launch.config import ON_RESUME_OF, TrainConfig
 from training.run.run import Run
@@ -96,8 +97,7 @@ def find_resume_checkpoint(folder: Location, resume: str, warn=print_warning) ->
         found = newest_readable_checkpoint(folder, warn)
         return None if found is None else (*found, "the newest checkpoint in out_dir")
     path = storage.as_location(resume)
-    require(storage.exists(path), "resume", f"no checkpoint file or folder at {resume!r} (use auto, never, or the "
-                                            f"path of a step_XXXXXXXX.pt file or step_XXXXXXXX folder)")
+    require(storage.exists(path), "resume", no_checkpoint_at(resume))
     state = load_checkpoint(path)
     if descendants := descendants_of(folder, path, state, warn):
         return descendants[-1], load_checkpoint(descendants[-1]), f"the newest checkpoint that continued from {path}"

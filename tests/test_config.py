@@ -14,13 +14,15 @@ import pytest
 import yaml
 
 from conftest import REPO, train_here
+from slowness import guard
 from training.distributed.runtime_settings import MAX_HANG_TIMEOUT_MINUTES
 from launch.config import (SECTION_OF, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
                            parse_args, usage)
-from training.optim.optimizers import OptimizerSettings
 from training.core.logger import LoggingSettings
 from training.optim.schedule import ScheduleSettings, learning_rate
-from training.optim.spikes import LongRunSettings
+from training.optim.settings import LongRunSettings, OptimizerSettings
+from training.run.settings import PRESET_NAMES
+from model import PRESETS
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -103,6 +105,14 @@ def test_grad_accum_must_divide_exactly():
         cfg.data.grad_accum_steps(3)
 
 
+def test_the_model_section_names_model_pys_presets():
+    """The section knows the presets by name without importing model.py (torch); model_config takes their shapes."""
+    assert PRESET_NAMES == tuple(PRESETS)
+    for name, shape in PRESETS.items():
+        config = TrainConfig(model=name).model.model_config()
+        assert dict(n_layer=config.n_layer, n_head=config.n_head, n_embd=config.n_embd) == shape
+
+
 @pytest.mark.slow
 def test_trainer_reports_config_errors_on_one_line_with_exit_code_2():
     proc = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), "--max_lr", "fast"],
@@ -112,6 +122,23 @@ def test_trainer_reports_config_errors_on_one_line_with_exit_code_2():
     assert "Traceback" not in proc.stderr
     helped = subprocess.run([sys.executable, str(REPO / "train_gpt2.py"), "--help"], capture_output=True, text=True)
     assert helped.returncode == 0 and "--total_batch_size" in helped.stdout
+
+
+@pytest.mark.slow
+def test_the_configuration_is_read_without_torch():
+    """launch/config.py and every settings section import neither torch, numpy nor the model, and nor do the
+    trainer's early checks torch: train_gpt2.py checks its arguments before it imports them (seconds)."""
+    code = "\n".join([
+        "import sys",
+        "from launch.config import parse_args, usage",
+        "usage()",
+        "parse_args(['--config', 'configs/demo.yaml', '--max_steps', '1', '--optimizer', 'muon', '--strategy', 'fsdp'])",
+        "print(sorted(name for name in ('torch', 'numpy', 'model') if name in sys.modules))",
+        "import launch.early_checks",
+        "print(sorted(name for name in ('torch', 'model') if name in sys.modules))",
+    ])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=guard(60))
+    assert (proc.returncode, proc.stdout) == (0, "[]\n[]\n"), proc.stderr[-2000:]
 
 
 def test_every_float_spelling_is_accepted_from_yaml(tmp_path):
@@ -225,7 +252,7 @@ def test_a_section_checks_its_own_keys(section, values, message):
 
 
 def test_the_rules_that_span_sections_are_trainconfigs():
-    from data.mixture import DataSettings
+    from data.settings import DataSettings
 
     assert DataSettings(seq_len=2048).seq_len == 2048  # the data section alone cannot know block_size
     with pytest.raises(ConfigError, match="^seq_len: 2048 exceeds block_size 1024$"):

@@ -17,7 +17,8 @@ import torch
 from common.errors import ConfigError
 from common.log_fields import TRAIN_METRICS, TRAIN_RECORD_FIELDS
 from conftest import base_args, make_shards, run_trainer
-from data.mixture import MixtureLoader, Source, parse_sources, parse_val_sets, step_composition
+from data.mixture import MixtureLoader, step_composition
+from data.settings import Source, parse_sources, parse_val_sets
 from data.shards import shard_name, write_shard
 from training.core.logger import read_log
 from launch.config import TrainConfig, parse_args

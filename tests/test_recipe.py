@@ -21,7 +21,8 @@ from conftest import (GPT2_VOCAB, REPO, base_args, build_tiny_run, lockstep_step
                       train_here)
 from common.errors import ConfigError, NonFiniteLossError
 from launch.config import TrainConfig, parse_args
-from training.optim.optimizers import MuonWithAdamW, build_optimizer, split_parameters
+from model import GPT
+from training.optim.optimizers import MuonWithAdamW, build_optimizer, require_available, split_parameters
 from training.checkpoint.format import with_current_settings
 from training.optim.schedule import cooldown_start, learning_rate
 
@@ -94,19 +95,26 @@ def test_recipe_settings_are_checked_and_named(overrides, message):
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
 
 
-def test_muon_on_a_torch_without_it_is_one_line_naming_the_version_it_needs(monkeypatch, capfd):
-    """requirements.txt allows torch 2.4; torch.optim.Muon came in 2.9. Refused before any work starts."""
+def test_muon_on_a_torch_without_it_is_one_line_naming_the_version_it_needs(monkeypatch, capfd, tmp_path):
+    """requirements.txt allows torch 2.4; torch.optim.Muon came in 2.9. The configuration is read before torch is
+    imported, so this is checked once it is (require_available), before any work starts, and when an optimizer is
+    built (a tool that builds one itself)."""
 
     monkeypatch.delattr(torch.optim, "Muon")
-    with pytest.raises(ConfigError) as caught:
-        TrainConfig(optimizer="muon")
-    assert str(caught.value) == (f"optimizer: muon needs torch.optim.Muon, which PyTorch 2.9 added; this is torch "
-                                 f"{torch.__version__}: upgrade torch (pip install 'torch>=2.9'), or use optimizer "
-                                 f"adamw")
-    assert train_here(["--optimizer", "muon", "--out_dir", "never-made"]) == 2
+    muon = TrainConfig(optimizer="muon", model="custom", n_layer=1, n_head=1, n_embd=8)
+    message = (f"optimizer: muon needs torch.optim.Muon, which PyTorch 2.9 added; this is torch {torch.__version__}: "
+               f"upgrade torch (pip install 'torch>=2.9'), or use optimizer adamw")
+    for check in (lambda: require_available(muon.optimizer),
+                  lambda: build_optimizer(GPT(muon.model.model_config()), muon.optimizer, 1e-3, "cpu")):
+        with pytest.raises(ConfigError) as caught:
+            check()
+        assert str(caught.value) == message
+    data = make_shards(tmp_path / "shards")  # the trainer gets as far as the check: its inputs are there
+    assert train_here(["--optimizer", "muon", "--data_dir", data, "--out_dir", tmp_path / "never-made"]) == 2
     err = capfd.readouterr().err
     assert err.startswith("error: optimizer: muon needs torch.optim.Muon") and err.count("\n") == 1
-    assert TrainConfig(optimizer="adamw").optimizer.optimizer == "adamw"  # the rest runs on such a torch
+    assert not (tmp_path / "never-made").exists()
+    require_available(TrainConfig(optimizer="adamw").optimizer)  # the rest runs on such a torch
 
 
 def test_the_defaults_are_the_faithful_recipe():

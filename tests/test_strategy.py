@@ -1,4 +1,5 @@
-"""A strategy is one Strategy subclass in STRATEGIES: the config, the loaders and the evaluations take it from there."""
+"""A strategy is one Strategy subclass in STRATEGIES, described in STRATEGY_INFO: the config, the loaders and the
+evaluations take it from there."""
 
 from __future__ import annotations
 
@@ -12,18 +13,16 @@ from common.errors import ConfigError
 from test_hellaswag import write_fixture
 from test_layout import project_modules
 from launch.config import TrainConfig
-from training.distributed.runtime_settings import RuntimeSettings
-from training.distributed.strategies import DDP, STRATEGIES, strategies_help
+from training.distributed.runtime_settings import STRATEGY_INFO, RuntimeSettings, StrategyInfo, strategies_help
+from training.distributed.strategies import DDP, STRATEGIES
 from launch.components import make_evaluation
 
 
 class SecondReplica(DDP):
     """A strategy whose data-parallel view differs from its process's (as tensor parallel's would):
-    this one process is replica 1 of 2. Its class attributes differ from DDP's too."""
+    this one process is replica 1 of 2. Its description differs from DDP's too."""
 
     name = "second_replica"
-    help = "a test strategy: replica 1 of 2"
-    default_checkpoint_format = "sharded"
 
     @property
     def dp_rank(self) -> int:
@@ -37,9 +36,10 @@ class SecondReplica(DDP):
 @pytest.fixture
 def registered(monkeypatch):
     monkeypatch.setitem(STRATEGIES, SecondReplica.name, SecondReplica)
+    monkeypatch.setitem(STRATEGY_INFO, SecondReplica.name, StrategyInfo("a test strategy: replica 1 of 2", "sharded"))
 
 
-def test_a_registered_strategy_is_accepted_by_the_config_from_its_class_attributes(registered, tmp_path):
+def test_a_registered_strategy_is_accepted_by_the_config_from_its_description(registered, tmp_path):
     cfg = TrainConfig(strategy="second_replica", checkpoint_dir=str(tmp_path / "checkpoints"))
     assert cfg.resolved_checkpoint_format() == "sharded"  # its default_checkpoint_format, not a name test
     assert "second_replica (a test strategy: replica 1 of 2)" in strategies_help()
@@ -69,10 +69,12 @@ def test_its_dp_view_is_what_the_loaders_and_evaluations_get(registered, shards,
 
 
 def test_the_strategy_key_lists_every_registered_strategy():
-    assert all(name == cls.name and cls.help for name, cls in STRATEGIES.items())
+    """The configuration's descriptions (torch-free) name the strategies' classes, one each."""
+    assert list(STRATEGY_INFO) == list(STRATEGIES)
+    assert all(name == cls.name and STRATEGY_INFO[name].help for name, cls in STRATEGIES.items())
     help_text = RuntimeSettings.__dataclass_fields__["strategy"].metadata["help"]
     assert help_text == f"data parallelism: {strategies_help()}"
-    assert {name: cls.default_checkpoint_format for name, cls in STRATEGIES.items()} == \
+    assert {name: info.default_checkpoint_format for name, info in STRATEGY_INFO.items()} == \
         {"ddp": "file", "fsdp": "sharded", "fsdp_zero2": "sharded"}
 
 

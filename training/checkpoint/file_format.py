@@ -162,7 +162,8 @@ def legacy_optimizer_by_name(state: dict) -> dict:
     the indices. The only place a model is rebuilt to read a checkpoint.
     """
     from model import GPT, GPTConfig
-    from training.optim.optimizers import OptimizerSettings, build_optimizer
+    from training.optim.optimizers import build_optimizer
+    from training.optim.settings import OptimizerSettings
     from training.distributed.strategies import by_name, parameter_names
 
     with torch.device("meta"):

@@ -4,7 +4,7 @@ The checkpoint folder is `out_dir/checkpoints` unless `checkpoint_dir` names ano
 local path or an fsspec URL, see training/core/storage.py). A checkpoint `step_s` holds the state
 after s optimizer updates, in one of two formats (training/checkpoint/format.py says what they hold).
 `format_of` (a path) and FORMATS (by name: the checkpoint_format a run writes, auto resolved by
-training/checkpoint/checkpointer.py's CheckpointSettings) are the only places that tell them
+training/checkpoint/settings.py's CheckpointSettings) are the only places that tell them
 apart. Everything here takes both: listing, "newest readable", retention, and the readers
 (sample.py, export_hf.py, eval_lm.py, init_from, consolidation) do not care which format a
 checkpoint has. Which checkpoint a launch resumes, the lineage rules and what a resume loads
@@ -23,6 +23,7 @@ from training.core import storage
 from training.checkpoint.format import (FORMAT_VERSION, CheckpointFormat, DamagedCheckpointError,  # noqa: F401
                                         ModelState, damaged)
 from training.checkpoint.file_format import FileFormat, save_checkpoint
+from training.checkpoint.settings import WEIGHTS  # noqa: F401 - the readers' --weights, for callers
 from training.checkpoint.sharded_format import ShardedFormat
 from training.core.storage import Location
 
@@ -172,9 +173,6 @@ def run_checkpoints_folder(folder: Path) -> Location:
             checkpoint_dir = ""
         return checkpoints_folder(folder, checkpoint_dir)
     return folder / CHECKPOINT_DIR if (folder / CHECKPOINT_DIR).is_dir() else folder
-
-
-WEIGHTS = ("live", "ema")  # the readers' --weights: the trained weights, or their EMA (training/optim/ema.py)
 
 
 def require_average(state: dict, path: Location) -> None:

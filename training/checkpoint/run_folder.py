@@ -23,10 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common.errors import ConfigError, first_line
-from common.settings import Settings, option, require, section
 from training.core import storage
 from training.checkpoint.folder import remove_stale_temp_files
-from training.core.storage import Location, is_url, name_of
+from training.core.storage import Location, name_of
 
 LOCK_NAME = ".lock"
 OWNER_NAME = "owner.json"  # in a checkpoint_dir outside out_dir: the run folder it belongs to
@@ -187,19 +186,3 @@ def same_file(file, path: Path) -> bool:
         return False
     mine = os.fstat(file.fileno())
     return (mine.st_dev, mine.st_ino) == (here.st_dev, here.st_ino)
-
-
-@section
-class RunSettings(Settings):
-    """The run section: the run folder, which every part of a run writes into, and this module claims."""
-
-    SECTION = "run"
-    SUMMARY = "the run folder"
-
-    out_dir: str = option("out/gpt2_124m", "run folder: config.yaml, run.json, log.jsonl, checkpoints/",
-                          on_resume="none")
-
-    def validate(self) -> None:
-        require(not is_url(self.out_dir), "out_dir",
-                f"{self.out_dir!r} is a URL, but the run folder (logs, config) is a local or shared path; put "
-                f"checkpoints on remote storage with --checkpoint_dir URL")

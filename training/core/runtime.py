@@ -25,8 +25,6 @@ DEFAULT_LOSS_CHUNK = 8192
 
 # The compile modes the `compile_mode` key takes: torch.compile's default, or Inductor timing several kernels
 # (Triton templates beside cuBLAS for the matrix products) and keeping the fastest, without CUDA graphs.
-COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-LOSS_KERNELS = ("torch", "triton")  # model.py's F.cross_entropy, or training/kernels/cross_entropy.py's kernel
 FP8_CAPABILITY = (8, 9)  # the first CUDA compute capability with FP8 matrix units (Ada; Hopper is 9.0)
 
 
@@ -55,8 +53,8 @@ class Runtime:
     peak_flops: float | None  # bf16 FLOP/s of one device, for MFU; None where unknown
     device_name: str
     recompute_every: int = 0  # activation checkpointing: one block in every N recomputed in backward (0: none)
-    compile_mode: str = "default"  # torch.compile's mode (COMPILE_MODES)
-    loss_kernel: str = "torch"  # LOSS_KERNELS
+    compile_mode: str = "default"  # torch.compile's mode (runtime_settings.py's COMPILE_MODES)
+    loss_kernel: str = "torch"  # runtime_settings.py's LOSS_KERNELS
     fused_residual_norm: bool = False  # the blocks' residual add + ln_2 by training/kernels/add_layer_norm.py
     fp8_lm_head: bool = False  # the lm_head's matrix products in FP8 (training/kernels/fp8.py)
     ddp: DDPOptions = field(default_factory=DDPOptions)

@@ -2,16 +2,48 @@
 
 Its keys are read by the floor below (training/core/runtime.py's resolve_runtime: device, dtype,
 compile, loss chunking, the FLOP/s peak, recomputation; deterministic_kernels) and by this one
-(strategies.py: the strategy). It sits here, not beside training/core/runtime.py, because its
-`strategy` key is checked against, and its help lists, the strategies' registry (STRATEGIES),
-which this floor holds and which itself imports the core's Runtime.
+(strategies.py: the strategy). It sits here, beside the strategies, whose names it checks the
+`strategy` key against and whose help it lists (STRATEGY_INFO).
+
+Torch-free, as every settings section is (launch/config.py): the trainer checks a configuration
+before it imports torch. So the strategies are described here, by name, and strategies.py's classes
+(STRATEGIES, under the same names) are the rest of them; make_runtime imports the core's runtime
+when it is called.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple
+
 from common.settings import OrNone, Settings, dropout_on, option, require, section
-from training.core.runtime import COMPILE_MODES, LOSS_KERNELS, DDPOptions, Runtime, resolve_runtime
-from training.distributed.strategies import STRATEGIES, strategies_help
+
+if TYPE_CHECKING:
+    from training.core.runtime import Runtime
+
+
+class StrategyInfo(NamedTuple):
+    """What the configuration knows of a strategy: strategies.py's class of that name is the rest of it."""
+
+    help: str  # what it does, in a few words: the `strategy` key's help lists them
+    # what checkpoint_format auto means: file (rank 0 gathers and writes everything) or sharded (every rank
+    # writes its part); sharded where one writer gathering everything does not scale
+    default_checkpoint_format: str
+
+
+# Every strategy by name, each a class of strategies.py's STRATEGIES (tests/test_strategy.py checks the names match).
+STRATEGY_INFO: dict[str, StrategyInfo] = {
+    "ddp": StrategyInfo("a full copy per rank", "file"),
+    "fsdp": StrategyInfo("parameters, gradients and AdamW state sharded, like ZeRO-3", "sharded"),
+    "fsdp_zero2": StrategyInfo("fsdp keeping a block's parameters gathered from its forward to its backward",
+                               "sharded"),
+}
+
+
+def strategies_help() -> str:
+    """The strategies with what each does, for the `strategy` key's help: "a (...), b (...) or c (...)"."""
+    described = [f"{name} ({info.help})" for name, info in STRATEGY_INFO.items()]
+    return " or ".join(filter(None, [", ".join(described[:-1]), described[-1]]))
+
 
 # The longest hang_timeout_minutes: a year, longer than any run waits on a hung rank. Far longer values overflow
 # where the timeout is set after the first step, on every rank: datetime.timedelta past ~2.7 million years, gloo's
@@ -21,6 +53,8 @@ MAX_HANG_TIMEOUT_MINUTES = 365 * 24 * 60
 DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+LOSS_KERNELS = ("torch", "triton")  # model.py's F.cross_entropy, or training/kernels/cross_entropy.py's kernel
 
 
 @section
@@ -81,7 +115,10 @@ class RuntimeSettings(Settings):
                                             "(a rank hung or died); start-up gets 30 minutes", on_resume="none")
 
     def make_runtime(self, local_rank: int = 0) -> Runtime:
-        """The Runtime these settings make on this process: auto values resolved for its device."""
+        """The Runtime these settings make on this process: auto values resolved for its device (torch's
+        runtime, imported now: the settings are read before torch is)."""
+        from training.core.runtime import DDPOptions, resolve_runtime
+
         return resolve_runtime(self.device, self.dtype, self.compile, self.loss_chunk_size, self.peak_flops,
                                local_rank, self.recompute_every(), compile_mode=self.compile_mode,
                                loss_kernel=self.loss_kernel, fused_residual_norm=self.fused_residual_norm,
@@ -119,8 +156,8 @@ class RuntimeSettings(Settings):
                     f"chunks of them: set loss_chunk_size 0 (or null)")
         require(self.ddp_bucket_cap_mb is None or self.ddp_bucket_cap_mb > 0, "ddp_bucket_cap_mb",
                 f"must be positive, got {self.ddp_bucket_cap_mb}")
-        require(self.strategy in STRATEGIES, "strategy",
-                f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGIES)}")
+        require(self.strategy in STRATEGY_INFO, "strategy",
+                f"unknown strategy {self.strategy!r}; choose {', '.join(STRATEGY_INFO)}")
         require(self.activation_checkpointing in ACTIVATION_CHECKPOINTING, "activation_checkpointing",
                 f"unknown value {self.activation_checkpointing!r}; choose {', '.join(ACTIVATION_CHECKPOINTING)}")
         require(self.activation_checkpointing_every >= 1, "activation_checkpointing_every",

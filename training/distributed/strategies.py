@@ -18,10 +18,11 @@ gradients before the last micro-step (DDP's no_sync, FSDP's set_requires_gradien
 gradient clipping uses the global norm.
 
 What the rest of the trainer reads of a strategy is its data-parallel view (dp_rank, dp_size, mesh)
-and its class attributes, never its name. So another strategy whose every rank is a data-parallel
-replica is one Strategy subclass and one entry in STRATEGIES; one whose replicas span several ranks
-(tensor or context parallel) also needs the model split, and the evaluations' all-reduces (val loss
-sums, HellaSwag counts) made to count each replica once.
+and its attributes, never its name. So another strategy whose every rank is a data-parallel replica
+is one Strategy subclass, its entry in STRATEGIES, and its description in runtime_settings.py's
+STRATEGY_INFO (torch-free: the configuration checks the name before torch is imported); one whose
+replicas span several ranks (tensor or context parallel) also needs the model split, and the
+evaluations' all-reduces (val loss sums, HellaSwag counts) made to count each replica once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from common.errors import ConfigError
 from model import GPT
 from training.core.process_group import DistEnv
 from training.core.runtime import Runtime
+from training.distributed.runtime_settings import STRATEGY_INFO
 
 SyncContext = contextlib.AbstractContextManager  # what gradient_sync returns
 
@@ -44,15 +46,16 @@ SyncContext = contextlib.AbstractContextManager  # what gradient_sync returns
 class Strategy:
     """The data-parallel strategy of a run: what differs between them. Every method is called on every rank."""
 
-    name: ClassVar[str]  # the `strategy` key's value, and its key in STRATEGIES
-    help: ClassVar[str]  # what it does, in a few words: the `strategy` key's help lists them
+    name: ClassVar[str]  # the `strategy` key's value: its key in STRATEGIES and in STRATEGY_INFO
     forwards_are_collective: ClassVar[bool] = False  # FSDP: every forward all-gathers, so every rank runs each
-    # what checkpoint_format auto means: file (rank 0 gathers and writes everything) or sharded (every rank
-    # writes its part); sharded where one writer gathering everything does not scale
-    default_checkpoint_format: ClassVar[str] = "sharded"
 
     def __init__(self, env: DistEnv, runtime: Runtime):
         self.env, self.runtime = env, runtime
+
+    @property
+    def default_checkpoint_format(self) -> str:
+        """What checkpoint_format auto means under this strategy: file or sharded (STRATEGY_INFO)."""
+        return STRATEGY_INFO[self.name].default_checkpoint_format
 
     # --- the data-parallel view ----------------------------------------------------------------
     # The ranks as the data sees them: dp_size replicas, each reading its own share of every
@@ -126,8 +129,6 @@ class DDP(Strategy):
     """A full replica per rank; gradients all-reduced once per step. One process: no wrapper at all."""
 
     name = "ddp"
-    help = "a full copy per rank"
-    default_checkpoint_format = "file"
 
     def training_model(self, model: GPT) -> torch.nn.Module:
         train_model = super().training_model(model)
@@ -154,7 +155,6 @@ class FSDP(Strategy):
     """FSDP2: parameters, gradients and optimizer state sharded over the ranks (ZeRO-3)."""
 
     name = "fsdp"
-    help = "parameters, gradients and AdamW state sharded, like ZeRO-3"
     forwards_are_collective = True
     reshard_after_forward: ClassVar[bool] = True  # free a block's gathered parameters after its forward
 
@@ -237,17 +237,10 @@ class FSDPZero2(FSDP):
     """FSDP2 keeping each block's parameters gathered from its forward to its backward (ZeRO-2)."""
 
     name = "fsdp_zero2"
-    help = "fsdp keeping a block's parameters gathered from its forward to its backward"
     reshard_after_forward = False
 
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (DDP, FSDP, FSDPZero2)}
-
-
-def strategies_help() -> str:
-    """The strategies with what each does, for the `strategy` key's help: "a (...), b (...) or c (...)"."""
-    described = [f"{name} ({cls.help})" for name, cls in STRATEGIES.items()]
-    return " or ".join(filter(None, [", ".join(described[:-1]), described[-1]]))
 
 
 def make_strategy(name: str, env: DistEnv, runtime: Runtime) -> Strategy:

@@ -23,40 +23,12 @@ with `--weights ema`.
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import TypedDict
 
 import torch
 
 from training.checkpoint.fit import tensors_problem
 from training.distributed.strategies import full_tensors, is_sharded, load_full_tensors, local_part
-from common.settings import Settings, option, require, section
-
-
-@section
-class EMASettings(Settings):
-    """The ema section: an average of the weights, evaluated and saved beside them (never trained on)."""
-
-    SECTION = "ema"
-    SUMMARY = "an exponential moving average of the weights, evaluated and saved beside them"
-
-    ema_decay: float = option(0.0, "EMA of the weights: average = decay * average + (1 - decay) * weights after "
-                                   "each applied update, in (0, 1) (0: off); evaluated beside the live weights "
-                                   "(val/ema_loss, hellaswag/ema_acc_norm) and saved with the checkpoints",
-                              on_resume="none")  # an average kept beside the weights: the training never reads it
-    ema_start: float = option(0.0, "the share of max_steps after which the EMA starts, in [0, 1): it is the "
-                                   "weights after update floor(ema_start * max_steps), then averages on (0: from "
-                                   "the first update; 0.5: a tail average of the second half); set at a fresh "
-                                   "start, kept by resumes", on_resume="none")
-
-    def validate(self) -> None:
-        require(self.ema_decay == 0 or 0 < self.ema_decay < 1, "ema_decay",
-                f"must be 0 (off) or in (0, 1), got {self.ema_decay}")
-        require(0 <= self.ema_start < 1, "ema_start", f"must be in [0, 1), got {self.ema_start}")
-
-    def start_step(self, max_steps: int) -> int:
-        """The first update the average holds (max_steps: the schedule section's), as a fresh run sets it."""
-        return math.floor(self.ema_start * max_steps)
 
 
 class EMAState(TypedDict):

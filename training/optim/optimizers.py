@@ -27,9 +27,9 @@ import torch
 from common.errors import CheckpointError
 from model import GPT
 from training.distributed.muon import DistributedMuon, muon_math_missing
-from common.settings import Settings, option, require, section
+from common.settings import require
+from training.optim.settings import OptimizerSettings
 
-OPTIMIZERS = ("adamw", "muon")
 MUON_TORCH = "2.9"  # the first PyTorch release with torch.optim.Muon (requirements.txt allows older ones)
 BLOCK_MATRICES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
@@ -38,6 +38,7 @@ def build_optimizer(model: GPT, settings: OptimizerSettings, peak_lr: float,
                     device_type: str) -> torch.optim.Optimizer:
     """The optimizer the optimizer section names, over the model's (possibly FSDP-sharded) parameters;
     peak_lr is the schedule's max_lr (every group's lr in the schedule's units)."""
+    require_available(settings)  # the trainer checked it already; a tool that builds one itself is told here
     if settings.optimizer == "adamw":
         return model.configure_optimizers(settings.weight_decay, peak_lr, (settings.beta1, settings.beta2),
                                           settings.adam_eps, device_type)
@@ -57,9 +58,18 @@ def build_optimizer(model: GPT, settings: OptimizerSettings, peak_lr: float,
     return MuonWithAdamW(inner_adamw, inner_muon, peak_lr=peak_lr)
 
 
+def require_available(settings: OptimizerSettings) -> None:
+    """The optimizer section's one rule that needs torch, so not checked with the others (training/optim/settings.py,
+    read before torch is imported): the optimizer it names runs on this PyTorch. A ConfigError naming optimizer,
+    which the trainer raises once torch is imported, before any work (train_gpt2.py's main)."""
+    if settings.optimizer == "muon":
+        missing = muon_unavailable()
+        require(missing is None, "optimizer", missing)
+
+
 def muon_unavailable() -> str | None:
-    """Why optimizer muon cannot run with this PyTorch (None when it can): the config refuses it before any
-    work starts, instead of an AttributeError when the optimizer is built."""
+    """Why optimizer muon cannot run with this PyTorch (None when it can): refused before any work starts
+    (require_available), instead of an AttributeError when the optimizer is built."""
     if hasattr(torch.optim, "Muon") and not muon_math_missing():
         return None
     return (f"muon needs torch.optim.Muon, which PyTorch {MUON_TORCH} added; this is torch {torch.__version__}: "
@@ -131,52 +141,3 @@ class MuonWithAdamW(torch.optim.Optimizer):
                                   "parameter groups differ); resume it with the optimizer it was written with")
         super().load_state_dict(state_dict)
         self._share_state()
-
-
-def muon_on(config: dict) -> bool:
-    """on_resume of Muon's settings: nothing reads them under AdamW. config: the resumed run's keys, flat."""
-    return config["optimizer"] == "muon"
-
-
-@section
-class OptimizerSettings(Settings):
-    """The optimizer section: which optimizer, and its hyperparameters (its peak lr is the schedule's max_lr)."""
-
-    SECTION = "optimizer"
-    SUMMARY = "AdamW (GPT-2/3's) or Muon + AdamW, and gradient clipping"
-
-    optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon, PyTorch 2.9+, "
-                                     "on the blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay "
-                                     "on embeddings, lm_head, LayerNorms and biases; each matrix orthogonalised "
-                                     "whole, on one rank, under any strategy). A checkpoint resumes "
-                                     "only with the optimizer it was written with", on_resume="trajectory")
-    weight_decay: float = option(0.1, "AdamW weight decay, on 2-D weights only", on_resume="trajectory")
-    beta1: float = option(0.9, "AdamW beta1", on_resume="trajectory")
-    beta2: float = option(0.95, "AdamW beta2", on_resume="trajectory")
-    adam_eps: float = option(1e-8, "AdamW epsilon", on_resume="trajectory")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this (0: no clipping; the norm is still logged)",
-                              on_resume="trajectory")
-    muon_lr: float = option(0.02, "muon: peak learning rate of the Muon matrices, scaled by the schedule like "
-                                  "max_lr (0.02: Keller Jordan's Muon default; the orthogonalised update has "
-                                  "singular values near 1, so this lr is not on AdamW's scale)", on_resume=muon_on)
-    muon_momentum: float = option(0.95, "muon: Nesterov momentum (0.95: the Muon paper and modded-nanogpt)",
-                                  on_resume=muon_on)
-    muon_weight_decay: float = option(0.0, "muon: decoupled weight decay, applied as w *= 1 - lr * wd with the "
-                                           "Muon lr (0: as Keller Jordan's Muon and the modded-nanogpt speedruns; "
-                                           "torch's default 0.1 is meant for AdamW-sized lrs and would shrink the "
-                                           "weights 0.2% a step at lr 0.02)", on_resume=muon_on)
-
-    def validate(self) -> None:
-        for key in ("weight_decay", "grad_clip"):
-            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
-        for key in ("beta1", "beta2"):
-            require(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
-        require(self.adam_eps > 0, "adam_eps", f"must be positive, got {self.adam_eps}")
-        require(self.optimizer in OPTIMIZERS, "optimizer",
-                f"unknown optimizer {self.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
-        require(self.muon_lr >= 0, "muon_lr", f"must be >= 0, got {self.muon_lr}")
-        require(0 <= self.muon_momentum < 1, "muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
-        require(self.muon_weight_decay >= 0, "muon_weight_decay", f"must be >= 0, got {self.muon_weight_decay}")
-        if self.optimizer == "muon":
-            missing = muon_unavailable()
-            require(missing is None, "optimizer", missing)

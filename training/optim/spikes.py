@@ -19,8 +19,6 @@ from typing import TypedDict
 
 import torch
 
-from common.settings import Settings, option, require, section
-
 
 class RollbackRequested(Exception):
     """Raised on every rank alike by the step: reload the newest checkpoint instead of going on.
@@ -89,45 +87,3 @@ def spike_reason(judged: list[float], loss: float, grad_norm: float, threshold: 
     if grad_norm > norm_mean + threshold * norm_std:
         parts.append(f"grad norm {grad_norm:.4g} > {norm_mean:.4g} + {threshold:g} x {norm_std:.3g}")
     return " and ".join(parts) or "a spike"
-
-
-def spike_skip_on(config: dict) -> bool:
-    """on_resume of the spike settings: another value changes the training math only while spike_skip is on (off,
-    nothing reads them). config: the resumed run's keys, flat."""
-    return config["spike_skip"]
-
-
-def rollbacks_on(config: dict) -> bool:
-    """on_resume of what steers the rollbacks (how many, and, through the checkpoint cadence, where to): nothing
-    changes while neither rollback_after nor rollback_on_nonfinite asks for them."""
-    return bool(config["rollback_after"] or config["rollback_on_nonfinite"])
-
-
-@section
-class LongRunSettings(Settings):
-    """The long-run section: which updates are skipped as spikes, and when the run rolls back instead."""
-
-    SECTION = "long_run"
-    SUMMARY = "loss spikes: skipped updates and rollbacks"
-
-    spike_skip: bool = option(False, "skip an update whose loss or grad norm is more than spike_threshold standard "
-                                     "deviations above the mean of the last spike_window applied steps (every rank "
-                                     "skips the same one; a skip record says why)", on_resume="trajectory")
-    spike_window: int = option(128, "applied steps in the spike window; nothing is skipped until it is full",
-                               on_resume=spike_skip_on)
-    spike_threshold: float = option(6.0, "standard deviations above the window's mean that make a spike",
-                                    on_resume=spike_skip_on)
-    rollback_after: int = option(0, "after N skipped steps in a row, reload the newest checkpoint and continue past "
-                                    "the batches since it (0: never; needs spike_skip)", on_resume=spike_skip_on)
-    rollback_on_nonfinite: bool = option(False, "a NaN/inf loss or grad norm rolls back like rollback_after instead "
-                                                "of stopping the run (exit 3)", on_resume="trajectory")
-    max_rollbacks: int = option(3, "rollbacks in one run; the next one stops it with an error (exit 3)",
-                                on_resume=rollbacks_on)
-
-    def validate(self) -> None:
-        for key in ("rollback_after", "max_rollbacks"):
-            require(getattr(self, key) >= 0, key, f"must be >= 0, got {getattr(self, key)}")
-        require(self.spike_window >= 2, "spike_window", f"must be >= 2, got {self.spike_window}")
-        require(self.spike_threshold > 0, "spike_threshold", f"must be positive, got {self.spike_threshold}")
-        require(not self.rollback_after or self.spike_skip, "rollback_after",
-                "counts skipped steps, so it needs spike_skip: true")

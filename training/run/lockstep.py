@@ -33,9 +33,10 @@ from common.log_fields import Metric
 from training.core.process_group import DistEnv, all_gather, as_repro_error, raise_first_error
 from training.core.context import Context
 from training.run.run import Run
-from data.mixture import DataSettings
+from data.settings import DataSettings
 from training.optim.schedule import ScheduleSettings
-from training.optim.spikes import LongRunSettings, RollbackRequested, spike_reason
+from training.optim.settings import LongRunSettings
+from training.optim.spikes import RollbackRequested, spike_reason
 from training.run.step import apply_update, train_step
 
 

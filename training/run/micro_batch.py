@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.errors import ConfigError, ReproError
-from data.loader import candidate_sizes, nearest_multiples
-from data.mixture import DataSettings
+from data.settings import DataSettings, candidate_sizes, nearest_multiples
 from model import GPTConfig
 from training.core.process_group import DistEnv, as_repro_error, raise_first_error
 from training.core.context import Context
