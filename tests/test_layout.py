@@ -21,7 +21,7 @@ LAYERS = [
 ]
 LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}
 # Inside training/, its sub-packages, bottom to top: a floor imports only the floors below it (README).
-FLOORS = ["core", "distributed", "optim", "checkpoint", "observe", "run"]
+FLOORS = ["kernels", "core", "distributed", "optim", "checkpoint", "observe", "run"]
 FLOOR_OF = {name: depth for depth, name in enumerate(FLOORS)}
 
 
