@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import TINY_MODEL, TINY_VOCAB, run_trainer
+from conftest import TINY_MODEL, TINY_VOCAB, make_shards, run_trainer
 
 
 BENCH_ARGS = [*TINY_MODEL, "--total_batch_size", "512", "--micro_batch_size", "4", "--device", "cpu",
@@ -101,8 +101,7 @@ def test_bench_gpu_exits_1_when_a_variant_fails_for_another_reason_than_memory(t
     script's status; before, it exited 0."""
     import sys
 
-    damaged = tmp_path / "damaged"
-    damaged.mkdir()
+    damaged = make_shards(tmp_path / "damaged", prefix="x")  # a sound val shard: the train one is what fails
     (damaged / "x_train_000001.npy").write_bytes(b"not a shard")
     proc = bench_gpu(tmp_path, "speed", PYTHON=sys.executable, BENCH_DRY_RUN="1", BENCH_ONLY="124m-eager-fused-b64",
                      DATA_DIR=str(damaged))

@@ -714,7 +714,7 @@ def test_gpu_check_refuses_in_one_line_before_it_runs_any_part(case, tmp_path):
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout[-2000:] + proc.stderr[-2000:]
     (line,) = proc.stderr.splitlines()
     expected = {"an unknown part": "unknown part sped", "a count of no GPUs": "GPU_CHECK_GPUS=0: a number of GPUs"}.get(
-        case, "No module named 'pydantic'")
+        case, "the package 'pydantic' is not installed")
     assert line.startswith("error: ") and expected in line, line
     assert not (tmp_path / "results").exists()
 

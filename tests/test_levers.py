@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from conftest import base_args, build_tiny_run, load_weights, lockstep_steps, run_trainer, train_here
+from conftest import base_args, build_tiny_run, load_weights, lockstep_steps, make_shards, run_trainer, train_here
 from launch.config import TrainConfig
 from training.core.runtime import DDPOptions
 
@@ -61,7 +61,8 @@ def test_a_bad_lever_value_is_one_error_naming_its_key(keys, message):
 
 def test_the_fp8_lm_head_off_a_cuda_gpu_with_fp8_is_one_error_line_before_any_work(tmp_path, capfd):
     """The modern recipe with fp8_lm_head on this machine's CPU: exit 2, one `error:` line naming the key."""
-    args = base_args(tmp_path / "data", tmp_path / "run", optimizer="muon", fp8_lm_head="true", vocab_size=512)
+    args = base_args(make_shards(tmp_path / "data"), tmp_path / "run", optimizer="muon", fp8_lm_head="true",
+                     vocab_size=512)
     assert train_here(args) == 2
     out, err = capfd.readouterr()
     assert err == ("error: fp8_lm_head: needs a CUDA GPU with FP8 matrix units (compute capability 8.9 or newer: Ada, "
