@@ -84,7 +84,7 @@ from evals.scaling_law import PARAMETERS, LawFit, fit_with_bootstrap, trend
 from evals.stats import format_p
 from model import GPT, PRESETS, GPTConfig
 from training.core.logger import LOG_NAME, read_log, write_text_file
-from training.core.metrics import PEAK_BF16_FLOPS, peak_flops_for
+from training.core.gpus import PEAK_BF16_FLOPS, peak_flops_for
 from launch.config import TrainConfig, coerce, config_yaml, load_yaml
 
 if TYPE_CHECKING:
