@@ -40,6 +40,7 @@ from data.tokenizer import get_tokenizer
 from common.errors import EVERY_RANK, NODE_RANKS, held_alike_by, run_cli
 from training.checkpoint.folder import checkpoints_folder
 from launch.config import TrainConfig, config_yaml, parse_args, usage, wants_help
+from launch.estimate import estimate_flags, estimate_text, wants_estimate
 from training.core.context import Context
 from training.observe.diagnostics import Diagnostics
 from training.core.process_group import (barrier, local_rank, run_on_all_ranks,
@@ -65,6 +66,10 @@ def main(argv: list[str], wrap_step=None) -> int:
     """Run the training that argv describes; the exit status. wrap_step(step) -> step: tests inject faults."""
     if wants_help(argv):  # anywhere: `--config configs/demo.yaml --help` too
         print(usage())
+        return 0
+    if wants_estimate(argv):  # what the run would cost, printed instead of training it (launch/estimate.py)
+        flags, config_argv = estimate_flags(argv)
+        print(estimate_text(parse_args(config_argv), flags, " ".join(["train_gpt2.py", *config_argv])), end="")
         return 0
     with held_alike_by(NODE_RANKS):  # before the ranks connect: a node's ranks read the same arguments and files
         cfg = parse_args(argv)
