@@ -559,7 +559,8 @@ def gpu_memory(cfg: TrainConfig, shape: Shape, hardware: Hardware) -> tuple[floa
         cfg.data.grad_accum_steps(gpus)  # a batch that does not divide over these GPUs: the trainer's own error
     total = state + costs.fixed + batch * per_sequence
     words = (f"{total / GIB:.1f} GiB = {state / GIB:.1f} GiB of model state ({strategy}, {cfg.optimizer.optimizer}) "
-             f"+ {batch} sequences{chosen} x {per_sequence / GIB:.2f} GiB of activations + {costs.fixed / GIB:.2f} "
+             f"+ {batch} sequence{'s' if batch != 1 else ''}{chosen} x {per_sequence / GIB:.2f} GiB of activations + "
+             f"{costs.fixed / GIB:.2f} "
              f"GiB whatever the batch (" + ("the bf16 copies of the blocks' weights, the fused loss's float32 (V, C) "
                                             "gradient)" if fused_loss(cfg) else "the bf16 copies of the weights)"))
     source = (f"derived: scripts/memory_table.py's model, the model state exact, the activations (eager) "
