@@ -98,9 +98,10 @@ test: install lint
 	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10 -m "not slurm and not smoke"
 
 # `make smoke` run for real through make, into a temporary SMOKE_DIR, and its run folder checked
-# (tests/test_smoke.py); about 10 s on 2 idle CPU cores.
+# (tests/test_smoke.py); then scripts/speedrun.sh rehearsed the same way (SPEEDRUN_SHRINK=1), twice: the second
+# run skips every stage the first completed (tests/test_speedrun.py). About a minute on 2 idle CPU cores.
 test-smoke: install
-	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m smoke tests/test_smoke.py
+	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m smoke tests/test_smoke.py tests/test_speedrun.py
 
 # scripts/slurm.sbatch submitted to a real Slurm on this machine (tests/test_slurm.py: munge, slurmctld and
 # two slurmd, started and stopped by the tests); installs Debian's Slurm and munge first where they are
