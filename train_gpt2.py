@@ -41,6 +41,7 @@ from common.errors import EVERY_RANK, NODE_RANKS, held_alike_by, run_cli
 from training.checkpoint.folder import checkpoints_folder
 from launch.config import TrainConfig, config_yaml, parse_args, usage, wants_help
 from launch.estimate import estimate_flags, estimate_text, wants_estimate
+from launch.estimate import usage as estimate_usage
 from training.core.context import Context
 from training.observe.diagnostics import Diagnostics
 from training.core.process_group import (barrier, local_rank, run_on_all_ranks,
@@ -65,7 +66,7 @@ STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first ev
 def main(argv: list[str], wrap_step=None) -> int:
     """Run the training that argv describes; the exit status. wrap_step(step) -> step: tests inject faults."""
     if wants_help(argv):  # anywhere: `--config configs/demo.yaml --help` too
-        print(usage())
+        print(usage() + estimate_usage())
         return 0
     if wants_estimate(argv):  # what the run would cost, printed instead of training it (launch/estimate.py)
         flags, config_argv = estimate_flags(argv)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -592,6 +593,22 @@ class EstimateFlags:
 ESTIMATE = "estimate"
 VALUED = {"gpu": "a GPU model of the table (H100, or the name nvidia-smi prints)", "gpus": "how many GPUs",
           "price": "dollars per GPU-hour", "mfu": "the MFU to assume, in (0, 1]"}
+
+
+def usage() -> str:
+    """The end of the trainer's --help: these flags, laid out as its keys are."""
+    flags = [("--estimate", "print what the run would cost, each figure with where it comes from, and exit "
+                            "(nothing trains)"),
+             ("--gpu NAME", f"{VALUED['gpu']}: {', '.join(g.name for g in GPU_MODELS)}"),
+             ("--gpus N", f"{VALUED['gpus']} (default: 1)"),
+             ("--price DOLLARS", f"{VALUED['price']} (default: no dollars)"),
+             ("--mfu F", f"{VALUED['mfu']} (default: the one measured for this configuration on that GPU model, "
+                         f"else {DEFAULT_MFU:.0%}, assumed)")]
+    lines = ["", "estimate, instead of training (flags, not config keys):", "",
+             "    python train_gpt2.py --config configs/gpt2_124m.yaml --estimate --gpu H100 --gpus 8 --price 2.5", ""]
+    for flag, words in flags:
+        lines += [f"  {flag}", textwrap.fill(words, 92, initial_indent=" " * 8, subsequent_indent=" " * 8)]
+    return "\n".join(lines) + "\n"
 
 
 def wants_estimate(argv: list[str]) -> bool:

@@ -254,8 +254,11 @@ def test_a_bad_flag_is_one_error_line(argv, message, capfd):
     assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
 
 
-def test_the_estimates_flags_are_no_config_keys():
+def test_the_estimates_flags_are_no_config_keys_and_help_lists_them(capsys):
     assert not {est.ESTIMATE, *est.VALUED} & set(TrainConfig.keys())
+    assert train_gpt2.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n  --{flag}" in out for flag in (est.ESTIMATE, *est.VALUED))
     assert all(est.find_gpu(gpu.name, "--gpu") is gpu for gpu in GPU_MODELS)  # every name finds its own row
 
 
