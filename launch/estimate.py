@@ -288,28 +288,32 @@ def measured_hardware(name: str, flops_per_sec: float, source: str) -> Hardware:
 
 # --- counts over the run ------------------------------------------------------------------------------------
 
-def eval_steps(max_steps: int, interval: int) -> list[int]:
-    """The steps an evaluation runs at (evals/base.py's Evaluator.due): every interval steps from step 0, and after
-    the last one; interval 0: after the last one only."""
-    steps = list(range(0, max_steps + 1, interval)) if interval > 0 else []
-    return steps if steps and steps[-1] == max_steps else [*steps, max_steps]
+def eval_count(max_steps: int, interval: int, after: int = -1) -> int:
+    """How many evaluations run at steps past `after` (evals/base.py's Evaluator.due: every interval steps from
+    step 0, and after the last one; interval 0: after the last one only). Counted, not listed: a ladder's dry run
+    may plan more steps than a list holds."""
+    if after >= max_steps:
+        return 0
+    if interval <= 0:
+        return 1
+    multiples = max_steps // interval - (after // interval if after >= 0 else -1)  # k * interval in (after, max]
+    return multiples + (1 if max_steps % interval else 0)
 
 
-def checkpoint_steps(max_steps: int, interval: int, final: bool) -> list[int]:
-    """The steps a run saves at (training/checkpoint/checkpointer.py's due): every interval steps, never step 0,
+def checkpoint_count(max_steps: int, interval: int, final: bool) -> int:
+    """How many saves a run makes (training/checkpoint/checkpointer.py's due): every interval steps, never step 0,
     and after the last one with final_checkpoint."""
-    steps = list(range(interval, max_steps + 1, interval)) if interval > 0 else []
-    return [*steps, max_steps] if final and max_steps not in steps else steps
+    every = max_steps // interval if interval > 0 else 0
+    return every + (1 if final and (interval <= 0 or max_steps % interval) else 0)
 
 
 def passes(cfg: TrainConfig, interval: int) -> tuple[int, int]:
     """(evaluations of the live weights, of the EMA's) at an interval: with an EMA, an averaged evaluation runs
     again on the average at every step past its start (evals/periodic.py; training/optim/ema.py's start_step)."""
-    steps = eval_steps(cfg.schedule.max_steps, interval)
+    live = eval_count(cfg.schedule.max_steps, interval)
     if not cfg.ema.ema_decay:
-        return len(steps), 0
-    start = cfg.ema.start_step(cfg.schedule.max_steps)
-    return len(steps), sum(step > start for step in steps)
+        return live, 0
+    return live, eval_count(cfg.schedule.max_steps, interval, after=cfg.ema.start_step(cfg.schedule.max_steps))
 
 
 def source_folders(data_dir: str) -> list[str]:
@@ -445,7 +449,7 @@ def estimate(cfg: TrainConfig, hardware: Hardware, price: float | None = None) -
     # evaluations: a forward is a third of a training step's FLOPs a token (model_size.flops_per_token)
     live, averaged = passes(cfg, evaluation.eval_interval)
     windows = val_windows(cfg)
-    val_tokens = (live + averaged) * windows * evaluation.val_tokens
+    val_tokens = float(live + averaged) * windows * evaluation.val_tokens  # a float: a dry run's budget may be vast
     val_s = val_tokens * per_token / 3 / rate
     ema = f" (+{averaged} of the EMA)" if averaged else ""
     sets = f"{windows} val set{'s' if windows > 1 else ''}"
@@ -456,7 +460,7 @@ def estimate(cfg: TrainConfig, hardware: Hardware, price: float | None = None) -
     if evaluation.hellaswag_interval:
         live, averaged = passes(cfg, evaluation.hellaswag_interval)
         examples = evaluation.hellaswag_limit or HELLASWAG_EXAMPLES
-        row_tokens = (live + averaged) * examples * HELLASWAG_ROWS * HELLASWAG_ROW_TOKENS
+        row_tokens = float(live + averaged) * examples * HELLASWAG_ROWS * HELLASWAG_ROW_TOKENS
         hellaswag_s = row_tokens * shape.flops_per_token(HELLASWAG_ROW_TOKENS) / 3 / rate
         ema = f" (+{averaged} of the EMA)" if averaged else ""
         figures.append(Figure("HellaSwag", f"{duration(hellaswag_s)}: {live} passes{ema} x {examples:,} examples",
@@ -466,7 +470,7 @@ def estimate(cfg: TrainConfig, hardware: Hardware, price: float | None = None) -
         figures.append(Figure("HellaSwag", "none", "config: hellaswag_interval 0"))
 
     # checkpoints
-    saves = len(checkpoint_steps(steps, checkpoint.checkpoint_interval, checkpoint.final_checkpoint))
+    saves = checkpoint_count(steps, checkpoint.checkpoint_interval, checkpoint.final_checkpoint)
     one = checkpoint_bytes(cfg, shape)
     layout = cfg.resolved_checkpoint_format()
     checkpoint_s = saves * one / SAVE_RATE[layout]

@@ -148,13 +148,18 @@ def test_the_activation_arithmetic_is_what_a_small_model_saves(fused, every, mon
     assert 0 <= (2 * one - two) - est.fixed_bytes(64, 512, kept, fused) <= 8200
 
 
-def test_evaluations_and_checkpoints_fall_on_the_steps_the_trainer_runs_them():
-    for max_steps, interval in ((10, 3), (9, 3), (5, 0), (7, 10)):
+def test_evaluations_and_checkpoints_are_counted_on_the_steps_the_trainer_runs_them():
+    """The counts against the trainer's own rules, step by step: evaluations (all of them, and those past an EMA's
+    start) and checkpoint saves, with and without the final one."""
+    for max_steps, interval in ((10, 3), (9, 3), (5, 0), (7, 10), (1, 1)):
         evaluator = Evaluator(interval)
-        assert est.eval_steps(max_steps, interval) == [s for s in range(max_steps + 1)
-                                                       if evaluator.due(s, s == max_steps)]
-        saves = [s for s in range(1, max_steps + 1) if s == max_steps or (interval and s % interval == 0)]
-        assert est.checkpoint_steps(max_steps, interval, final=True) == saves
+        due = [s for s in range(max_steps + 1) if evaluator.due(s, s == max_steps)]
+        for after in (-1, 0, 2, 3, max_steps):
+            assert est.eval_count(max_steps, interval, after) == len([s for s in due if s > after])
+        for final in (True, False):
+            saves = [s for s in range(1, max_steps + 1) if (final and s == max_steps) or (interval and s % interval == 0)]
+            assert est.checkpoint_count(max_steps, interval, final) == len(saves)
+    assert est.eval_count(10**300, 250) == 4 * 10**297 + 1  # a dry run's budget past any list
 
 
 def test_what_the_estimate_takes_from_other_modules_is_theirs():
