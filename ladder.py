@@ -311,7 +311,7 @@ def measured_cpu_throughput(rung: Rung) -> tuple[float, str]:
         tokens_per_sec = json.loads(figures.read_text())["tokens_per_sec"]
     rate = tokens_per_sec * rung.flops_per_token
     return rate, (f"measured: {rate / 1e9:.1f} GFLOP/s, scripts/bench.py's median step of {rung.size.label} on this "
-                  f"CPU ({rows * cfg.data.seq_len:,} tokens a step); evaluations, checkpoints and start-up not counted")
+                  f"CPU ({rows * cfg.data.seq_len:,} tokens a step)")
 
 
 def rung_environment() -> dict:
