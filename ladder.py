@@ -858,7 +858,7 @@ def main(argv: list[str]) -> int:
     if args.dry_run:
         times, sources = rung_times(args, rungs)
         print(f"{FLOPS_WORDS}\nTime: each rung's run as train_gpt2.py --estimate works it out (its steps, evaluations, "
-              f"checkpoints and start-up), at a speed that says where it comes from:\n"
+              f"checkpoints, and start-up where measured), at a speed that says where it comes from:\n"
               + "\n".join(f"- {source}" for source in sources) + "\n")
         print(plan_table(rungs, times))
         print(f"\nthe ladder: {len(ladder)} runs, {sum(r.flops for r in ladder):.3e} FLOPs, about "
