@@ -267,7 +267,8 @@ def gpu_hardware(cfg: TrainConfig, gpu: GPUModel, gpus: int, mfu: float | None =
     elif measurement is not None:
         mfu = measured_mfu(measurement)
         how = (f"{measurement.label()}: MFU {mfu:.1%} ({measurement.tokens_per_sec:,.0f} tokens/s on one GPU, "
-               f"{measurement.source}); on {gpus} GPUs DDP's all-reduce is taken as hidden behind the backward")
+               f"{measurement.source})" + (f"; on {gpus} GPUs DDP's all-reduce is taken as hidden behind the "
+                                           f"backward" if gpus > 1 else ""))
     else:
         mfu = DEFAULT_MFU
         elsewhere = [f"{measured_mfu(m):.1%} {m.label()} for this configuration" for m in this_config] + [

@@ -16,8 +16,8 @@
 #   4 train      torchrun on every GPU, from the newest checkpoint of the run folder (done: the log records the
 #                checkpoint of the last step: scripts/run_finished.py)
 #   5 card       eval_lm.py --card of the final checkpoint: RUN/report.md, report.json (done: newer than the log)
-#   6 gpt2 card  eval_lm.py gpt2 --card, OpenAI's GPT-2 124M on the same val window: RUN/gpt2_card/ (done: its
-#                report.json)
+#   6 gpt2 card  eval_lm.py gpt2 --card, OpenAI's GPT-2 124M on the 124M config's val window of the same data:
+#                RUN/gpt2_card/ (done: its report.json)
 #   7 beside     both cards in one table: RUN/report_vs_gpt2.md (scripts/card_table.py)
 #   8 curves     plot_log.py: RUN/curves.png, loss and HellaSwag against tokens (done: newer than the log)
 #
@@ -40,7 +40,8 @@ set -euo pipefail
 fail() { echo "error: $*" >&2; exit 2; }
 here="$(pwd)"
 absolute() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s/%s' "$here" "$1" ;; esac; }
-for name in SPEEDRUN_CONFIG SPEEDRUN_DATA SPEEDRUN_OUT SPEEDRUN_GPUS SPEEDRUN_GPU SPEEDRUN_PRICE PYTHON; do
+for name in SPEEDRUN_CONFIG SPEEDRUN_DATA SPEEDRUN_OUT SPEEDRUN_GPUS SPEEDRUN_GPU SPEEDRUN_PRICE SPEEDRUN_SHRINK \
+        PYTHON; do
     if [ -n "${!name+set}" ] && [ -z "${!name//[[:space:]]/}" ]; then
         fail "$name is set but empty: give it a value, or unset it for its default"
     fi
@@ -52,7 +53,8 @@ config="$(absolute "${SPEEDRUN_CONFIG:-configs/gpt2_124m.yaml}")"
 data="$(absolute "${SPEEDRUN_DATA:-data/edu_fineweb10B}")"
 name="$(basename "$config" .yaml)"
 run="$(absolute "${SPEEDRUN_OUT:-out/$name}")"
-py="${PYTHON:-$(command -v python || command -v python3)}"
+py="${PYTHON:-$(command -v python || command -v python3 || true)}"
+[ -n "$py" ] || fail "no python or python3 here: activate the environment (make install), or set PYTHON"
 read -r -a extra <<< "${SPEEDRUN_TRAIN_ARGS:-}"
 
 shrink="${SPEEDRUN_SHRINK:-0}"
@@ -90,7 +92,11 @@ skip() { echo "speedrun: done already ($1): skipped"; }
 newer() { [ -e "$1" ] && [ -e "$2" ] && [ "$1" -nt "$2" ]; }  # $1 exists and was written after $2
 
 stage 1 "estimate: $gpus x $gpu"
-"$py" train_gpt2.py "${trainer[@]}" --estimate --gpu "$gpu" --gpus "$gpus" ${SPEEDRUN_PRICE:+--price "$SPEEDRUN_PRICE"}
+# an estimate it cannot make (a GPU model outside the table) is said, and the run goes on: it only informs
+if ! "$py" train_gpt2.py "${trainer[@]}" --estimate --gpu "$gpu" --gpus "$gpus" \
+        ${SPEEDRUN_PRICE:+--price "$SPEEDRUN_PRICE"}; then
+    echo "speedrun: no estimate (the line above says why); going on"
+fi
 
 stage 2 "data: token shards in $data"
 manifests=("$data"/*_manifest.json)

@@ -21,7 +21,8 @@ def speedrun(env: dict, timeout: float):
 
 
 @pytest.mark.slow  # bash
-@pytest.mark.parametrize("name", ["SPEEDRUN_OUT", "SPEEDRUN_DATA", "SPEEDRUN_CONFIG", "SPEEDRUN_GPUS", "PYTHON"])
+@pytest.mark.parametrize("name", ["SPEEDRUN_OUT", "SPEEDRUN_DATA", "SPEEDRUN_CONFIG", "SPEEDRUN_GPUS", "SPEEDRUN_SHRINK",
+                                  "PYTHON"])
 def test_an_empty_setting_is_refused_in_one_line(name, tmp_path):
     proc = run_and_reap(["bash", str(SCRIPT)], {**trainer_env({"SPEEDRUN_SHRINK": "1"}), name: " "}, timeout=30,
                         cwd=tmp_path)
