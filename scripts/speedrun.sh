@@ -103,7 +103,7 @@ manifests=("$data"/*_manifest.json)
 if [ -e "${manifests[0]}" ]; then
     skip "${manifests[0]}"
 elif [ "$shrink" = 1 ]; then
-    "$py" prep/fineweb.py --input README.md docs/*.md ./*.py --out "$data" --val_size 8192 --num_proc 1
+    "$py" prep/fineweb.py --input README.md docs/*.md ./*.py --out "$data" --val_size 16384 --num_proc 1
 else
     "$py" prep/fineweb.py --out "$data"
 fi
