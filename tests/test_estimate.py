@@ -274,3 +274,12 @@ def test_the_data_folders_manifest_gives_the_tokens_it_holds(tmp_path):
     assert est.prepared_tokens(f"{tmp_path / 'a'}:1,{tmp_path / 'b'}:1") is None  # b holds no prep
     assert math.isclose(est.estimate(config(data_dir=str(tmp_path / "a")), est.gpu_hardware(
         config(), est.find_gpu("H100", "--gpu"), 8)).shard_bytes, 2 * 9_999_745_024)
+
+
+def test_the_documented_estimate_is_what_the_command_prints(capsys):
+    """docs/PERFORMANCE.md ("Before a run") shows the 124M estimate on 8 H100s at $2.50: the command's output today."""
+    text = (REPO / "docs" / "PERFORMANCE.md").read_text()
+    shown = text.split("## Before a run: the estimate", 1)[1].split("```\n", 2)[1]
+    argv = ["--config", "configs/gpt2_124m.yaml", "--estimate", "--gpu", "H100", "--gpus", "8", "--price", "2.5"]
+    assert run_cli(train_gpt2.main, argv) == 0
+    assert capsys.readouterr().out == shown
