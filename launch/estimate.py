@@ -55,19 +55,26 @@ SAVE_RATE_SOURCE = "a CPU machine's disk (docs/PERFORMANCE.md, 2026-11-24)"
 HEADROOM = 0.85  # of a card's memory, what model state and activations may use (the rest: CUDA context, allocator)
 
 
-def state_bytes(params: int, optimizer: float, strategy: str, gpus: int, ema: bool = False) -> float:
+# Whether each strategy of training/distributed/strategies.py shards the model state over the GPUs (its class's
+# forwards_are_collective: under FSDP every forward gathers the shards), as a torch-free table; a test checks it
+# against the classes, so a new strategy is added here too.
+SHARDS_STATE = {"ddp": False, "fsdp": True, "fsdp_zero2": True}
+
+
+def state_bytes(params: int, optimizer: float, sharded: bool, gpus: int, ema: bool = False) -> float:
     """Model state bytes on each GPU: float32 weights (4 bytes a parameter) and gradients (4), the optimizer's
     `optimizer` bytes (AdamW's two moments: 8 a parameter), and an EMA's float32 copy. DDP keeps all of it on every
     GPU. FSDP (and fsdp_zero2 between steps) shards the weights, the optimizer state and the EMA; gradients are
     sharded after the step's reduce-scatter, but while micro-batches accumulate (no reduce-scatter before the last)
     each GPU holds them whole: with AdamW, 12/n + 4 bytes a parameter on n GPUs."""
-    sharded = 4 * params + optimizer + (4 * params if ema else 0)
-    return sharded + 4 * params if strategy == "ddp" else sharded / gpus + 4 * params
+    state = 4 * params + optimizer + (4 * params if ema else 0)
+    return (state / gpus if sharded else state) + 4 * params
 
 
 # AdamW's model state per GPU of a model of p parameters on n GPUs, under the strategies scripts/memory_table.py
 # compares: 16 bytes a parameter under ddp, 12/n + 4 under fsdp
-STATE_BYTES = {strategy: (lambda p, n, s=strategy: state_bytes(p, 8 * p, s, n)) for strategy in ("ddp", "fsdp")}
+STATE_BYTES = {name: (lambda p, n, sharded=SHARDS_STATE[name]: state_bytes(p, 8 * p, sharded, n))
+               for name in ("ddp", "fsdp")}
 
 
 @dataclass(frozen=True)
@@ -238,7 +245,7 @@ def differences(cfg: TrainConfig, m: Measurement) -> list[str]:
         ("the fused loss" if m.loss_chunk_size else "the plain loss", fused_loss(cfg) == bool(m.loss_chunk_size)),
         ("no activation checkpointing", cfg.runtime.activation_checkpointing == "none"),
         ("AdamW", cfg.optimizer.optimizer == "adamw"),
-        ("ddp", cfg.runtime.strategy == "ddp"),
+        (m.strategy, cfg.runtime.strategy == m.strategy),
     ) if not same]
 
 
@@ -362,7 +369,7 @@ def checkpoint_bytes(cfg: TrainConfig, shape: Shape) -> float:
     float32 copy where there is one; the tied token table is stored a second time (as lm_head.weight) except in a
     file that DDP wrote (docs/PERFORMANCE.md, "Checkpoints": 1.49 GB for gpt2 there, 1.65 GB otherwise). The rest
     (step, data position, random states, config) is a few kilobytes."""
-    tied_twice = cfg.resolved_checkpoint_format() == "sharded" or cfg.runtime.strategy != "ddp"
+    tied_twice = cfg.resolved_checkpoint_format() == "sharded" or SHARDS_STATE[cfg.runtime.strategy]
     weights = 4 * shape.params * (2 if cfg.ema.ema_decay else 1)
     return weights + optimizer_bytes(shape, cfg.optimizer.optimizer) + \
         (4 * shape.vocab_size * shape.n_embd if tied_twice else 0)
@@ -547,8 +554,8 @@ def gpu_memory(cfg: TrainConfig, shape: Shape, hardware: Hardware) -> tuple[floa
     micro-batch (scripts/memory_table.py's model); beside the card's memory where the table knows it, and the
     measured peak where this configuration was measured."""
     gpus, card = hardware.devices, hardware.card_gib
-    strategy = "ddp" if cfg.runtime.strategy == "ddp" else "fsdp"
-    state = state_bytes(shape.params, optimizer_bytes(shape, cfg.optimizer.optimizer), strategy, gpus,
+    strategy = cfg.runtime.strategy
+    state = state_bytes(shape.params, optimizer_bytes(shape, cfg.optimizer.optimizer), SHARDS_STATE[strategy], gpus,
                         ema=bool(cfg.ema.ema_decay))
     every = recompute_every(cfg)
     costs = scaled_activation_costs(shape, fused_loss(cfg), every)

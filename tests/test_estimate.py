@@ -172,6 +172,12 @@ def test_what_the_estimate_takes_from_other_modules_is_theirs():
         assert est.source_folders(data_dir) == [s.path for s in parse_sources(data_dir)]
 
 
+def test_the_strategies_that_shard_the_state_are_those_whose_forwards_gather():
+    from training.distributed.strategies import STRATEGIES
+
+    assert est.SHARDS_STATE == {name: cls.forwards_are_collective for name, cls in STRATEGIES.items()}
+
+
 def test_memory_table_keeps_its_arithmetic():
     """scripts/memory_table.py's model state (now the estimate's): 16 bytes a parameter under ddp, 12/N + 4 under
     fsdp; and a micro-batch auto is the largest that fits and divides each rank's rows."""

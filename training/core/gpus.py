@@ -66,6 +66,7 @@ class Measurement:
     micro_batch_size: int
     compile: bool
     loss_chunk_size: int  # 0: the plain loss
+    strategy: str
     tokens_per_sec: float  # one GPU, the steady state (the median step)
     peak_memory_gib: float  # torch.cuda.max_memory_allocated over the timed steps
     startup_s: float  # process launch to the first finished step, compilation into an empty cache included
@@ -79,6 +80,6 @@ class Measurement:
 # sequence length, micro-batch, compile and loss are the same, and says so; anything else is an assumption.
 MEASUREMENTS = [
     Measurement(gpu="H200", date="2026-11-28", model="gpt2", seq_len=1024, micro_batch_size=64, compile=True,
-                loss_chunk_size=0, tokens_per_sec=509_852, peak_memory_gib=41.2, startup_s=34.1,
+                loss_chunk_size=0, strategy="ddp", tokens_per_sec=509_852, peak_memory_gib=41.2, startup_s=34.1,
                 source="docs/PERFORMANCE.md: scripts/bench.py, 25 timed steps of 524,288 tokens, torch 2.11"),
 ]
