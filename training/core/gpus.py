@@ -76,8 +76,9 @@ class Measurement:
         return f"measured ({self.date}, one {self.gpu})"
 
 
-# Every measurement of the trainer on a GPU so far. An estimate uses one where its GPU model and the run's model,
-# sequence length, micro-batch, compile and loss are the same, and says so; anything else is an assumption.
+# Every measurement of the trainer on a GPU so far. An estimate uses one where the run's model, sequence length,
+# micro-batch, compile, loss, optimizer, strategy and recomputation (none) are the ones measured, and says so: its
+# MFU on the same GPU model, its start-up and memory on any; anything else is an assumption.
 MEASUREMENTS = [
     Measurement(gpu="H200", date="2026-11-28", model="gpt2", seq_len=1024, micro_batch_size=64, compile=True,
                 loss_chunk_size=0, strategy="ddp", tokens_per_sec=509_852, peak_memory_gib=41.2, startup_s=34.1,
