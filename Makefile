@@ -53,16 +53,16 @@ demo: install
 # 65,536 = 4.9e13 FLOPs, minutes on a CPU); micro_batch_size 64 -> 1 and total_batch_size 524,288 -> 4,096, so
 # each rank still accumulates 2 micro-batches of the real seq_len 1,024 under no_sync, as on fewer than 8
 # GPUs; max_steps 19,073 -> 6 with warmup_steps 715 -> 2, so the lr warms up and its cosine runs; the val
-# loss and the checkpoints every 3 steps instead of 250 and 5,000 (val_tokens 4,096 of the small val
-# split), the samples at the end; HellaSwag off (its data comes from the network). Everything it writes is
-# in SMOKE_DIR, emptied first.
+# loss and the checkpoints every 3 steps instead of 250 and 5,000 (val_tokens 4,096 of a val split of at
+# most 16,384 tokens, which holds whole documents: README.md, the first, must fit), the samples at the end;
+# HellaSwag off (its data comes from the network). Everything it writes is in SMOKE_DIR, emptied first.
 SMOKE_DIR ?= out/smoke
 SMOKE_SHRINK := --model custom --n_layer 2 --n_head 2 --n_embd 64 --micro_batch_size 1 --total_batch_size 4096 \
 	--max_steps 6 --warmup_steps 2 --eval_interval 3 --val_tokens 4096 --sample_interval 6 --checkpoint_interval 3 \
 	--hellaswag_interval 0
 smoke: install
 	$(call fresh_folder,SMOKE_DIR)
-	$(PY) prep/fineweb.py --input README.md docs/*.md *.py --out "$(SMOKE_DIR)/data" --val_size 8192 --num_proc 1
+	$(PY) prep/fineweb.py --input README.md docs/*.md *.py --out "$(SMOKE_DIR)/data" --val_size 16384 --num_proc 1
 	@$(CPU_MALLOC) $(VENV)/bin/torchrun --standalone --nproc_per_node=2 train_gpt2.py --config configs/gpt2_124m.yaml \
 		--data_dir "$(SMOKE_DIR)/data" --out_dir "$(SMOKE_DIR)/run" $(SMOKE_SHRINK) \
 	&& echo "smoke: passed: the 124M launch trained on 2 ranks under torchrun; its run folder is $(SMOKE_DIR)/run" \
@@ -111,9 +111,10 @@ test-capability: install
 	ATEN_CPU_CAPABILITY=default $(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) -m "not slurm and not smoke" $(CAPABILITY_TESTS)
 
 # `make smoke` run for real through make, into a temporary SMOKE_DIR, and its run folder checked
-# (tests/test_smoke.py); about 10 s on 2 idle CPU cores.
+# (tests/test_smoke.py); then scripts/speedrun.sh rehearsed the same way (SPEEDRUN_SHRINK=1), twice: the second
+# run skips every stage the first completed (tests/test_speedrun.py). About a minute on 2 idle CPU cores.
 test-smoke: install
-	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m smoke tests/test_smoke.py
+	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m smoke tests/test_smoke.py tests/test_speedrun.py
 
 # scripts/slurm.sbatch submitted to a real Slurm on this machine (tests/test_slurm.py: munge, slurmctld and
 # two slurmd, started and stopped by the tests); installs Debian's Slurm and munge first where they are

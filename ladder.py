@@ -44,10 +44,11 @@ named, and left out of the fit. --recipes faithful,modern trains both at every s
 configs/gpt2_124m_modern.yaml sets beyond configs/gpt2_124m.yaml), compares them per size with compare_runs.py's
 statistics, and fits how their difference moves with log10 C (a slope with its t interval).
 
---dry_run prints each rung's size, tokens, FLOPs and estimated time, and trains nothing. The time is FLOPs over
-a throughput: on a GPU an assumption, stated (the bf16 peak from the trainer's MFU table x --gpus x --mfu); on
-the CPU one measured: scripts/bench.py times the trainer's step on the ladder's largest rung (evaluations,
-checkpoints and start-up are not counted).
+--dry_run prints each rung's size, tokens, FLOPs and estimated time, and trains nothing. The time is the trainer's
+--estimate of the rung's config (launch/estimate.py: its steps, evaluations, checkpoints and, where measured, its
+start-up) at a throughput it states: on a GPU model of the table, its bf16 peak x --gpus x the MFU measured for
+that configuration on that GPU model, else --mfu (40%, assumed); on the CPU one measured: scripts/bench.py times
+the trainer's step on the ladder's largest rung.
 
 Writes OUT/ladder.md, OUT/ladder.json (no timings: the same rungs give the same bytes) and OUT/ladder.png, which
 ladder.json alone draws again (redraw(): scripts/pictures.py draws docs/ladder.png so).
@@ -82,10 +83,10 @@ from common.settings import require
 from compare_runs import compare, format_rows, run_figures, summary
 from evals.scaling_law import PARAMETERS, LawFit, fit_with_bootstrap, trend
 from evals.stats import format_p
-from model import GPT, PRESETS, GPTConfig
+from model_size import PRESETS
 from training.core.logger import LOG_NAME, read_log, write_text_file
-from training.core.metrics import PEAK_BF16_FLOPS, peak_flops_for
 from launch.config import TrainConfig, coerce, config_yaml, load_yaml
+from launch.estimate import duration, estimate, find_gpu, gpu_hardware, measured_hardware, model_shape
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure  # matplotlib loads where a picture is drawn, not for --dry_run
@@ -152,13 +153,6 @@ class Rung:
                 for f in dataclasses.fields(self) if f.name != "config"}
 
 
-def model_figures(model_config: GPTConfig, seq_len: int) -> tuple[int, int]:
-    """(N, FLOPs per token) of a model, counted by model.py on a model of no storage (the meta device)."""
-    with torch.device("meta"):
-        model = GPT(model_config)
-    return model.num_params(non_embedding=True), model.estimate_flops_per_token(seq_len)
-
-
 def recipe_keys(recipe: str) -> dict:
     """The keys a recipe sets: none for faithful; modern's config's keys that differ from the faithful one's."""
     path = RECIPE_FILES[recipe]
@@ -193,8 +187,8 @@ def plan(args, sizes: list[Size], next_size: Size) -> list[Rung]:
     for index, size in enumerate([*sizes, next_size]):
         # the model and the batch: the same for every seed and recipe of the size
         cfg = TrainConfig(**{**base, **size.keys, "max_steps": 1, "warmup_steps": 0})
-        shape = cfg.model.model_config()
-        params, per_token = model_figures(shape, cfg.data.seq_len)
+        shape = model_shape(cfg)  # counted as the trainer's MFU and --estimate count it (model_size.py)
+        params, per_token = shape.non_embedding_params, shape.flops_per_token()
         batch = cfg.data.total_batch_size
         tokens = args.tokens_per_param * params if budgets is None else budgets[index] / per_token
         max_steps = rung_steps(tokens, batch, per_token, "--tokens_per_param" if budgets is None else "--flops",
@@ -269,27 +263,40 @@ def ladder_sizes(args) -> tuple[list[Size], Size]:
 
 # --- the time a plan takes --------------------------------------------------------------------------
 
-def throughput(args, rungs: list[Rung]) -> tuple[float, str]:
-    """(FLOP/s, how it was found) for the dry run's estimate."""
+def rung_hardware(args, rungs: list[Rung]):
+    """What the dry run times the rungs on, for each rung (launch/estimate.py's Hardware: its rate and where that
+    comes from): on the CPU one rate measured on the ladder's largest rung; on a GPU model of the table, the
+    trainer's --estimate's for each rung's config (its MFU measured for that configuration on that GPU model, else
+    --mfu or the default, assumed)."""
     hardware = args.hardware
     if hardware == "auto":
         hardware = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     if hardware == "cpu":
         # the largest rung of the ladder: the largest take most of its time (and a CPU's FLOP/s grows with width)
-        return measured_cpu_throughput(max((r for r in rungs if not r.check), key=lambda r: r.flops_per_token))
-    peak = peak_flops_for(hardware)
-    if peak is None:
-        raise ConfigError(f"--hardware: {hardware!r} is not in the peak FLOP/s table (training/core/metrics.py: "
-                          f"{', '.join(name for name, _ in PEAK_BF16_FLOPS)}), nor cpu")
+        rate, how = measured_cpu_throughput(max((r for r in rungs if not r.check), key=lambda r: r.flops_per_token))
+        return {r.name: measured_hardware("this CPU", rate, how) for r in rungs}
+    gpu = find_gpu(hardware, "--hardware")
     gpus = args.gpus or args.nproc_per_node
-    return peak * gpus * args.mfu, (f"assumed: {gpus} x {hardware} at its bf16 peak of {peak / 1e12:.0f} TFLOP/s "
-                                    f"(the trainer's MFU table) x an assumed MFU of {args.mfu:.0%}")
+    return {r.name: gpu_hardware(rung_config(r), gpu, gpus, args.mfu) for r in rungs}
+
+
+def rung_config(rung: Rung) -> TrainConfig:
+    return TrainConfig(**yaml.safe_load(rung.config))
+
+
+def rung_times(args, rungs: list[Rung]) -> tuple[dict[str, float], list[str]]:
+    """{rung: seconds} of the trainer's estimate of each rung (train_gpt2.py --estimate's hours: steps, evaluations,
+    checkpoints, start-up), and where their speeds come from (each source once)."""
+    hardware = rung_hardware(args, rungs)
+    times = {r.name: estimate(rung_config(r), hardware[r.name]).total_s for r in rungs}
+    sources = list(dict.fromkeys(f"{h.name}: {h.source}" for h in hardware.values()))
+    return times, sources
 
 
 def measured_cpu_throughput(rung: Rung) -> tuple[float, str]:
     """FLOP/s of this CPU on a rung: scripts/bench.py times the trainer's own step (the median of 3, after one),
     with a micro-batch of at most 2,048 tokens and one micro-step a step."""
-    cfg = TrainConfig(**yaml.safe_load(rung.config))
+    cfg = rung_config(rung)
     rows = max(1, min(cfg.data.micro_batch_size or 1, 2048 // cfg.data.seq_len))
     with tempfile.TemporaryDirectory(prefix="ladder-bench-") as work:
         config, figures = Path(work) / "rung.yaml", Path(work) / "bench.json"
@@ -304,7 +311,7 @@ def measured_cpu_throughput(rung: Rung) -> tuple[float, str]:
         tokens_per_sec = json.loads(figures.read_text())["tokens_per_sec"]
     rate = tokens_per_sec * rung.flops_per_token
     return rate, (f"measured: {rate / 1e9:.1f} GFLOP/s, scripts/bench.py's median step of {rung.size.label} on this "
-                  f"CPU ({rows * cfg.data.seq_len:,} tokens a step); evaluations, checkpoints and start-up not counted")
+                  f"CPU ({rows * cfg.data.seq_len:,} tokens a step)")
 
 
 def rung_environment() -> dict:
@@ -312,22 +319,14 @@ def rung_environment() -> dict:
     return dict(os.environ) if torch.cuda.is_available() else {**CPU_MALLOC, **os.environ}
 
 
-def duration(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def plan_table(rungs: list[Rung], rate: float | None = None) -> str:
+def plan_table(rungs: list[Rung], times: dict[str, float] | None = None) -> str:
     lines = ["| rung | n_layer | n_embd | params N | steps | tokens | tokens / N | FLOPs C |"
-             + (" estimated time |" if rate else ""),
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if rate else "")]
+             + (" estimated time |" if times else ""),
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if times else "")]
     for r in rungs:
         label = r.name + (" (check)" if r.check else "")
         lines.append(f"| {label} | {r.n_layer} | {r.n_embd} | {r.params:,} | {r.max_steps:,} | {r.tokens:,} "
-                     f"| {r.tokens / r.params:.3g} | {r.flops:.3e} |" + (f" {duration(r.flops / rate)} |" if rate
+                     f"| {r.tokens / r.params:.3g} | {r.flops:.3e} |" + (f" {duration(times[r.name])} |" if times
                                                                          else ""))
     return "\n".join(lines)
 
@@ -820,7 +819,9 @@ def parse(argv: list[str]):
                         help="--dry_run's hardware: cpu (measured) or a GPU name of the MFU table, e.g. H100 "
                              "(default: this machine's)")
     parser.add_argument("--gpus", type=int, default=None, help="--dry_run: GPUs per rung (default --nproc_per_node)")
-    parser.add_argument("--mfu", type=float, default=0.4, help="--dry_run: the MFU assumed on a GPU (default 0.4)")
+    parser.add_argument("--mfu", type=float, default=None,
+                        help="--dry_run: the MFU assumed on a GPU (default: the one measured for a rung's "
+                             "configuration on that GPU model, else 0.4; training/core/gpus.py)")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates of the fit (default 2000)")
     args = parser.parse_args(argv)
     args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
@@ -836,7 +837,7 @@ def parse(argv: list[str]):
         require(not bad, "--flops", f"every budget must be a positive finite number, got {' '.join(map(str, bad))}")
     require(len(set(args.seeds)) == len(args.seeds), "--seeds",
             f"a seed given twice ({' '.join(map(str, args.seeds))})")
-    require(0 < args.mfu <= 1, "--mfu", f"must be in (0, 1], got {args.mfu}")
+    require(args.mfu is None or 0 < args.mfu <= 1, "--mfu", f"must be in (0, 1], got {args.mfu}")
     require(args.bootstrap >= 0, "--bootstrap", f"must be >= 0, got {args.bootstrap}")
     require(args.config.is_file(), "--config", f"no such file {args.config}")
     args.out = args.out.resolve()
@@ -855,12 +856,14 @@ def main(argv: list[str]) -> int:
             f"{', '.join(s.label for s in sizes)} give {budgets}: there is no prediction to check (add sizes, or "
             f"leave --check out)")
     if args.dry_run:
-        rate, how = throughput(args, rungs)
-        print(f"{FLOPS_WORDS}\nTime: FLOPs / {rate:.3e} FLOP/s, {how}.\n")
-        print(plan_table(rungs, rate))
+        times, sources = rung_times(args, rungs)
+        print(f"{FLOPS_WORDS}\nTime: each rung's run as train_gpt2.py --estimate works it out (its steps, evaluations, "
+              f"checkpoints, and start-up where measured), at a speed that says where it comes from:\n"
+              + "\n".join(f"- {source}" for source in sources) + "\n")
+        print(plan_table(rungs, times))
         print(f"\nthe ladder: {len(ladder)} runs, {sum(r.flops for r in ladder):.3e} FLOPs, about "
-              f"{duration(sum(r.flops for r in ladder) / rate)}; --check adds {next_size.label}: "
-              f"{duration(sum(r.flops for r in rungs if r.check) / rate)}")
+              f"{duration(sum(times[r.name] for r in ladder))}; --check adds {next_size.label}: "
+              f"{duration(sum(times[r.name] for r in rungs if r.check))}")
         return 0
     chosen = [r for r in rungs if args.check or not r.check]
     make_folder(args.out)  # before anything trains: an --out that cannot be a folder is one line

@@ -15,6 +15,10 @@ import torch.nn as nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
+# the presets and the FLOPs formula live in model_size.py, which needs no torch (an estimate before a run reads them);
+# PRESETS is read from here by the rest of the code, as before
+from model_size import PRESETS, flops_per_token  # noqa: F401
+
 
 @dataclass
 class GPTConfig:
@@ -32,15 +36,6 @@ class GPTConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# The four sizes OpenAI released (GPT-2 paper, table 2).
-PRESETS = {
-    "gpt2": dict(n_layer=12, n_head=12, n_embd=768),  # 124M
-    "gpt2-medium": dict(n_layer=24, n_head=16, n_embd=1024),  # 350M
-    "gpt2-large": dict(n_layer=36, n_head=20, n_embd=1280),  # 774M
-    "gpt2-xl": dict(n_layer=48, n_head=25, n_embd=1600),  # 1558M
-}
 
 
 class CausalSelfAttention(nn.Module):
@@ -336,16 +331,9 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)
 
     def estimate_flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6N for the matmuls forward+backward, plus attention.
-
-        N counts the parameters excluding the position table (which is a lookup, not a
-        matmul); attention scores and the weighted sum add 12 * L * H * Q * T (PaLM paper,
-        appendix B) with H heads of size Q over a context of T.
-        """
+        """Training FLOPs per token over a context of seq_len (model_size.flops_per_token: 6N plus attention)."""
         cfg = self.config
-        N = self.num_params(non_embedding=True)
-        L, H, Q, T = cfg.n_layer, cfg.n_head, cfg.n_embd // cfg.n_head, seq_len
-        return 6 * N + 12 * L * H * Q * T
+        return flops_per_token(self.num_params(non_embedding=True), cfg.n_layer, cfg.n_head, cfg.n_embd, seq_len)
 
     @torch.no_grad()
     def generate(

@@ -33,7 +33,7 @@ from training.core.launcher import stop_when_launcher_dies
 stop_when_launcher_dies()  # under torchrun: a launcher killed during the imports leaves no orphan behind
 
 from common.errors import check_before_imports
-from launch.early_checks import check_command_line, check_launch
+from launch.early_checks import answered_without_training, check_command_line, check_launch
 
 check_before_imports(__name__, check_command_line)  # as a script: a mistake in its arguments or files is one line now
 
@@ -45,7 +45,7 @@ import torch
 from data.tokenizer import get_tokenizer
 from common.errors import EVERY_RANK, NODE_RANKS, held_alike_by, run_cli
 from training.checkpoint.folder import checkpoints_folder
-from launch.config import TrainConfig, config_yaml, usage, wants_help
+from launch.config import TrainConfig, config_yaml
 from training.core.context import Context
 from training.observe.diagnostics import Diagnostics
 from training.core.process_group import (barrier, local_rank, run_on_all_ranks,
@@ -70,8 +70,7 @@ STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first ev
 
 def main(argv: list[str], wrap_step=None) -> int:
     """Run the training that argv describes; the exit status. wrap_step(step) -> step: tests inject faults."""
-    if wants_help(argv):  # anywhere: `--config configs/demo.yaml --help` too
-        print(usage())
+    if answered_without_training(argv):  # --help, or --estimate: what the run would cost (launch/estimate.py)
         return 0
     with held_alike_by(NODE_RANKS):  # before the ranks connect: a node's ranks read the same arguments and files
         cfg = check_launch(argv)  # check_before_imports made these checks as the script started; tests call main

@@ -26,6 +26,8 @@ from common.settings import require
 from data.settings import parse_sources, parse_val_sets
 from data.shards import find_shards, val_shards
 from launch.config import TrainConfig, parse_args, usage, wants_help
+from launch.estimate import estimate_flags, estimate_text, wants_estimate
+from launch.estimate import usage as estimate_usage
 from training.checkpoint.settings import no_checkpoint_at
 from training.core.logger import TENSORBOARD_MISSING
 from training.core.storage import filesystem, is_url
@@ -36,11 +38,24 @@ def check_command_line(argv: list[str]) -> None:
     """The trainer's command line, checked before torch is imported (train_gpt2.py hands this to common/errors.py's
     check_before_imports): --help prints the keys and exits 0; a mistake is a ReproError held alike by the node's
     ranks, as main's own check is."""
-    if wants_help(argv):
-        print(usage())
+    if answered_without_training(argv):
         sys.exit(0)
     with held_alike_by(NODE_RANKS):  # before the ranks connect: a node's ranks read the same arguments and files
         check_launch(argv)
+
+
+def answered_without_training(argv: list[str]) -> bool:
+    """--help (anywhere: `--config configs/demo.yaml --help` too) prints the keys and the estimate's flags;
+    --estimate prints what the run would cost (launch/estimate.py), from its checked configuration. Whether argv
+    asked for one of them (then nothing is to be trained)."""
+    if wants_help(argv):
+        print(usage() + estimate_usage())
+        return True
+    if wants_estimate(argv):
+        flags, config_argv = estimate_flags(argv)
+        print(estimate_text(parse_args(config_argv), flags, " ".join(["train_gpt2.py", *config_argv])), end="")
+        return True
+    return False
 
 
 def check_launch(argv: list[str]) -> TrainConfig:

@@ -44,7 +44,7 @@ def saved_bytes(model: GPT, batch: int, seq_len: int, loss_chunk_size: int) -> i
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    idx = torch.randint(0, 50257, (batch, seq_len))
+    idx = torch.randint(0, min(50257, model.config.vocab_size), (batch, seq_len))  # GPT-2's ids, or a small vocab's
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
         model(idx, idx, loss_chunk_size=loss_chunk_size)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}

@@ -28,9 +28,7 @@ allocator and transient buffers: an estimate, not a GPU measurement.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,34 +36,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from activation_memory import saved_bytes  # noqa: E402  (scripts/ is this script's own folder)
+# the model's arithmetic (model state, activations per sequence, the largest micro-batch) is the trainer's
+# --estimate's; this script measures the activations it rests on
+from launch.estimate import GIB, STATE_BYTES, ActivationCosts, largest_batch  # noqa: E402
 from model import GPT, PRESETS, GPTConfig  # noqa: E402
 
 GPUS = (1, 2, 4, 8)
 CARDS_GIB = (12, 16, 24, 40, 80)
-GIB = 2**30
-HEADROOM = 0.85  # of a card's memory, what the estimate lets model state and activations use
-# model state bytes per GPU of a model of p parameters on n GPUs, under the strategies the table compares
-STATE_BYTES = {"ddp": lambda p, n: 16 * p, "fsdp": lambda p, n: 12 * p / n + 4 * p}
-
-
-@dataclass(frozen=True)
-class ActivationCosts:
-    """Saved-for-backward bytes, measured: of one sequence, the part outside the blocks (embeddings, final
-    LayerNorm, the fused loss), one plain block, and one recomputed block (its input); and what does not grow
-    with B (the fused loss's float32 (V, C) gradient)."""
-
-    fixed: float
-    outside: float
-    plain_block: float
-    recomputed_block: float
-
-    def per_sequence(self, n_layer: int, every: int) -> float:
-        """Bytes of one sequence at full depth, recomputing blocks 0, every, 2 * every, ... (0: none), plus
-        the one recomputed block whose activations exist again during its backward."""
-        recomputed = 0 if every == 0 else math.ceil(n_layer / every)
-        transient = self.plain_block if recomputed else 0.0
-        return (self.outside + (n_layer - recomputed) * self.plain_block + recomputed * self.recomputed_block
-                + transient)
 
 
 def activation_costs(shape: dict, seq_len: int, chunk: int = 8192) -> ActivationCosts:
@@ -82,10 +59,6 @@ def activation_costs(shape: dict, seq_len: int, chunk: int = 8192) -> Activation
     plain_block = two - one
     return ActivationCosts(fixed=fixed, outside=one - plain_block, plain_block=plain_block,
                            recomputed_block=one_recomputed - (one - plain_block))
-
-
-def largest_batch(card_gib: float, state: float, costs: ActivationCosts, per_sequence: float) -> int:
-    return max(int((card_gib * GIB * HEADROOM - state - costs.fixed) // per_sequence), 0)
 
 
 def params_of(shape: dict) -> int:

@@ -321,7 +321,10 @@ def check_python(words: list[str], tmp: Path, monkeypatch, capsys) -> None:
         help_text(script, monkeypatch, capsys)
     elif script == "train_gpt2.py":  # the whole configuration, validated (config files read, keys checked)
         from launch.config import parse_args, wants_help
+        from launch.estimate import estimate_flags, wants_estimate
 
+        if wants_estimate(args):  # --estimate's own flags read (a GPU model of the table), the rest the config's
+            _, args = estimate_flags(args)
         wants_help(args) or parse_args(args)
     else:
         extras = parse_only(script, args, monkeypatch)

@@ -102,18 +102,26 @@ def test_a_rung_config_that_differs_from_its_folders_is_refused(tmp_path):
         ladder.write_rung_config(other, tmp_path)
 
 
-def test_the_dry_run_on_gpus_states_its_assumption_and_trains_nothing(tmp_path, capsys):
+def test_the_dry_run_on_gpus_is_the_trainers_estimate_of_each_rung(tmp_path, capsys):
+    """Each rung's time is what train_gpt2.py --estimate prints as the hours of that rung's own config on the same
+    GPUs (steps, evaluations, checkpoints, start-up), and the speed's source is stated; nothing trains."""
+    import train_gpt2
+
     out = tmp_path / "out"
     argv = ["--config", "configs/gpt2_124m.yaml", "--depths", "3", "4", "6", "8", "--next", "12", "--hardware", "H100",
             "--gpus", "8", "--dry_run", "--out", str(out)]
     assert ladder.main(argv) == 0
     text = capsys.readouterr().out
-    assert "assumed: 8 x H100 at its bf16 peak of 989 TFLOP/s (the trainer's MFU table) x an assumed MFU of 40%" in text
+    assert "- 8 x H100: assumed: MFU 40%" in text and "x H100's bf16 peak of 989 TFLOP/s" in text
     assert "6N + 12 L H Q T" in text.replace("6 N", "6N") and "| d12_faithful_s1337 (check) |" in text
-    rate = 989.4e12 * 8 * 0.4
     for rung in planned(*argv):
-        assert f"| {rung.params:,} | {rung.max_steps:,} | {rung.tokens:,} |" in text
-        assert f"| {rung.flops:.3e} | {ladder.duration(rung.flops / rate)} |" in text
+        (row,) = [line for line in text.splitlines() if line.startswith(f"| {rung.name}")]
+        assert f"| {rung.params:,} | {rung.max_steps:,} | {rung.tokens:,} |" in row and f"| {rung.flops:.3e} |" in row
+        config = tmp_path / f"{rung.name}.yaml"
+        config.write_text(rung.config)
+        assert run_cli(train_gpt2.main, ["--config", str(config), "--estimate", "--gpu", "H100", "--gpus", "8"]) == 0
+        (hours,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("hours ")]
+        assert hours.split(None, 1)[1].startswith(f"{row.split('|')[-2].strip()} "), (row, hours)
     assert not out.exists()
 
 

@@ -1,4 +1,5 @@
-"""Throughput metrics: the bf16 peak of the detected GPU and model FLOPs utilisation (MFU)."""
+"""Throughput metrics: the bf16 peak of the detected GPU (training/core/gpus.py's table) and model FLOPs utilisation
+(MFU)."""
 
 from __future__ import annotations
 
@@ -7,37 +8,7 @@ import time
 
 import torch
 
-# Dense bf16 tensor-core peak per device, FLOP/s, from the vendors' data sheets (no sparsity).
-# Matched in order against torch.cuda.get_device_name(), so the more specific names come first.
-PEAK_BF16_FLOPS = [
-    ("GH200", 989.4e12),
-    ("H200", 989.4e12),
-    ("H100 NVL", 835e12),
-    ("H100 PCIe", 756e12),
-    ("H100", 989.4e12),  # SXM5, e.g. "NVIDIA H100 80GB HBM3"
-    ("H800", 989.4e12),
-    ("B200", 2250e12),
-    ("B100", 1750e12),
-    ("A100", 312e12),
-    ("A800", 312e12),
-    ("L40S", 362e12),
-    ("L40", 181e12),
-    ("L4", 121e12),
-    ("A10G", 70e12),  # AWS's A10G runs at lower clocks than the A10
-    ("A10", 125e12),
-    ("RTX 6000 Ada", 364.2e12),
-    ("RTX A6000", 154.8e12),
-    ("RTX 4090", 165.2e12),
-    ("RTX 3090", 71e12),
-]
-
-
-def peak_flops_for(device_name: str) -> float | None:
-    """Table lookup by device name; None when the device is not listed."""
-    for key, flops in PEAK_BF16_FLOPS:
-        if key in device_name:
-            return flops
-    return None
+from training.core.gpus import peak_flops_for  # the table of GPU models: torch-free, for estimates too
 
 
 def detect_peak_flops(device: torch.device, override: float = 0.0) -> float | None:
