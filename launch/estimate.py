@@ -282,7 +282,7 @@ def gpu_hardware(cfg: TrainConfig, gpu: GPUModel, gpus: int, mfu: float | None =
             f"{measured_mfu(m):.1%} {m.label()} with {', '.join(differs)}, which this run does not have"
             for m in MEASUREMENTS
             if m.gpu == gpu.name and (differs := differences(cfg, m))]
-        how = (f"assumed: MFU {mfu:.0%} (the published reference loop's ~41% on an H100, rounded down); nothing "
+        how = (f"assumed: MFU {mfu:.0%} (llm.c's published ~41% on an H100, rounded down); nothing "
                f"measured for this configuration on {gpu.name} GPUs" + (f" ({'; '.join(elsewhere)})" if elsewhere
                                                                         else ""))
     return Hardware(f"{gpus} x {gpu.name}", gpus, peak * gpus * mfu, f"{how}; x {peak_source}", gpu, measurement,
