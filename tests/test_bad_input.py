@@ -249,8 +249,11 @@ def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, t
     env["PYTHONPATH"] = str(tmp_path / "slow")  # ahead of the installed packages and the standard library
     if local_rank is not None:
         env.update(RANK=local_rank, LOCAL_RANK=local_rank)
+    # SIGINT's default action in the child: a suite started in the background (`pytest &` from a script) has
+    # SIGINT ignored, which Python would inherit and keep, never raising KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, str(REPO / script), *accepted_arguments(script, tmp_path)], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(started.exists, proc, f"{script} importing one of {SLOW_IMPORTS}", 30)
         proc.send_signal(signal.SIGINT)
