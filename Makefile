@@ -92,8 +92,9 @@ ifdef FROM_SCRATCH
 endif
 	$(PY) scripts/pictures.py
 
-# Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once.
-XDIST := -n 2 --dist loadfile
+# Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once. Files
+# are handed out in collection order, the longest first (tests/conftest.py's LONGEST_FIRST), so both end together.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 # everything but `make smoke` run for real and the Slurm scenarios (CI runs those next); about 6 minutes on 2
 # idle CPU cores. The 10 slowest tests are listed, so growth shows.

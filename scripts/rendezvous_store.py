@@ -30,11 +30,19 @@ def stop(signum, frame):
     raise SystemExit(0)
 
 
+def handle_signals() -> None:
+    """SIGINT and SIGHUP stop the store, SIGTERM is ignored (the docstring says why). Only as a script: an
+    import (a test reading main's arguments) must not leave its importer ignoring SIGTERM, which every process
+    it starts would inherit."""
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, stop)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 # First of all, before the imports: a script starts a background command with SIGINT ignored, which Python
 # keeps, so a SIGINT sent before a handler of its own is installed would be lost.
-signal.signal(signal.SIGINT, stop)
-signal.signal(signal.SIGHUP, stop)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if __name__ == "__main__":
+    handle_signals()
 
 import datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
