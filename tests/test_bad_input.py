@@ -244,7 +244,8 @@ def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, t
     for name in SLOW_IMPORTS:
         (tmp_path / "slow" / name).mkdir(parents=True)
         (tmp_path / "slow" / name / "__init__.py").write_text(
-            f"import time\nopen({str(started)!r}, 'w').close()\ntime.sleep(600)\n")
+            # short sleeps: a SIGINT landing just before a long sleep's system call would wait for its end
+            f"import time\nopen({str(started)!r}, 'w').close()\nfor _ in range(6000):\n    time.sleep(0.1)\n")
     env = {key: value for key, value in os.environ.items() if key not in RANKS}
     env["PYTHONPATH"] = str(tmp_path / "slow")  # ahead of the installed packages and the standard library
     if local_rank is not None:
