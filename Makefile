@@ -28,7 +28,7 @@ define fresh_folder
 	mkdir -p "$($(1))" && touch "$($(1))/.made_by_make"
 endef
 
-.PHONY: install demo smoke pictures test test-fast test-smoke test-slurm test-capability test-triton lint lock \
+.PHONY: install demo smoke pictures test test-fast test-smoke test-slurm test-capability test-triton test-gpu-check lint lock \
 	clean-demo
 
 # requirements.txt holds lower bounds; requirements.lock the exact versions CI passed with
@@ -92,14 +92,13 @@ ifdef FROM_SCRATCH
 endif
 	$(PY) scripts/pictures.py
 
-# Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once. Files
-# are handed out in collection order, the longest first (tests/conftest.py's LONGEST_FIRST), so both end together.
-XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+# Tests run on both cores (pytest-xdist), a whole file per worker: a file's run fixtures are built once.
+XDIST := -n 2 --dist loadfile
 
-# everything but `make smoke` run for real and the Slurm scenarios (CI runs those next); about 6 minutes on 2
-# idle CPU cores. The 10 slowest tests are listed, so growth shows.
+# everything but `make smoke` run for real, the Slurm scenarios and the GPU check's rehearsal (CI runs those
+# next); about 7 minutes on 2 idle CPU cores. The 10 slowest tests are listed, so growth shows.
 test: install lint
-	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10 -m "not slurm and not smoke"
+	$(CPU_MALLOC) $(PY) -m pytest -q $(XDIST) --durations=10 -m "not slurm and not smoke and not gpu_check"
 
 # The checkpoint and resume tests once more with PyTorch's CPU kernels chosen as on a machine without AVX
 # (ATEN_CPU_CAPABILITY=default), which differ from this machine's own (avx2, avx512) in the last bits of float
@@ -123,6 +122,12 @@ test-smoke: install
 test-slurm: install
 	bash scripts/install_slurm.sh
 	REQUIRE_SLURM=1 $(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m slurm tests/test_slurm.py --durations=0
+
+# scripts/gpu_check.sh rehearsed on the CPU (GPU_CHECK_DRY_RUN=1, tiny models), a part per test: its parts, results
+# files, budget and several GPUs (2 ranks on gloo, 2 stand-in GPUs), proven before GPU time is spent on them
+# (tests/test_gpu_check.py). About 4 minutes on 2 idle CPU cores, most of it on one (its tests share one fixture).
+test-gpu-check: install
+	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m gpu_check tests/test_gpu_check.py
 
 # The Triton kernels (training/kernels/) run by Triton's interpreter on the CPU (TRITON_INTERPRET=1), checked
 # against torch's ops (tests/test_kernels.py, marker `triton`): seconds, in an environment of their own,

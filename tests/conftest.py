@@ -65,19 +65,6 @@ class RunFiles:
 RUN_FILES = pytest.StashKey[RunFiles]()
 
 
-# The files that take longest (make test's --durations on 2 idle cores: 240 s down to 25 s), started first.
-# pytest-xdist hands out whole files (--dist loadfile) in collection order (--no-loadscope-reorder, the
-# Makefile's XDIST): a long file handed out late runs alone on one worker while the other has finished.
-LONGEST_FIRST = ("test_gpu_check.py", "test_faults.py", "test_gpu.py", "test_ladder.py", "test_observability.py",
-                 "test_fsdp.py", "test_multinode.py", "test_prep_resume.py", "test_docs_commands.py", "test_lm_eval.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    """LONGEST_FIRST's files ahead of the others, each file's tests in their own order (a stable sort)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-timeout reads its per-test limit and tmpdir its basetemp
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # the process that runs pytest (xdist's controller, or the only one)

@@ -1,6 +1,9 @@
 """scripts/gpu_check.sh's dry run on the CPU (GPU_CHECK_DRY_RUN=1), a part each: the plumbing a GPU machine's
 check runs through (its parts, results files, budget, several GPUs, --report), proven before GPU time is spent.
-The `gpu` tests themselves are tests/test_gpu.py's, whose CPU form runs in the suite."""
+The `gpu` tests themselves are tests/test_gpu.py's, whose CPU form runs in the suite.
+
+Marker `gpu_check`: `make test-gpu-check` runs this file (CI does, after make test), which `make test` leaves out:
+four minutes on one of make test's two workers, its tests sharing one fixture, would set the suite's length."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import pytest
 import test_gpu
 from conftest import REPO
 from slowness import guard
+
+pytestmark = pytest.mark.gpu_check
 
 
 # A stand-in for build-nanogpt's train_gpt2.py, whose code may not live in this repository: the

@@ -22,11 +22,3 @@ def test_the_readme_stays_under_350_lines():
     """Issue 53: the status and the 124M table went in, and the README still reads in one sitting."""
     assert len((REPO / "README.md").read_text().splitlines()) < 350
 
-
-def test_the_suites_longest_files_named_first_are_test_files_here():
-    """conftest's LONGEST_FIRST orders make test's files for its two workers: a name left behind by a rename
-    would put that file back in alphabetical order, unnoticed but in the suite's time."""
-    from conftest import LONGEST_FIRST
-
-    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)
-    assert [name for name in LONGEST_FIRST if not (REPO / "tests" / name).is_file()] == []
