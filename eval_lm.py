@@ -161,6 +161,7 @@ def main(argv: list[str]) -> int:
 
     task_manager = task_manager_for(tasks, args.include_path, TaskManager)
     check_tasks(tasks, task_manager.all_tasks)
+    loaded = load_tasks({name: name for name in tasks}, task_manager, hub_offline())  # before the model: one line
     model, state, path = read_model(args.ckpt, "eval_lm.py", args.weights)
     state.pop("model", None)  # the model holds the weights now
     if model.config.vocab_size < GPT2_VOCAB_SIZE:
@@ -171,7 +172,6 @@ def main(argv: list[str]) -> int:
     model.to(runtime.device, dtype=runtime.weights_dtype)
     print(f"# evaluating step {state['step']} of {path} on {', '.join(tasks)} ({runtime.device}, {runtime.dtype})",
           flush=True)
-    loaded = load_tasks({name: name for name in tasks}, task_manager, hub_offline())
     lm = GPTLM(model, get_tokenizer(), runtime.device, batch_size=args.batch_size, autocast=runtime.autocast(),
                progress=ProgressLine(", ".join(tasks)))
     results = evaluate_tasks(lm_eval, lm, [task for name in tasks for task in loaded[name]], task_manager,
@@ -365,18 +365,18 @@ def report_card(args) -> int:
 
         task_manager = task_manager_for(list(tasks), args.include_path, TaskManager)
         check_tasks(list(tasks), task_manager.all_tasks)
+        # every task's data and metric before the model loads: a missing one is one line before anything slow
+        specs = {task: task if metric == SUITE.get(task, DEFAULT_METRIC) else f"{task}:{metric}"
+                 for task, metric in tasks.items()}
+        loaded = load_tasks(specs, task_manager, hub_offline(), spare="--tasks none the card's val figures alone")
+        for task, metric in tasks.items():
+            check_metric(task, metric, loaded[task])
     model, described, config, out_dir = load_card_model(args)
     sets, seq_len, val_tokens = card_val_window(args, config, model.config.block_size)
     if tasks and model.config.vocab_size < GPT2_VOCAB_SIZE:
         raise CheckpointError(f"{args.ckpt}: the model has vocab_size {model.config.vocab_size}; lm-eval tasks are "
                               f"tokenized with GPT-2's tokenizer, which needs {GPT2_VOCAB_SIZE} (--tasks none: the "
                               f"val figures alone)")
-    if tasks:  # every task's data and metric before the val pass: a missing one is one line before any scoring
-        specs = {task: task if metric == SUITE.get(task, DEFAULT_METRIC) else f"{task}:{metric}"
-                 for task, metric in tasks.items()}
-        loaded = load_tasks(specs, task_manager, hub_offline(), spare="--tasks none the card's val figures alone")
-        for task, metric in tasks.items():
-            check_metric(task, metric, loaded[task])
     runtime = resolve_runtime(args.device, eval_dtype(args.dtype, config), compile=False, loss_chunk_size=0)
     model.to(runtime.device, dtype=runtime.weights_dtype).eval()
     print(f"# report card of {described['name']} ({runtime.device}, {runtime.dtype})", flush=True)
