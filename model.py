@@ -159,15 +159,19 @@ class LinearCrossEntropy(torch.autograd.Function):
         return grad_x * scale.to(grad_x.dtype), (grad_weight * scale).to(ctx.weight_dtype), None, None
 
 
-def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """Chunked, fused `F.cross_entropy(x @ weight.T, targets)` (mean), autocast-aware."""
+def autocast_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and weight as autocast runs a Linear: both in its dtype where it is on (cast back in the backward), else
+    x in weight's dtype. For a custom autograd Function, which autocast does not cast for."""
     device_type = x.device.type
     if torch.is_autocast_enabled(device_type):
-        # do what autocast does for a Linear: compute in its dtype, cast back in the backward
         dtype = torch.get_autocast_dtype(device_type)
-        x, weight = x.to(dtype), weight.to(dtype)
-    elif x.dtype != weight.dtype:
-        x = x.to(weight.dtype)
+        return x.to(dtype), weight.to(dtype)
+    return (x.to(weight.dtype) if x.dtype != weight.dtype else x), weight
+
+
+def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """Chunked, fused `F.cross_entropy(x @ weight.T, targets)` (mean), autocast-aware."""
+    x, weight = autocast_operands(x, weight)
     return LinearCrossEntropy.apply(x, weight, targets, chunk_size)
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from model import autocast_operands
 from training.kernels.triton_support import kernel_runs_on, tl, triton
 
 FALLBACK_ROWS = 4096  # the torch fallback's rows per chunk: its float32 copy of a chunk stays under 1 GB at V=50,304
@@ -141,13 +142,8 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     """`F.cross_entropy(x @ weight.T, targets)` (mean; every target counts) for x (N, C), weight (V, C) and
     targets (N,): the product in the caller's autocast dtype (as autocast runs a Linear: cast in, cast back
     in the backward), the loss in float32, through the one-pass kernel."""
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        x, weight = x.to(dtype), weight.to(dtype)
-    elif x.dtype != weight.dtype:
-        x = x.to(weight.dtype)
-    with torch.autocast(device_type, enabled=False):  # the dtypes are set above
+    x, weight = autocast_operands(x, weight)
+    with torch.autocast(x.device.type, enabled=False):  # the dtypes are set above
         return LinearCrossEntropyOnePass.apply(x, weight, targets)
 
 
