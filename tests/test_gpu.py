@@ -9,8 +9,8 @@ time is spent on them.
 Real tokens: the repository's own text (README, docs, code), tokenized with data/tokenizer.py
 into shards by write_corpus_shards, which scripts/gpu_check.sh also uses for its benchmarks.
 
-scripts/gpu_check.sh's own dry run, a part each, is rehearsed in tests/test_gpu_check.py (a file of its own, so
-that the two halves run on two of the suite's workers side by side).
+scripts/gpu_check.sh's own dry run, a part each, is rehearsed in tests/test_gpu_check.py, which `make test`
+leaves to `make test-gpu-check` (CI runs both).
 """
 
 from __future__ import annotations
