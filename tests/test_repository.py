@@ -21,4 +21,3 @@ def test_the_license_is_the_mit_license_that_pyproject_and_the_model_card_name()
 def test_the_readme_stays_under_350_lines():
     """Issue 53: the status and the 124M table went in, and the README still reads in one sitting."""
     assert len((REPO / "README.md").read_text().splitlines()) < 350
-
