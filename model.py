@@ -6,7 +6,6 @@ B = batch, T = sequence length, C = n_embd, nh = n_head, hs = C // nh, V = vocab
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
@@ -314,25 +313,6 @@ class GPT(nn.Module):
         for h, t in zip(hidden.split(chunk_size), targets.split(chunk_size)):
             logits = upcast(self.lm_head(h))  # (n, V)
             yield logits, F.cross_entropy(logits, t, reduction="none")
-
-    def configure_optimizers(
-        self, weight_decay: float, learning_rate: float, betas: tuple[float, float],
-        eps: float = 1e-8, device_type: str = "cpu",
-    ) -> torch.optim.AdamW:
-        """AdamW with weight decay on 2-D tensors (matmul weights, embeddings) only.
-
-        Biases and LayerNorm gains are not decayed (GPT-3 paper, appendix B). The fused CUDA
-        kernel updates all parameters in one launch.
-        """
-        params = [p for p in self.parameters() if p.requires_grad]
-        decay = [p for p in params if p.dim() >= 2]
-        no_decay = [p for p in params if p.dim() < 2]
-        groups = [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ]
-        fused = device_type == "cuda" and "fused" in inspect.signature(torch.optim.AdamW).parameters
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)
 
     def estimate_flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token over a context of seq_len (model_size.flops_per_token: 6N plus attention)."""

@@ -101,9 +101,9 @@ def run_training(cfg: TrainConfig, argv: list[str], wrap_step=None) -> int:
             # one launch at a time per out_dir (and checkpoint folder): rank 0 holds the locks until the end
             locks = run_on_all_ranks(env, lambda: claim_run_folder(out_dir, checkpoints, logger.warn)
                                      if env.master_process else [])
-            run = build_run(cfg, ctx, strategy)  # data, model, optimizer, the checkpoint it resumes
+            run = build_run(cfg, ctx, strategy, checkpoints)  # data, model, optimizer, the checkpoint it resumes
             if run is not None:  # None: that checkpoint already reached max_steps, its final evaluations run
-                record = provenance(ctx, argv, run.data_fingerprint, run.run_id, config_yaml(cfg))
+                record = provenance(ctx, argv, run.data_fingerprint, run.run_id, config_yaml(run.config))
                 if run.micro_batch is not None:  # micro_batch_size auto: how B was chosen (config.yaml has the B)
                     record["micro_batch_size"] = run.micro_batch
                 open_run_folder(cfg, ctx, run, record)
@@ -128,7 +128,7 @@ def train(cfg: TrainConfig, ctx: Context, run: Run, preemption: PreemptionFlag, 
     evaluation = make_evaluation(cfg, ctx, run.strategy, get_tokenizer())  # val, HellaSwag, samples
     diagnostics = Diagnostics(cfg.diagnostics, ctx, cfg.run.out_dir, max_steps)  # each off unless configured
     diagnostics.watch(model)  # the ranks' compute time ends at their last forward
-    checkpointer = make_checkpointer(cfg, ctx, run.strategy, record)  # file or sharded, one save in flight
+    checkpointer = make_checkpointer(cfg, ctx, run, record)  # file or sharded, one save in flight
     lockstep = make_lockstep(cfg, ctx, save_failed=checkpointer.failed)  # the log's failures ride on its vote too
     take_step = wrap_step(lockstep.step) if wrap_step else lockstep.step  # run.step -> run.step + 1
     recovery = Recovery(ctx, run, checkpointer, max_steps, cfg.long_run.max_rollbacks)  # the data feed, rollbacks

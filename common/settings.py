@@ -2,7 +2,7 @@
 
 A section is a `Settings` made with the `section` decorator (a pydantic dataclass). It sits in the
 package of the component it configures, in a module that imports no torch (training/optim/settings.py's
-OptimizerSettings for optimizers.py, ...: the configuration is checked before torch is imported), and
+OptimizerSettings for optimizers/, ...: the configuration is checked before torch is imported), and
 that component is handed the section itself, not the whole configuration. Each key is a field made with
 option(): its default, the help --help prints, and what another value does to a resumed run. Every value goes through
 Settings.coerce: text (the command line, and YAML's numbers, which launch/config.py's loader keeps as text) as
@@ -127,8 +127,10 @@ def path_argument(text: str) -> str:
 
 
 def section(cls: type[T]) -> type[T]:
-    """The decorator of every settings section: a pydantic dataclass whose values are checked as CHECKS says."""
-    return pydantic.dataclasses.dataclass(cls, config=CHECKS)
+    """The decorator of every settings section: a pydantic dataclass whose values are checked as CHECKS says, frozen
+    once made: a value found at launch (micro_batch_size auto's B) is handed down beside it, never written into it,
+    so every reader of a section sees what was validated."""
+    return pydantic.dataclasses.dataclass(cls, config=CHECKS, frozen=True)
 
 
 # how --help (a metavar) and an error (what it expected) name each type a key may take

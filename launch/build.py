@@ -7,9 +7,9 @@ import torch
 
 from data.loader import TrainLoader, ValLoader, validate_shards
 from data.mixture import MixtureLoader, make_train_loader, sources_fingerprint
-from data.settings import parse_val_sets
+from data.settings import grad_accum_steps as accumulation, parse_val_sets
 from model import GPT
-from training.checkpoint.folder import checkpoints_folder
+from training.core.storage import Location
 from training.core.context import Context
 from training.core.process_group import run_on_all_ranks
 from training.distributed.strategies import Strategy
@@ -23,7 +23,7 @@ from training.run.run import Run
 from training.run.weights import load_initial_weights
 
 
-def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
+def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy, checkpoints: Location) -> Run | None:
     """The run this launch continues or starts; None when its checkpoint already reached max_steps and ran its
     final evaluations (one that a stop saved before them is continued: the loop runs them, and only them).
 
@@ -31,25 +31,25 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
     problem any rank sees (a data folder one node lacks, an unreadable file) stops every rank
     with the same error. It reads keys of many sections (data, model, optimizer, schedule, ema,
     long_run, checkpoint's resume, evaluation's val sets, runtime's seed): building the run is
-    where they meet, so it is handed the whole configuration.
+    where they meet, so it is handed the whole configuration. checkpoints: the run's checkpoint folder.
     """
     env, runtime = ctx.env, ctx.runtime
     data, seed = cfg.data, cfg.runtime.seed
-    micro_batch = None
-    if data.micro_batch_size is None:  # auto: probed now, and the concrete B is what every part of the run reads
-        data.micro_batch_size, micro_batch = choose_micro_batch_size(ctx, strategy, data, cfg.model.model_config())
-    grad_accum_steps = data.grad_accum_steps(strategy.dp_size)  # a ConfigError when the batch does not divide
+    micro_batch_size, micro_batch = data.micro_batch_size, None
+    if micro_batch_size is None:  # auto: probed now; the run holds the B (cfg, validated, is never written to)
+        micro_batch_size, micro_batch = choose_micro_batch_size(ctx, strategy, data, cfg.model.model_config())
+    # a ConfigError when the batch does not divide
+    grad_accum_steps = accumulation(data.total_batch_size, data.seq_len, micro_batch_size, strategy.dp_size)
     strategy.check_accumulation(grad_accum_steps)
-    folder = checkpoints_folder(cfg.run.out_dir, cfg.checkpoint.checkpoint_dir)
-    resume_path = choose_resume_checkpoint(ctx, cfg.run.out_dir, folder, cfg.checkpoint.resume)
+    resume_path = choose_resume_checkpoint(ctx, cfg.run.out_dir, checkpoints, cfg.checkpoint.resume)
 
     def open_data() -> tuple[TrainLoader | MixtureLoader, dict[str, ValLoader], str]:
         # each data-parallel replica reads its share of every batch (the strategy's dp view)
-        train_loader = make_train_loader(data.data_dir, data.seq_len, data.micro_batch_size, data.total_batch_size,
+        train_loader = make_train_loader(data.data_dir, data.seq_len, micro_batch_size, data.total_batch_size,
                                          strategy.dp_rank, strategy.dp_size, seed, shuffle=data.shuffle,
                                          doc_aligned=data.doc_aligned)
         val_sets, val_tokens = cfg.evaluation.val_sets, cfg.evaluation.val_tokens
-        val_loaders = {name: ValLoader(path, data.seq_len, val_tokens, data.micro_batch_size, strategy.dp_rank,
+        val_loaders = {name: ValLoader(path, data.seq_len, val_tokens, micro_batch_size, strategy.dp_rank,
                                        strategy.dp_size, key="val_sets" if val_sets else "data_dir")
                        for name, path in parse_val_sets(val_sets, data.data_dir).items()}
         # every rank checks the headers, and the token ranges of its share of the shards: a split of
@@ -69,7 +69,7 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
     model = run_on_all_ranks(env, initial_model)
     strategy.shard(model)  # under FSDP: before the optimizer, which must hold the sharded parameters
     model.to(runtime.device, dtype=runtime.weights_dtype)
-    # AdamW (configure_optimizers), or Muon + AdamW: the optimizer section, and the schedule's peak lr
+    # the optimizer section's (training/optim/optimizers/), its groups' peak lr the schedule's
     optimizer = build_optimizer(model, cfg.optimizer, cfg.schedule.max_lr, runtime.device_type)
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.loss_scaling)
     long_run = cfg.long_run
@@ -79,5 +79,6 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy) -> Run | None:
     ema = WeightAverage(averaging.ema_decay, averaging.start_step(max_steps)) if averaging.ema_decay else None
     run = Run(model=model, optimizer=optimizer, strategy=strategy, scaler=scaler, train_loader=train_loader,
               val_loaders=val_loaders, grad_accum_steps=grad_accum_steps, data_fingerprint=fingerprint, spikes=spikes,
-              micro_batch=micro_batch, ema=ema)
-    return run if continue_run(cfg, ctx, run, folder, resume_path) else None
+              ema=ema, config={**cfg.to_dict(), "micro_batch_size": micro_batch_size}, checkpoints=checkpoints,
+              micro_batch_size=micro_batch_size, micro_batch=micro_batch)
+    return run if continue_run(cfg, ctx, run, resume_path) else None

@@ -38,12 +38,12 @@ def open_run_folder(cfg: TrainConfig, ctx: Context, run: Run, record: dict) -> N
     if logging.wandb:  # network or credentials trouble is seen by rank 0 alone
         run_on_all_ranks(env, lambda: logger.start_wandb(
             logging.wandb_project, logging.wandb_run_name, logging.resolved_wandb_mode(),
-            {**cfg.to_dict(), "provenance": record}, logging.wandb_tags, run.wandb_run_id, out_dir),
+            {**run.config, "provenance": record}, logging.wandb_tags, run.wandb_run_id, out_dir),
             describe=lambda e: ConfigError(f"wandb: could not start the run ({type(e).__name__}: {e}); "
                                            f"use --wandb_mode offline or --wandb false"))
         run.wandb_run_id = logger.wandb_run_id  # on rank 0, which writes the checkpoints
     run_on_all_ranks(env, lambda: logger.open_run_folder(out_dir, run.start_step, {
-        "config.yaml": config_yaml(cfg), "run.json": json.dumps(record, indent=2) + "\n"}))
+        "config.yaml": config_yaml(run.config), "run.json": json.dumps(record, indent=2) + "\n"}))
     if logging.tensorboard:
         run_on_all_ranks(env, lambda: logger.start_tensorboard(Path(out_dir) / "tensorboard", run.start_step))
 
@@ -53,11 +53,11 @@ def make_evaluation(cfg: TrainConfig, ctx: Context, strategy: Strategy, tokenize
     return PeriodicEvaluation(cfg.evaluation, ctx, strategy, tokenizer, seed=cfg.runtime.seed)
 
 
-def make_checkpointer(cfg: TrainConfig, ctx: Context, strategy: Strategy, record: dict) -> Checkpointer:
-    """The checkpointer (the checkpoint section) of the run folder, storing the whole configuration (flat) and
-    the launch's record with every checkpoint."""
-    return Checkpointer(cfg.checkpoint, ctx, cfg.run.out_dir, cfg.to_dict(), record,
-                        strategy_format=strategy.default_checkpoint_format,
+def make_checkpointer(cfg: TrainConfig, ctx: Context, run: Run, record: dict) -> Checkpointer:
+    """The checkpointer (the checkpoint section) of the run's checkpoint folder, storing the whole configuration
+    as the run runs it (flat) and the launch's record with every checkpoint."""
+    return Checkpointer(cfg.checkpoint, ctx, run.checkpoints, cfg.run.out_dir, run.config, record,
+                        strategy_format=run.strategy.default_checkpoint_format,
                         hang_timeout_minutes=cfg.runtime.hang_timeout_minutes,
                         rollback_on_nonfinite=cfg.long_run.rollback_on_nonfinite)
 
@@ -67,7 +67,7 @@ def make_lockstep(cfg: TrainConfig, ctx: Context, save_failed=lambda: False) -> 
     applies: the optimizer's grad_clip, and the runtime's seed where the model has dropout."""
     dropout_base_seed = cfg.runtime.seed if cfg.model.dropout > 0 else None
     return Lockstep(ctx, cfg.schedule, cfg.long_run, cfg.data, grad_clip=cfg.optimizer.grad_clip,
-                    dropout_base_seed=dropout_base_seed, out_dir=cfg.run.out_dir, save_failed=save_failed)
+                    dropout_base_seed=dropout_base_seed, save_failed=save_failed)
 
 
 def describe_launch(cfg: TrainConfig, ctx: Context, run: Run) -> None:
@@ -78,7 +78,7 @@ def describe_launch(cfg: TrainConfig, ctx: Context, run: Run) -> None:
         + (f"activation checkpointing {cfg.runtime.activation_checkpointing_label()} | "
            if runtime.recompute_every else "") +
         "".join(f"{lever} | " for lever in runtime.levers()) +
-        (f"micro_batch_size {cfg.data.micro_batch_size} (auto: {run.micro_batch['how']}) | "
+        (f"micro_batch_size {run.micro_batch_size} (auto: {run.micro_batch['how']}) | "
          if run.micro_batch else "") +
         f"grad_accum_steps {run.grad_accum_steps} | {run.train_loader.summary()}"
         + (f" | resumed from {run.resumed_from} at step {run.start_step}" if run.resumed_from else ""))

@@ -54,10 +54,11 @@ from training.run.settings import ModelSettings
 
 # --- the whole configuration ------------------------------------------------------------------------
 
-@dataclass(init=False)
+@dataclass(init=False, frozen=True)
 class TrainConfig:
     """Every section of the configuration, each a field named for it (its SECTION), in this order (the order
-    of --help, config.yaml and to_dict). Made from the flat keys users type: TrainConfig(max_lr=1e-3)."""
+    of --help, config.yaml and to_dict). Made from the flat keys users type: TrainConfig(max_lr=1e-3). Frozen,
+    as each section is: what a launch finds out (micro_batch_size auto's B) is handed down beside it."""
 
     run: RunSettings
     data: DataSettings
@@ -79,7 +80,8 @@ class TrainConfig:
         for key in keys:
             known_key(key)
         for section in SECTIONS:
-            setattr(self, section.SECTION, section(**{key: keys[key] for key in section.keys() if key in keys}))
+            made = section(**{key: keys[key] for key in section.keys() if key in keys})
+            object.__setattr__(self, section.SECTION, made)  # frozen: this is where it is made
         self.validate()
 
     def validate(self) -> None:
@@ -282,6 +284,7 @@ def parse_args(argv: list[str]) -> TrainConfig:
     return TrainConfig(**values)
 
 
-def config_yaml(config: TrainConfig) -> str:
-    """The resolved configuration as YAML, flat (what `--config` reads back)."""
-    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+def config_yaml(config: TrainConfig | dict) -> str:
+    """The configuration as YAML, flat (what `--config` reads back): a TrainConfig's, or a flat one (the trainer's
+    run.config, with the B that micro_batch_size auto chose)."""
+    return yaml.safe_dump(config if isinstance(config, dict) else config.to_dict(), sort_keys=False)

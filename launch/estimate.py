@@ -357,7 +357,7 @@ def prepared_tokens(data_dir: str) -> int | None:
 
 def optimizer_bytes(shape: Shape, optimizer: str) -> float:
     """Bytes of optimizer state: AdamW's two float32 moments (8 bytes) for every parameter; Muon's one momentum (4)
-    for the blocks' weight matrices (12 n_embd^2 a block: training/optim/optimizers.py) and AdamW's on the rest."""
+    for the blocks' weight matrices (12 n_embd^2 a block: training/optim/optimizers/muon.py) and AdamW's on the rest."""
     if optimizer != "muon":
         return 8 * shape.params
     matrices = 12 * shape.n_embd**2 * shape.n_layer

@@ -235,14 +235,14 @@ def refuse_lost_history(out_dir: str | Path, checkpoints: Location, warn) -> Non
 
 # --- what it loads into what ------------------------------------------------------------------------
 
-def continue_run(cfg: TrainConfig, ctx: Context, run: Run, folder: Location, path: Location | None) -> bool:
+def continue_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location | None) -> bool:
     """The run just built (build_run) continues from the checkpoint at path (resume_run), None being a fresh start;
     False when there is nothing to do. Every rank calls it (a collective).
 
     A checkpoint that reads but does not fit the run (a DamagedCheckpointError: found before anything of it was
     loaded, so the run is as built) is treated as one that does not read is when choosing: one that resume chose
     itself (auto's newest, or the newest that continued from --resume PATH) is set aside, and the run continues
-    from the one chosen next; the one --resume PATH names is refused. folder: the run's checkpoint folder.
+    from the one chosen next; the one --resume PATH names is refused (the next is chosen in run.checkpoints).
     """
     env, logger, resume = ctx.env, ctx.logger, cfg.checkpoint.resume
     while path is not None:
@@ -253,7 +253,7 @@ def continue_run(cfg: TrainConfig, ctx: Context, run: Run, folder: Location, pat
                 raise
             damaged, error = path, e
             run_on_all_ranks(env, lambda: set_aside(damaged, error, logger.warn) if env.master_process else None)
-            path = choose_resume_checkpoint(ctx, cfg.run.out_dir, folder, resume)
+            path = choose_resume_checkpoint(ctx, cfg.run.out_dir, run.checkpoints, resume)
     return True
 
 
@@ -274,7 +274,7 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
         if finished(state):
             # `--seed 7` into a finished folder meant another run: say so (a moved out_dir or another log_interval
             # would not train otherwise, and is not worth the line)
-            changed = changed_settings(cfg, state["config"], math_only=True)
+            changed = changed_settings(run.config, state["config"], math_only=True)
             differ = (f"; this launch's settings differ from that run's ({changed}) but train nothing here: give a "
                       f"new run a new out_dir" if changed else "")
             logger.console(f"nothing to do: {path} is at max_steps {max_steps}; raise max_steps to train on{differ}")
@@ -289,7 +289,7 @@ def resume_run(cfg: TrainConfig, ctx: Context, run: Run, path: Location) -> bool
         logger.warn(f"{moved} since {path} was written")
     if run.ema is not None:
         describe_ema_start(run, state["ema_state"], cfg.ema, max_steps, path, logger.warn)
-    warn_on_changed_settings(cfg, state["config"], logger.warn)
+    warn_on_changed_settings(run.config, state["config"], logger.warn)
     trained_on, fingerprint = state.get("provenance", {}).get("data_fingerprint"), run.data_fingerprint
     changed = changed_shards(trained_on, fingerprint) if trained_on is not None else None
     if changed:  # the shards themselves (a mixture's weights are in its fingerprint too, but are not its shards)
@@ -421,29 +421,28 @@ def check_same_optimizer(optimizer: str, saved_config: dict, path) -> None:
                               f"or start from its weights with --init_from {path} in another out_dir")
 
 
-def changed_keys(cfg: TrainConfig, saved: dict) -> list[str]:
-    """The keys whose value differs from the checkpoint's config (saved), but `resume`, which names the launch."""
-    now = cfg.to_dict()
+def changed_keys(now: dict, saved: dict) -> list[str]:
+    """The keys whose value differs from the checkpoint's config (saved; now: this launch's, flat, run.config), but
+    `resume`, which names the launch."""
     return [key for key in now if key != "resume" and key in saved and saved[key] != now[key]]
 
 
-def changed_settings(cfg: TrainConfig, saved: dict, math_only: bool = False) -> str:
+def changed_settings(now: dict, saved: dict, math_only: bool = False) -> str:
     """The changed keys (changed_keys; math_only: those that change the training math) in words, each with both
     values: `seed 1337 -> 7, ...`; '' where none."""
-    now = cfg.to_dict()
-    keys = [key for key in changed_keys(cfg, saved) if not math_only or changes_training_math(ON_RESUME_OF[key], now)]
+    keys = [key for key in changed_keys(now, saved) if not math_only or changes_training_math(ON_RESUME_OF[key], now)]
     return ", ".join(f"{key} {saved[key]!r} -> {now[key]!r}" for key in keys)
 
 
-def warn_on_changed_settings(cfg: TrainConfig, saved: dict, warn: Callable[[str], None]) -> None:
+def warn_on_changed_settings(now: dict, saved: dict, warn: Callable[[str], None]) -> None:
     """One line naming every key that differs from the checkpoint's config (not `resume`), and those of them
     that change the training math (each field's on_resume, judged with this run's settings): a changed
     log_interval, out_dir or strategy is worth a line, but not the claim that the run now trains differently,
     nor is a spike setting while spike_skip is off."""
-    now, keys = cfg.to_dict(), changed_keys(cfg, saved)
+    keys = changed_keys(now, saved)
     if not keys:
         return
-    changed = changed_settings(cfg, saved)
+    changed = changed_settings(now, saved)
     if math := [key for key in keys if changes_training_math(ON_RESUME_OF[key], now)]:
         effect = (f"{', '.join(math)} {'changes' if len(math) == 1 else 'change'} the training math: the steps "
                   f"after the resume differ from an uninterrupted run")

@@ -44,12 +44,13 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from model import GPT, PRESETS  # noqa: E402
-from training.checkpoint.folder import FORMATS  # noqa: E402
+from training.checkpoint.folder import FORMATS, checkpoints_folder  # noqa: E402
 from launch.config import TrainConfig  # noqa: E402
 from training.core.context import Context  # noqa: E402
 from training.core.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
 from training.distributed.strategies import STRATEGIES, make_strategy  # noqa: E402
 from launch.resume import load_compatible_checkpoint, load_state  # noqa: E402
+from training.optim.optimizers import build_optimizer  # noqa: E402
 from training.run.run import Run  # noqa: E402
 from training.core.logger import RunLogger  # noqa: E402
 from training.core.runtime import resolve_runtime  # noqa: E402
@@ -89,19 +90,18 @@ def main() -> None:
     model = GPT(cfg.model.model_config())
     strategy.shard(model)
     model.to(device)
-    adamw = cfg.optimizer
-    optimizer = model.configure_optimizers(adamw.weight_decay, cfg.schedule.max_lr, (adamw.beta1, adamw.beta2),
-                                           adamw.adam_eps, device.type)  # fused AdamW on CUDA, as the trainer
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.schedule.max_lr, device.type)  # fused AdamW on CUDA
     if args.load is None:  # a resume loads into a fresh optimizer; a save needs the AdamW moments
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     run = Run(model=model, optimizer=optimizer, strategy=strategy, train_loader=None, val_loaders={},
-              scaler=torch.amp.GradScaler("cpu", enabled=False), grad_accum_steps=1, data_fingerprint="", step=1)
+              scaler=torch.amp.GradScaler("cpu", enabled=False), grad_accum_steps=1, data_fingerprint="", step=1,
+              config=cfg.to_dict(), checkpoints=checkpoints_folder(cfg.run.out_dir, cfg.checkpoint.checkpoint_dir))
     result = {"label": args.label, "model": cfg.model.model, "params": model.num_params(), "strategy": strategy_name,
               "world_size": env.world_size, "device": args.device}
-    checkpointer = make_checkpointer(cfg, Context(env, runtime, RunLogger(enabled=False)), strategy, record={})
+    checkpointer = make_checkpointer(cfg, Context(env, runtime, RunLogger(enabled=False)), run, record={})
     built = peak_rss_gib()
 
     def synchronize() -> None:  # a time taken on CUDA counts the kernels launched before it

@@ -457,9 +457,11 @@ def build_tiny_run(data_dir: Path, out_dir: Path, **overrides):
     from training.distributed.strategies import make_strategy
     from launch.config import parse_args
     from launch.build import build_run
+    from training.checkpoint.folder import checkpoints_folder
 
     cfg = parse_args(base_args(data_dir, out_dir, **overrides))
     runtime = cfg.runtime.make_runtime()
     env = DistEnv(rank=0, local_rank=0, world_size=1, device=runtime.device, distributed=False)
     ctx = Context(env, runtime, RunLogger(enabled=False))
-    return cfg, ctx, build_run(cfg, ctx, make_strategy(cfg.runtime.strategy, env, runtime))
+    checkpoints = checkpoints_folder(cfg.run.out_dir, cfg.checkpoint.checkpoint_dir)
+    return cfg, ctx, build_run(cfg, ctx, make_strategy(cfg.runtime.strategy, env, runtime), checkpoints)

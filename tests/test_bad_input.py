@@ -438,7 +438,7 @@ def tiny_checkpoint(tmp_path, drop: str | None, checkpoint_format: str = "file")
 
     data = make_shards(tmp_path / "shards")
     cfg, ctx, run = build_tiny_run(data, tmp_path / "source", checkpoint_format=checkpoint_format)
-    checkpointer = make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer = make_checkpointer(cfg, ctx, run, record={})
     checkpointer.save(run)
     checkpointer.wait()
     if checkpoint_format == "sharded":

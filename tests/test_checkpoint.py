@@ -140,7 +140,7 @@ def test_a_run_resumed_on_the_cpu_keeps_no_view_of_its_checkpoint_file(tmp_path)
     run.model(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())[1].backward()
     run.optimizer.step()
     run.step = 1
-    make_checkpointer(cfg, ctx, run.strategy, record={}).save(run)
+    make_checkpointer(cfg, ctx, run, record={}).save(run)
     path = ckpt.checkpoint_path(out / "checkpoints", 1)
 
     *_, resumed = build_tiny_run(data, out, checkpoint_format="file")
@@ -163,7 +163,7 @@ def test_the_final_evaluations_of_a_launch_that_ran_them_alone_are_recorded_in_i
     data, out = make_shards(tmp_path / "shards"), tmp_path / "out"
     cfg, ctx, run = build_tiny_run(data, out, checkpoint_format=checkpoint_format, max_steps=1)
     run.step = 1
-    checkpointer = make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer = make_checkpointer(cfg, ctx, run, record={})
     checkpointer.save(run, blocking=True)
     (path,) = [p for _, p in ckpt.list_checkpoints(out / "checkpoints")]
     before = ckpt.read_full_state(path)

@@ -105,6 +105,22 @@ def test_grad_accum_must_divide_exactly():
         cfg.data.grad_accum_steps(3)
 
 
+def test_a_validated_configuration_cannot_be_written_to():
+    """What a launch finds out (micro_batch_size auto's B) is handed down beside the configuration, never written
+    into it: every section, and the configuration itself, refuses a write, so nothing read later can differ from
+    what was validated."""
+    import dataclasses
+
+    cfg = TrainConfig(micro_batch_size="auto")
+    for section in SECTIONS:
+        key = section.keys()[0]
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(getattr(cfg, section.SECTION), key, getattr(getattr(cfg, section.SECTION), key))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.data = cfg.data
+    assert cfg.data.micro_batch_size is None
+
+
 def test_the_model_section_names_model_pys_presets():
     """The section knows the presets by name without importing model.py (torch); model_config takes their shapes."""
     assert PRESET_NAMES == tuple(PRESETS)
@@ -462,7 +478,7 @@ def resume_warnings(saved: dict, **now) -> list[str]:
     from launch.resume import warn_on_changed_settings
 
     logger = Warnings()
-    warn_on_changed_settings(TrainConfig(**now), TrainConfig(**saved).to_dict(), logger.warn)
+    warn_on_changed_settings(TrainConfig(**now).to_dict(), TrainConfig(**saved).to_dict(), logger.warn)
     return logger.lines
 
 

@@ -120,7 +120,7 @@ def test_a_real_checkpoint_has_the_estimated_size(tmp_path):
         run.step = 1
         from launch.components import make_checkpointer
 
-        make_checkpointer(cfg, ctx, run.strategy, record={}).save(run, blocking=True)
+        make_checkpointer(cfg, ctx, run, record={}).save(run, blocking=True)
         written = sum(p.stat().st_size for p in (out / "checkpoints").rglob("*") if p.is_file())
         expected = est.checkpoint_bytes(cfg, est.model_shape(cfg))
         assert written == pytest.approx(expected, rel=0.005), (layout, ema, written, expected)

@@ -37,7 +37,9 @@ class GPTConfig(ours.GPTConfig):
 
 class GPT(ours.GPT):
     def configure_optimizers(self, weight_decay, learning_rate, device_type):
-        return super().configure_optimizers(weight_decay, learning_rate, (0.9, 0.95), 1e-8, device_type)
+        from training.optim.optimizers import build_optimizer
+        from training.optim.settings import OptimizerSettings
+        return build_optimizer(self, OptimizerSettings(weight_decay=weight_decay), learning_rate, device_type)
 
 def get_lr(it):
     return max_lr * min(1.0, (it + 1) / warmup_steps)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from common.errors import ConfigError, ReproError
+from data.settings import grad_accum_steps
 from forked_ranks import launch
 from training.run import micro_batch
 from launch.config import parse_args
@@ -188,7 +189,9 @@ def test_a_probed_b_trains_bitwise_as_the_same_b_set_by_hand(shards, tmp_path, m
     probe_models: list = []
     forced_probes(monkeypatch, oom_above=4, probe_models=probe_models)
     cfg, ctx, run = build_tiny_run(shards, tmp_path / "auto", micro_batch_size="auto", dropout=dropout)
-    assert cfg.data.micro_batch_size == 4 and run.grad_accum_steps == 4  # 16 rows: 16 and 8 ran out of memory
+    assert run.micro_batch_size == 4 and run.grad_accum_steps == 4  # 16 rows: 16 and 8 ran out of memory
+    # the B is the run's: the validated configuration still says auto, and what ran says 4
+    assert cfg.data.micro_batch_size is None and run.config["micro_batch_size"] == 4
     assert run.micro_batch["chosen"] == 4 and run.micro_batch["candidates"] == [1, 2, 4, 8, 16]
     assert [(p["B"], p["fits"]) for p in run.micro_batch["probes"]] == [(16, False), (4, True), (8, False)]
     (probed,) = probe_models
@@ -264,8 +267,7 @@ def test_on_the_cpu_a_fallback_that_does_not_divide_the_batch_is_made_to_fit(mon
     assert warnings == ["micro_batch_size auto probes CUDA memory; on cpu it uses 8, the largest micro-batch up to "
                         "micro_batch_size_fallback 16 that keeps grad_accum_steps whole (8 rows a rank per step: "
                         "total_batch_size 1024 / seq_len 128 / 1 rank(s))"]
-    cfg.data.micro_batch_size = chosen
-    assert cfg.data.grad_accum_steps(1) == 1
+    assert grad_accum_steps(cfg.data.total_batch_size, cfg.data.seq_len, chosen, 1) == 1
 
 
 def test_micro_batch_size_auto_names_the_nearest_batches_whose_rows_split_over_the_ranks():

@@ -89,15 +89,6 @@ def test_flops_per_token_formula():
     assert model.estimate_flops_per_token(32) == 6 * N + 12 * 2 * 2 * 32 * 32
 
 
-def test_weight_decay_applies_to_2d_parameters_only():
-    model = tiny()
-    opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.95))
-    decay, no_decay = opt.param_groups
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
-    assert sum(p.numel() for g in opt.param_groups for p in g["params"]) == model.num_params()
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_fused_chunked_loss_matches_plain_cross_entropy(dtype):
     model = tiny()

@@ -22,7 +22,9 @@ from conftest import (GPT2_VOCAB, REPO, base_args, build_tiny_run, lockstep_step
 from common.errors import ConfigError, NonFiniteLossError
 from launch.config import TrainConfig, parse_args
 from model import GPT
-from training.optim.optimizers import MuonWithAdamW, build_optimizer, require_available, split_parameters
+from training.optim.muon_with_adamw import MuonWithAdamW
+from training.optim.optimizers import build_optimizer, optimizers, require_available
+from training.optim.optimizers.muon import split_parameters
 from training.checkpoint.format import with_current_settings
 from training.optim.schedule import cooldown_start, learning_rate
 
@@ -117,6 +119,41 @@ def test_muon_on_a_torch_without_it_is_one_line_naming_the_version_it_needs(monk
     require_available(TrainConfig(optimizer="adamw").optimizer)  # the rest runs on such a torch
 
 
+NEW_OPTIMIZER = """
+from training.optim.optimizers import OptimizerEntry, register
+
+
+def build(model, settings, peak_lr, device_type):
+    import torch
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=peak_lr, momentum=settings.beta1)
+
+
+register(OptimizerEntry("sgd", "SGD with momentum beta1", build))
+"""
+
+
+def test_a_new_optimizer_is_one_module_in_the_package(data, tmp_path, monkeypatch):
+    """A module in training/optim/optimizers/ is all an optimizer needs to be validated, built and trained with (its
+    entry registers it): here SGD, from a module in a folder added to the package's path."""
+    import sys
+
+    import training.optim.optimizers as package
+
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "sgd.py").write_text(NEW_OPTIMIZER)
+    with pytest.raises(ConfigError, match="unknown optimizer 'sgd'; choose adamw, muon"):
+        TrainConfig(optimizer="sgd")
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(tmp_path / "extra")])
+    monkeypatch.setattr(package, "_ENTRIES", dict(package._ENTRIES))  # forgotten again after the test
+    monkeypatch.delitem(sys.modules, "training.optim.optimizers.sgd", raising=False)
+    assert list(optimizers()) == ["adamw", "muon", "sgd"]
+    cfg, ctx, run = build_tiny_run(data, tmp_path / "run", optimizer="sgd")
+    assert type(run.optimizer) is torch.optim.SGD and run.optimizer.defaults["momentum"] == cfg.optimizer.beta1
+    before = [p.clone() for p in run.model.parameters()]
+    (result,) = lockstep_steps(cfg, ctx, run, 1)
+    assert math.isfinite(result.loss) and any(not torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
+
+
 def test_the_defaults_are_the_faithful_recipe():
     cfg = TrainConfig()
     assert (cfg.optimizer.optimizer, cfg.schedule.lr_schedule) == ("adamw", "cosine")
@@ -155,14 +192,21 @@ def test_muon_gets_exactly_the_blocks_matrices_and_adamw_everything_else_once(da
     assert split_parameters(model)[0] == optimizer.param_groups[2]["params"]
 
 
-def test_adamw_is_still_model_configure_optimizers(data, tmp_path):
+def test_adamw_is_build_nanogpts_configure_optimizers(data, tmp_path):
+    """The faithful optimizer: AdamW with build-nanogpt's groups, in its order (every trainable parameter by name,
+    the 2-D ones decayed), its betas, eps and lr; the same state dict as one made that way here."""
     cfg, ctx, run = build_tiny_run(data, tmp_path / "run")
     adamw, max_lr = cfg.optimizer, cfg.schedule.max_lr
     ours = build_optimizer(run.model, cfg.optimizer, max_lr, "cpu")
-    theirs = run.model.configure_optimizers(adamw.weight_decay, max_lr, (adamw.beta1, adamw.beta2), adamw.adam_eps, "cpu")
+    params = [p for _, p in run.model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": adamw.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    theirs = torch.optim.AdamW(groups, lr=max_lr, betas=(adamw.beta1, adamw.beta2), eps=adamw.adam_eps, fused=False)
     assert type(run.optimizer) is type(ours) is torch.optim.AdamW
     assert ours.state_dict() == theirs.state_dict()
     assert [g["params"] for g in ours.param_groups] == [g["params"] for g in theirs.param_groups]
+    assert all(p.dim() == 2 for p in groups[0]["params"]) and all(p.dim() == 1 for p in groups[1]["params"])
+    assert sum(p.numel() for g in ours.param_groups for p in g["params"]) == run.model.num_params()
 
 
 def test_the_schedule_scales_each_group_by_its_base_lr(data, tmp_path):

@@ -173,7 +173,7 @@ def test_a_checkpoint_of_older_code_at_max_steps_is_finished_only_when_its_log_r
     out = tmp_path / "run"
     cfg, ctx, run = build_tiny_run(data, out, **settings)
     lockstep_steps(cfg, ctx, run, 1)
-    checkpointer = make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer = make_checkpointer(cfg, ctx, run, record={})
     checkpointer.save(run)
     checkpointer.wait()
     path = ckpt.checkpoint_path(out / "checkpoints", 1)

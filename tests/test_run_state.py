@@ -63,7 +63,7 @@ def test_every_part_of_the_run_saves_and_loads_back_exactly(mixture, tmp_path, f
     lockstep_steps(cfg, ctx, run, 3)
     run.rollbacks, run.skips_in_a_row, run.data_offset = 1, 1, 2  # as a rollback past two batches leaves them
     run.metrics, run.finished_at, run.wandb_run_id = {"val_loss": 4.5}, 2, "w8nd8"
-    checkpointer = make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer = make_checkpointer(cfg, ctx, run, record={})
     checkpointer.save(run)
     checkpointer.wait()
     ((_, path),) = list_checkpoints(checkpointer.folder)

@@ -155,7 +155,7 @@ def cloned(state: dict) -> dict:
 
 
 def save_in_process(cfg, ctx, run) -> None:
-    checkpointer = components.make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer = components.make_checkpointer(cfg, ctx, run, record={})
     checkpointer.save(run)
     checkpointer.wait()
 
@@ -252,7 +252,7 @@ def test_an_async_save_holds_the_state_of_its_step_while_training_changes_it(dat
         return real_write(self, plan, planner)
 
     monkeypatch.setattr(FileSystemWriter, "write_data", gated_write)
-    checkpointer = components.make_checkpointer(cfg, ctx, run.strategy, record={})
+    checkpointer = components.make_checkpointer(cfg, ctx, run, record={})
     checkpointer.save(run)
     assert not checkpointer.pending.future.done()  # the write goes on in the background
     with torch.no_grad():  # training goes on: every parameter and every AdamW tensor changes in place

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from common.errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
-from training.checkpoint.folder import FORMAT_VERSION, FORMATS, checkpoints_folder, format_of, prune_checkpoints
+from training.checkpoint.folder import FORMAT_VERSION, FORMATS, format_of, prune_checkpoints
 from training.checkpoint.format import TrainingState
 from training.core.process_group import any_rank, run_on_all_ranks
 from training.distributed.strategies import local_part
@@ -53,10 +53,11 @@ class PendingSave:
 class Checkpointer:
     """Every rank holds one; `save`, `retry` and `wait` are collectives, `poll` is not."""
 
-    def __init__(self, settings: CheckpointSettings, ctx: Context, out_dir: str, config: dict, provenance: dict, *,
-                 strategy_format: str, hang_timeout_minutes: float, rollback_on_nonfinite: bool):
-        """settings: the checkpoint section (cadence, retention, where, format, async). Of other sections, as
-        values: out_dir (run: the folder the checkpoint folder defaults into, and adopts); config (every key,
+    def __init__(self, settings: CheckpointSettings, ctx: Context, folder: Location, out_dir: str, config: dict,
+                 provenance: dict, *, strategy_format: str, hang_timeout_minutes: float, rollback_on_nonfinite: bool):
+        """settings: the checkpoint section (cadence, retention, format, async); folder: where the checkpoints go
+        (training/checkpoint/folder.py's checkpoints_folder). Of other sections, as values: out_dir (run: the run
+        folder, whose checkpoint folder it adopts); config (every key,
         flat) and provenance (the launch's record), which every checkpoint stores as what wrote it;
         strategy_format (the strategy's default_checkpoint_format: what checkpoint_format auto means);
         hang_timeout_minutes (runtime: the background writes' process group); rollback_on_nonfinite (long_run:
@@ -64,7 +65,7 @@ class Checkpointer:
         self.settings, self.env, self.logger = settings, ctx.env, ctx.logger
         self.out_dir, self.config, self.provenance = out_dir, config, provenance
         self.rollback_on_nonfinite = rollback_on_nonfinite
-        self.folder = checkpoints_folder(out_dir, settings.checkpoint_dir)
+        self.folder = folder
         self.format = FORMATS[settings.resolved_format(strategy_format)]
         self.asynchronous = self.format.writes_in_background and settings.checkpoint_async
         self.pending: PendingSave | None = None

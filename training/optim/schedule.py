@@ -7,7 +7,7 @@ wsd     warmup-stable-decay: the same linear warmup, max_lr held constant, then 
         can be extended, or cooled down from any checkpoint of the stable phase.
 
 The value is in max_lr's units: the optimizer groups whose base lr is not max_lr (Muon's,
-training/optim/optimizers.py) scale it by their base lr / max_lr.
+training/optim/muon_with_adamw.py) scale it by their base lr / max_lr.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def wsd_on(config: dict) -> bool:
 @section
 class ScheduleSettings(Settings):
     """The schedule section: the run's length and every step's learning rate (max_lr is the peak of
-    every optimizer group: training/optim/optimizers.py scales Muon's muon_lr by lr / max_lr)."""
+    every optimizer group: training/optim/muon_with_adamw.py scales Muon's muon_lr by lr / max_lr)."""
 
     SECTION = "schedule"
     SUMMARY = "the run's length and the learning rate of every step"

@@ -1,8 +1,9 @@
-"""The optimizer sections: the optimizer (training/optim/optimizers.py), the EMA of the weights (ema.py) and the
+"""The optimizer sections: the optimizer (training/optim/optimizers/), the EMA of the weights (ema.py) and the
 loss spikes' skips and rollbacks (spikes.py); the schedule's section is schedule.py's own.
 
 Torch-free, as every settings section is (launch/config.py): the trainer checks a configuration before it imports
-torch. The one rule that needs torch, whether this PyTorch has Muon, is optimizers.py's require_available.
+torch. The one rule that needs torch, whether this PyTorch runs the optimizer named, is the optimizer's entry's
+(training/optim/optimizers/).
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 import math
 
 from common.settings import Settings, option, require, section
-
-OPTIMIZERS = ("adamw", "muon")
+from training.optim.optimizers import optimizers
 
 
 def muon_on(config: dict) -> bool:
@@ -26,11 +26,9 @@ class OptimizerSettings(Settings):
     SECTION = "optimizer"
     SUMMARY = "AdamW (GPT-2/3's) or Muon + AdamW, and gradient clipping"
 
-    optimizer: str = option("adamw", "adamw (every parameter; GPT-2/3's) or muon (torch.optim.Muon, PyTorch 2.9+, "
-                                     "on the blocks' weight matrices, AdamW with max_lr, betas, eps and weight_decay "
-                                     "on embeddings, lm_head, LayerNorms and biases; each matrix orthogonalised "
-                                     "whole, on one rank, under any strategy). A checkpoint resumes "
-                                     "only with the optimizer it was written with", on_resume="trajectory")
+    optimizer: str = option("adamw", " or ".join(f"{e.name} ({e.help})" for e in optimizers().values())
+                            + ". A checkpoint resumes only with the optimizer it was written with",
+                            on_resume="trajectory")
     weight_decay: float = option(0.1, "AdamW weight decay, on 2-D weights only", on_resume="trajectory")
     beta1: float = option(0.9, "AdamW beta1", on_resume="trajectory")
     beta2: float = option(0.95, "AdamW beta2", on_resume="trajectory")
@@ -53,12 +51,12 @@ class OptimizerSettings(Settings):
         for key in ("beta1", "beta2"):
             require(0 <= getattr(self, key) < 1, key, f"must be in [0, 1), got {getattr(self, key)}")
         require(self.adam_eps > 0, "adam_eps", f"must be positive, got {self.adam_eps}")
-        require(self.optimizer in OPTIMIZERS, "optimizer",
-                f"unknown optimizer {self.optimizer!r}; choose {', '.join(OPTIMIZERS)}")
+        require(self.optimizer in optimizers(), "optimizer",
+                f"unknown optimizer {self.optimizer!r}; choose {', '.join(optimizers())}")
         require(self.muon_lr >= 0, "muon_lr", f"must be >= 0, got {self.muon_lr}")
         require(0 <= self.muon_momentum < 1, "muon_momentum", f"must be in [0, 1), got {self.muon_momentum}")
         require(self.muon_weight_decay >= 0, "muon_weight_decay", f"must be >= 0, got {self.muon_weight_decay}")
-        # whether this PyTorch has Muon is checked once torch is imported (optimizers.py's require_available)
+        # whether this PyTorch runs it is checked once torch is imported (optimizers' require_available)
 
 
 @section

@@ -101,20 +101,19 @@ class Lockstep:
     """Takes one step on every rank: the math, wrapped in the ranks' agreement (see above)."""
 
     def __init__(self, ctx: Context, schedule: ScheduleSettings, long_run: LongRunSettings, batch: DataSettings, *,
-                 grad_clip: float, dropout_base_seed: int | None, out_dir: str,
-                 save_failed: Callable[[], bool] = lambda: False):
+                 grad_clip: float, dropout_base_seed: int | None, save_failed: Callable[[], bool] = lambda: False):
         """The sections of what a step applies: the schedule (its lr), long_run (spikes and rollbacks) and the
-        data section's batch geometry (micro_batch_size, seq_len: a batch that fails is zeros of that shape;
+        data section's batch geometry (seq_len: a batch that fails is zeros of (run.micro_batch_size, seq_len);
         total_batch_size: the tokens a step adds). Of other sections, as values: grad_clip (optimizer),
         dropout_base_seed (the runtime section's seed where the model has dropout, whose masks are reseeded
-        every step; None without dropout), out_dir (run: where a NaN's message points).
+        every step; None without dropout).
 
         save_failed: this rank saw a background checkpoint save fail (its vote for a save now). A failure
         this rank saw since the last step (rank 0's log writes: ctx.logger.failure) rides on the step's vote."""
         self.env, self.runtime, self.logger = ctx.env, ctx.runtime, ctx.logger
         self.schedule, self.long_run, self.batch = schedule, long_run, batch
         self.max_norm = grad_clip or math.inf  # 0: no clipping (the norm is still measured)
-        self.dropout_base_seed, self.out_dir = dropout_base_seed, out_dir
+        self.dropout_base_seed = dropout_base_seed
         self.save_failed = save_failed
 
     def step(self, run: Run, model: torch.nn.Module, batches, stop_requested: bool) -> StepResult:
@@ -128,7 +127,7 @@ class Lockstep:
         if self.dropout_base_seed is not None:
             torch.manual_seed(dropout_seed(self.dropout_base_seed, step, self.env.rank))
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
-                                       (self.batch.micro_batch_size, self.batch.seq_len), self.env)
+                                       (run.micro_batch_size, self.batch.seq_len), self.env)
         metrics: dict[Metric, torch.Tensor | float] = {}  # what the step records, this rank's (training/run/step.py)
         loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.max_norm, metrics)
         failure = self.logger.failure or micro_batches.failure
@@ -177,8 +176,8 @@ class Lockstep:
         reason = f"loss {verdict.loss} / grad norm {verdict.grad_norm} is not finite"
         if self.long_run.rollback_on_nonfinite:
             raise RollbackRequested(step, reason)
-        raise NonFiniteLossError(f"step {step}: {reason}; the update was not applied and the newest checkpoint in "
-                                 f"{self.out_dir} is the last good state")
+        raise NonFiniteLossError(f"step {step}: {reason}; the update was not applied and the run's newest checkpoint "
+                                 f"is the last good state")
 
     def track_spikes(self, run: Run, step: int, verdict: Verdict, spike: str | None) -> None:
         """Count a skipped spike (rolling back after rollback_after in a row), or add an applied step to the window."""

@@ -73,6 +73,11 @@ class Run:
     start_step: int = 0  # where this launch began: 0, or the step of the checkpoint it resumed
     resumed_from: Location | None = None  # the checkpoint it resumed (a rollback candidate, wherever it lies)
     resumed_step: int = 0  # and its step
+    # every key, flat, as this launch runs them: the validated configuration's, with the B micro_batch_size auto
+    # chose (config.yaml, W&B and every checkpoint store it; a resume compares it with the checkpoint's)
+    config: dict = field(default_factory=dict)
+    checkpoints: Location | None = None  # the run's checkpoint folder (None: a run that saves none)
+    micro_batch_size: int = 0  # B, set or chosen (micro_batch_size auto)
     micro_batch: dict | None = None  # micro_batch_size auto: how this launch chose it (run.json)
 
     @property
