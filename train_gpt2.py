@@ -55,8 +55,8 @@ from training.distributed.preemption import PreemptionFlag, StopVote
 from training.observe.provenance import provenance
 from launch.recovery import Recovery
 from launch.build import build_run
-from launch.components import (StepRecords, describe_launch, make_checkpointer, make_evaluation, make_lockstep,
-                               open_run_folder, resume_hint)
+from launch.components import (describe_launch, make_checkpointer, make_evaluation, make_lockstep,
+                               make_step_records, open_run_folder, resume_hint)
 from training.run.run import Run
 from training.checkpoint.run_folder import claim_run_folder, release_all
 from training.core.logger import RunLogger
@@ -133,7 +133,7 @@ def train(cfg: TrainConfig, ctx: Context, run: Run, preemption: PreemptionFlag, 
     take_step = wrap_step(lockstep.step) if wrap_step else lockstep.step  # run.step -> run.step + 1
     recovery = Recovery(ctx, run, checkpointer, max_steps, cfg.long_run.max_rollbacks)  # the data feed, rollbacks
     stop = StopVote(preemption, ctx.env)  # set only from all-reduced votes: every rank stops at the same step
-    records = StepRecords(cfg, ctx, run)
+    records = make_step_records(cfg, ctx, run)  # train records and step lines
     try:
         while True:
             try:

@@ -9,12 +9,14 @@ Two kinds of name become fields:
   `tokens_<name>`.
 
 A name may make no field that its record has for another reason: none of the record's own fields
-(VAL_RECORD_FIELDS, TRAIN_RECORD_FIELDS), and no val set name starting with a prefix that another
+(VAL_RECORD_FIELDS; the train record's are the metrics declared with train_metric, where each is written), and no
+val set name starting with a prefix that another
 figure's field is made with (`ema_`: the EMA of set `x` is `ema_x`, so a set named `ema_x` would be
 overwritten by it, and every reader takes `ema_*` fields for EMA figures; `bpb_` likewise). Such a name
 is refused before any work starts, with one `error:` line naming the key that gave it; nothing is renamed silently, so
-each field of the log means what its name says. A field added to one of these records joins its list.
-The training step's metrics (train_metric) are train record fields too, none named like another or `tokens_*`.
+each field of the log means what its name says. A field added to the val record joins its list; a train record
+field is declared with train_metric beside the code that writes or records it, and a source's name is checked
+against them once every module of the trainer is imported (launch/build.py).
 """
 
 from __future__ import annotations
@@ -30,31 +32,28 @@ BPB_PREFIX = "bpb_"  # of each named set's bits per byte
 RECORD_FIELDS = ("kind", "step", "time")
 VAL_RECORD_FIELDS = (*RECORD_FIELDS, "tokens", "loss", BPB)  # a val record's own fields (evals/val_loss.py)
 VAL_SET_PREFIXES = (EMA_PREFIX, BPB_PREFIX)  # prefixes of the fields made from a val set's name
-# a train record's own fields (launch/components.py's StepRecords), besides tokens_<source> and the metrics
-TRAIN_RECORD_FIELDS = (*RECORD_FIELDS, "loss", "lr", "grad_norm", "tokens", "tokens_per_sec", "step_ms", "skipped",
-                       "mfu", "peak_mem_gb")
 SOURCE_TOKENS_PREFIX = "tokens_"  # a mixture source's train tokens: tokens_<source>
 
 
 class Metric(NamedTuple):
-    """A figure the training step records (training/run/step.py: `metrics[METRIC] = value`, a 0-d tensor on the
-    device or a number): a field of that step's train record (train/<name> in W&B and TensorBoard), its ranks'
-    values combined as over_ranks says (mean, sum or max), on the step line the text show(value) gives, if any."""
+    """A field of the train record (train/<name> in W&B and TensorBoard), on the step line as the text show(value)
+    gives, if any. Either recorded during training, a 0-d tensor on the device or a number, from wherever it is
+    computed (training/core/recorder.py's record_metric), its ranks' values combined as over_ranks says (mean, sum
+    or max); or, over_ranks None, written by rank 0 after the step (training/run/step_records.py)."""
 
     name: str
-    over_ranks: str
+    over_ranks: str | None
     show: Callable[[float], str] | None = None
 
 
-TRAIN_METRICS: dict[str, Metric] = {}  # every metric declared so far, by name
+TRAIN_METRICS: dict[str, Metric] = {}  # every field of the train record declared so far, by name
 
 
-def train_metric(name: str, over_ranks: str, show: Callable[[float], str] | None = None) -> Metric:
-    """Declare a metric of the train record, once (at import, beside the code that records it)."""
-    if name in (*TRAIN_RECORD_FIELDS, *TRAIN_METRICS) or name.startswith(SOURCE_TOKENS_PREFIX) \
-            or over_ranks not in ("mean", "sum", "max"):
-        raise ValueError(f"train_metric({name!r}, {over_ranks!r}): the name is a field already or starts with "
-                         f"{SOURCE_TOKENS_PREFIX!r}, or over_ranks is not mean, sum or max")
+def train_metric(name: str, over_ranks: str | None, show: Callable[[float], str] | None = None) -> Metric:
+    """Declare a field of the train record, once (at import, beside the code that records or writes it)."""
+    if name in (*RECORD_FIELDS, *TRAIN_METRICS) or over_ranks not in ("mean", "sum", "max", None):
+        raise ValueError(f"train_metric({name!r}, {over_ranks!r}): the name is a field already, or over_ranks is "
+                         f"not mean, sum, max or None")
     TRAIN_METRICS[name] = Metric(name, over_ranks, show)
     return TRAIN_METRICS[name]
 
@@ -80,10 +79,11 @@ def val_set_name_problem(name: str) -> str | None:
 
 
 def source_name_problem(name: str) -> str | None:
-    """Why `name` cannot name a mixture source (its train record field tokens_<name>), or None where it can."""
+    """Why `name` cannot name a mixture source (its train record field tokens_<name>), or None where it can: judged
+    by the train record fields declared so far (all of them, once the trainer's modules are imported)."""
     if not name:
         return "an empty name"
     field = SOURCE_TOKENS_PREFIX + name
-    if field in TRAIN_RECORD_FIELDS:
+    if field in TRAIN_METRICS:
         return f"its tokens field {field!r} is a field of the train record itself"
     return None

@@ -49,7 +49,9 @@ def parse_sources(text: str) -> list[Source]:
     duplicate = next((n for n in names if names.count(n) > 1), None)
     require(duplicate is None, "data_dir", f"two sources are named {duplicate!r} (a source is named by its folder's "
                                            f"last part; rename a folder)")
-    for source in sources:  # the name makes the train record's tokens_<name> (common/log_fields.py)
+    # the name makes the train record's tokens_<name> (common/log_fields.py): refused where that is a field the
+    # modules imported so far declare; the trainer parses data_dir again once all of them are (launch/build.py)
+    for source in sources:
         if problem := source_name_problem(source.name):
             raise ConfigError(f"data_dir: source {source.path} is named {source.name!r} (its folder's last part), "
                               f"and {problem}; rename the folder")

@@ -7,7 +7,7 @@ import torch
 
 from data.loader import TrainLoader, ValLoader, validate_shards
 from data.mixture import MixtureLoader, make_train_loader, sources_fingerprint
-from data.settings import grad_accum_steps as accumulation, parse_val_sets
+from data.settings import grad_accum_steps as accumulation, parse_sources, parse_val_sets
 from model import GPT
 from training.core.storage import Location
 from training.core.context import Context
@@ -35,6 +35,7 @@ def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy, checkpoints: L
     """
     env, runtime = ctx.env, ctx.runtime
     data, seed = cfg.data, cfg.runtime.seed
+    parse_sources(data.data_dir)  # a source's tokens_<name> against every train record field, all declared by now
     micro_batch_size, micro_batch = data.micro_batch_size, None
     if micro_batch_size is None:  # auto: probed now; the run holds the B (cfg, validated, is never written to)
         micro_batch_size, micro_batch = choose_micro_batch_size(ctx, strategy, data, cfg.model.model_config())

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from common.errors import ConfigError
-from common.log_fields import TRAIN_METRICS, TRAIN_RECORD_FIELDS
+from common.log_fields import RECORD_FIELDS, TRAIN_METRICS
 from conftest import base_args, make_shards, run_trainer
 from data.mixture import MixtureLoader, step_composition
 from data.settings import Source, parse_sources, parse_val_sets
 from data.shards import shard_name, write_shard
 from training.core.logger import read_log
 from launch.config import TrainConfig, parse_args
-import training.run.step  # noqa: F401 - declares the metrics the step records (TRAIN_METRICS)
+import training.run.step_records  # noqa: F401 - declares the train record's fields (TRAIN_METRICS), the step's too
 
 T = 8
 
@@ -162,6 +162,19 @@ def test_a_name_that_would_make_another_field_of_its_record_is_refused_naming_it
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
 
 
+def test_the_trainer_refuses_a_source_named_like_a_field_of_the_train_record(tmp_path):
+    """A source's tokens_<name> is checked against every field of the train record, each declared beside the code
+    that writes it: in the trainer, once its modules are imported (the check before them knows none), before any
+    data is read."""
+    for name in ("per_sec", "edu"):
+        make_shards(tmp_path / name)
+    mixture = f"{tmp_path / 'per_sec'}:1,{tmp_path / 'edu'}:1"
+    proc = run_trainer(base_args(mixture, tmp_path / "out"), check=False)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: data_dir: source {tmp_path / 'per_sec'} is named "
+                                                           f"'per_sec' (its folder's last part), and its tokens field "
+                                                           f"'tokens_per_sec' is a field of the train record itself")
+
+
 def test_val_sets_name_the_sets_of_a_mixture_whose_folders_are_named_like_fields():
     cfg = TrainConfig(data_dir="web/tokens:0.5,web/edu:0.5", val_sets="web=web/tokens,edu=web/edu")
     assert parse_val_sets(cfg.evaluation.val_sets, cfg.data.data_dir) == {"web": "web/tokens", "edu": "web/edu"}
@@ -247,7 +260,7 @@ def test_a_mixture_trains_resumes_on_another_world_size_and_logs_each_source_and
         # 16 rows a step: 12 edu, 4 code, of 32 tokens
         assert (record["tokens_edu"], record["tokens_code"]) == (12 * 32 * (step + 1), 4 * 32 * (step + 1))
         # what names are checked by: the record's own fields and the metrics the step declares (none tokens_*)
-        assert record.keys() - {"tokens_edu", "tokens_code"} <= {*TRAIN_RECORD_FIELDS, *TRAIN_METRICS}
+        assert record.keys() - {"tokens_edu", "tokens_code"} <= {*RECORD_FIELDS, *TRAIN_METRICS}
     vals = {name: [r for r in log if r["kind"] == "val"] for name, log in logs.items()}
     assert [sorted(r) for r in vals["straight"]][0] == ["bpb", "bpb_code", "bpb_edu", "code", "edu", "kind", "loss",
                                                         "step", "time", "tokens"]

@@ -19,7 +19,6 @@ from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_t
 from training.core.metrics import model_flops_utilization, peak_flops_for
 from common.log_fields import RECORD_FIELDS, TRAIN_METRICS, Metric
 from training.core.logger import LOG_ONLY_KINDS, RunLogger, read_log
-from launch import components
 
 
 def hellaswag_fixture(path: Path, n: int = 11) -> Path:
@@ -411,6 +410,7 @@ def test_a_metric_the_step_records_reaches_the_log_each_sink_and_the_step_line(s
     from test_tensorboard import scalars
     from training.core.context import Context
     from training.distributed.preemption import PreemptionFlag
+    from training.core.recorder import record_metric
     from training.run import lockstep
 
     share = Metric("test_share", "mean", "share {:.0%}".format)
@@ -418,7 +418,7 @@ def test_a_metric_the_step_records_reaches_the_log_each_sink_and_the_step_line(s
     step_math = lockstep.train_step
 
     def recording(run, *args):
-        args[-1][share] = torch.tensor(run.step / 4)  # the step's metrics, its last argument
+        record_metric(share, torch.tensor(run.step / 4))
         return step_math(run, *args)
 
     monkeypatch.setattr(lockstep, "train_step", recording)
@@ -454,14 +454,51 @@ def test_the_step_line_says_where_the_run_is_its_peak_memory_and_its_time():
                                                                             "1h02m", "1d01h"]
 
 
+def test_a_metric_is_recorded_from_the_model_or_after_the_update_in_one_place(shards, tmp_path, monkeypatch):
+    """training/core/recorder.py: a hook on the model (during the step: that step's field, the mean over its
+    micro-steps; the evaluations' forwards record nothing) and one on the optimizer (after the update: it rides the
+    next step's collective, a field of the next step's record) each record a declared metric by name, and nothing
+    else is written for either."""
+    from conftest import build_tiny_run, lockstep_steps
+    from training.core.recorder import record_metric, take_recorded
+
+    during, after = Metric("test_block_rms", "mean"), Metric("test_updated_wte_norm", "max")
+    for metric in (during, after):
+        monkeypatch.setitem(TRAIN_METRICS, metric.name, metric)
+    cfg, ctx, run = build_tiny_run(shards, tmp_path / "run")
+    outputs, norms = {}, []  # the block's RMS at each step, by step; wte's norm after each update
+
+    def block_rms(module, inputs, output):
+        if module.training:
+            outputs.setdefault(run.step, []).append(output.detach().pow(2).mean().sqrt())
+            record_metric(during, outputs[run.step][-1])
+
+    wte = run.model.transformer.wte.weight
+    run.model.transformer.h[0].register_forward_hook(block_rms)
+    run.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: record_metric(after, wte.detach().norm()))
+    run.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: norms.append(wte.detach().norm().item()))
+    record_metric(during, torch.tensor(99.0))  # before the run's first step: no step's
+    results = lockstep_steps(cfg, ctx, run, 3)
+    assert [len(outputs[step]) for step in range(3)] == [run.grad_accum_steps] * 3 and run.grad_accum_steps > 1
+    assert [r.metrics[during.name] for r in results] == pytest.approx(
+        [torch.stack(outputs[step]).mean().item() for step in range(3)], rel=1e-6)
+    assert after.name not in results[0].metrics  # nothing was updated before the first step
+    assert [r.metrics[after.name] for r in results[1:]] == pytest.approx(norms[:2], rel=1e-6)
+    run.model.eval()
+    run.model(torch.zeros((1, 8), dtype=torch.long))
+    assert list(take_recorded()) == [after]  # the last update's norm waits for a next step; the eval forward: nothing
+
+
 def test_the_eta_is_the_launchs_pace_since_its_first_step_times_the_steps_left(monkeypatch):
     """Evaluations and checkpoints between the steps count (they recur); the first step, which compiles, not."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(components.time, "perf_counter", lambda: 130.0)  # 3 steps after the first ended, at 100
+    from training.run import step_records
+
+    monkeypatch.setattr(step_records.time, "perf_counter", lambda: 130.0)  # 3 steps after the first ended, at 100
     run = SimpleNamespace(model=SimpleNamespace(estimate_flops_per_token=lambda T: 1.0), step=1)
-    cfg = SimpleNamespace(data=SimpleNamespace(seq_len=32), schedule=SimpleNamespace(max_steps=100))
-    records = components.StepRecords(cfg, SimpleNamespace(), run)
+    records = step_records.StepRecords(SimpleNamespace(), run, seq_len=32, total_batch_size=512, max_steps=100,
+                                       log_interval=1, hang_timeout_minutes=1.0)
     assert records.eta() is None
     records.steps_taken, records.rate_from = 1, 100.0
     assert records.eta() is None  # one step: no pace yet

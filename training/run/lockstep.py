@@ -32,6 +32,7 @@ from common.errors import NonFiniteLossError, ReproError
 from common.log_fields import Metric
 from training.core.process_group import DistEnv, all_gather, as_repro_error, raise_first_error
 from training.core.context import Context
+from training.core.recorder import forget_recorded, take_recorded
 from training.run.run import Run
 from data.settings import DataSettings
 from training.optim.schedule import ScheduleSettings
@@ -115,6 +116,7 @@ class Lockstep:
         self.max_norm = grad_clip or math.inf  # 0: no clipping (the norm is still measured)
         self.dropout_base_seed = dropout_base_seed
         self.save_failed = save_failed
+        forget_recorded()  # a metric recorded before the run's first step (a micro-batch probe's) is no step's
 
     def step(self, run: Run, model: torch.nn.Module, batches, stop_requested: bool) -> StepResult:
         """Apply update run.step to run.model through `model` (its compiled / DDP wrapper).
@@ -128,8 +130,8 @@ class Lockstep:
             torch.manual_seed(dropout_seed(self.dropout_base_seed, step, self.env.rank))
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
                                        (run.micro_batch_size, self.batch.seq_len), self.env)
-        metrics: dict[Metric, torch.Tensor | float] = {}  # what the step records, this rank's (training/run/step.py)
-        loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.max_norm, metrics)
+        loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.max_norm)
+        metrics = take_recorded()  # this rank's, recorded since the last step's all-gather (training/core/recorder.py)
         failure = self.logger.failure or micro_batches.failure
         verdict = self.agree(run, loss, grad_norm, stop_requested, failure, metrics)
         if verdict.failures:

@@ -14,8 +14,9 @@ from collections.abc import Iterable
 import torch
 
 from common.log_fields import train_metric
-from training.run.run import Run
+from training.core.recorder import record_metric
 from training.core.runtime import Runtime
+from training.run.run import Run
 
 # 1 where the global gradient norm was over grad_clip (the gradients were scaled down to it), else 0: over a run's
 # steps, the fraction clipped. The same on every rank; not on the step line, whose norm says it already
@@ -23,13 +24,13 @@ CLIPPED = train_metric("clipped", "max")
 
 
 def train_step(run: Run, model: torch.nn.Module, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-               lr: float, runtime: Runtime, max_norm: float, metrics: dict) -> tuple[torch.Tensor, torch.Tensor]:
+               lr: float, runtime: Runtime, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The gradients of step run.step; (loss, grad_norm) as 0-d tensors on the device.
 
     model: run.model's compiled / DDP wrapper (training/distributed/strategies.py); micro_batches: the step's
     grad_accum_steps (inputs, targets) pairs, each (B, T). loss is this rank's mean over its
-    rows; grad_norm the global norm over all ranks, before clipping to max_norm. metrics: what the step records
-    for its train record (metrics[METRIC] = a 0-d tensor; common/log_fields.py's train_metric declares each).
+    rows; grad_norm the global norm over all ranks, before clipping to max_norm. What else it measures it records
+    (training/core/recorder.py).
     """
     for group in run.optimizer.param_groups:
         group["lr"] = lr
@@ -44,7 +45,7 @@ def train_step(run: Run, model: torch.nn.Module, micro_batches: Iterable[tuple[t
             run.scaler.scale(loss).backward()  # float16: scaled up, so small gradients do not flush to zero
     run.scaler.unscale_(run.optimizer)  # back to true gradients before clipping (a no-op unless float16)
     grad_norm = run.strategy.clip_grad_norm(run.model, max_norm)
-    metrics[CLIPPED] = grad_norm > max_norm
+    record_metric(CLIPPED, grad_norm > max_norm)
     return loss_accum, grad_norm
 
 
