@@ -80,7 +80,7 @@ import yaml
 from common.errors import ArgumentParser, ConfigError, DataError, ReproError, run_cli
 from common.log_fields import BPB
 from common.settings import require
-from compare_runs import compare, format_rows, run_figures, summary
+from evals.run_comparison import compare, format_rows, run_figures, summary
 from evals.scaling_law import PARAMETERS, LawFit, fit_with_bootstrap, trend
 from evals.stats import format_p
 from model_size import PRESETS

@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from common.errors import ArgumentParser, run_cli  # noqa: E402
-from compare_runs import compare, format_rows, summary  # noqa: E402
+from evals.run_comparison import compare, format_rows, summary  # noqa: E402
 from ladder import CPU_MALLOC  # noqa: E402
 from training.core.logger import read_log  # noqa: E402
 
