@@ -66,6 +66,12 @@ def recipe_keys(recipe: str) -> dict:
     return {k: v for k, v in load_yaml(RECIPES[recipe]).items() if k != "out_dir" and faithful.get(k) != v}
 
 
+def recipe_arguments(recipe: str) -> list[str]:
+    """recipe_keys() as the trainer's command-line arguments (scripts/compare_recipes.py passes them)."""
+    return [part for key, value in recipe_keys(recipe).items()
+            for part in (f"--{key}", str(value).lower() if isinstance(value, bool) else str(value))]
+
+
 def parse_sets(pairs: list[str]) -> dict:
     """--set KEY=VALUE ..., each value converted by its key's type; the keys the ladder sets per rung refused."""
     values = {}
