@@ -9,49 +9,23 @@ fitted to their final val losses, the next size's loss predicted with an interva
         --launch torchrun --nproc_per_node 8 --out out/ladder_124m             # docs/SCALING.md: its cost
     python ladder.py ... --launch slurm --sbatch_args="--nodes=1"               # one array task per rung
 
-Sizes: --depths D... is GPT-2's aspect ratio turned by one dial (n_layer = n_head = D, n_embd = 64 x D: depth 12
-is GPT-2 124M), --presets NAME... model.py's presets. Everything else is --config's (default configs/demo.yaml),
-and --set KEY=VALUE sets any trainer key for every rung. Budget: --tokens_per_param R trains each size on R tokens
-per parameter (Chinchilla's rule is about 20), or --flops C... gives each size its FLOPs. Either way a rung's
-max_steps is its tokens / total_batch_size, rounded; its warmup keeps the base config's share of max_steps, and it
-saves --checkpoints_per_rung checkpoints. FLOPs are counted as the trainer's MFU counts them:
-C = (6 N + 12 L H Q T) x tokens trained (model.py's estimate_flops_per_token): N the parameters but the position
-table, L layers, H heads of size Q, T = seq_len.
+Sizes: --depths D... (n_layer = n_head = D, n_embd = 64 x D: depth 12 is GPT-2 124M) or --presets NAME...;
+everything else is --config's, and --set KEY=VALUE sets a trainer key for every rung. Budget: --tokens_per_param
+R tokens per parameter, or --flops C... per size; a rung's max_steps is its tokens / total_batch_size, its warmup
+the base config's share of it. FLOPs are counted as the trainer's MFU counts them (model.py's
+estimate_flops_per_token).
 
-Every rung is an ordinary run of train_gpt2.py in its own folder, OUT/RUNG/, from its own complete config,
-OUT/configs/RUNG.yaml; --launch python (one process), torchrun (--nproc_per_node), slurm (scripts/slurm.sbatch, an
-array job, one task per rung: CONFIG=OUT/slurm/N/%a.yaml) or slurm-jobs (one job per rung). Python and torchrun
-rungs run one after another; Slurm's are submitted and the command returns: run it again once they end. A rung
-whose folder holds its final val record (at max_steps) is done and read; any other is launched with the same
-command again, which the trainer resumes exactly from its newest checkpoint. So a killed ladder, run again,
-reuses its finished rungs, resumes the one it was in, and ends as an uninterrupted one would, bit for bit.
-A rung runs in a session of its own, and the ladder passes on to it each signal it gets: Ctrl-C, or SIGINT or SIGTERM
-to the ladder's pid, makes the rung save its state after its step and exit, as a Ctrl-C does a run in a terminal (a
-second Ctrl-C stops it at once), and the ladder then exits interrupted (one line, 130); Ctrl-Z stops both. A rung
-config that differs from the one its folder was trained with is refused.
+Each rung is an ordinary run of train_gpt2.py in OUT/RUNG/ from its complete config OUT/configs/RUNG.yaml, launched
+by --launch python, torchrun, slurm (one array job) or slurm-jobs; a rung with its final val record is read, any
+other launched again, and the trainer resumes it exactly: a killed ladder, run again, ends as an uninterrupted one,
+bit for bit. A signal to the ladder is passed on to its rung, which saves its state and exits (the ladder's exit:
+one line, 130).
 
-The fit is evals/scaling_law.py's: L(C), not L(N, D). On one budget rule the tokens are a function of the
-parameters (D = R N, or D = C / (6 N)), so the rungs lie on one curve through the (N, D) plane, along which a
-loss term in N and one in D are both powers of N: the rungs cannot tell them apart. What the ladder determines
-is the loss along that curve, one variable, compute; separating N from D takes several sizes at each budget (an
-isoFLOP grid). The law is fitted by least squares on the loss, with 95% intervals from a residual
-bootstrap over rungs and seeds (--bootstrap replicates), to each recipe's final val loss and bpb; it predicts
-the next size (--next: by default the next depth by the ladder's last step, or the next preset) with the law's
-interval and a single run's. The prediction is written before --check trains that size, which then says
-whether each of its runs landed inside; --check is refused where there is no law (fewer budgets than its three
-parameters: before anything trains). A rung whose final figure is not finite (NaN, inf, or null in its log) is
-named, and left out of the fit. --recipes faithful,modern trains both at every size (modern: the keys
-configs/gpt2_124m_modern.yaml sets beyond configs/gpt2_124m.yaml), compares them per size with compare_runs.py's
-statistics, and fits how their difference moves with log10 C (a slope with its t interval).
-
---dry_run prints each rung's size, tokens, FLOPs and estimated time, and trains nothing. The time is the trainer's
---estimate of the rung's config (launch/estimate.py: its steps, evaluations, checkpoints and, where measured, its
-start-up) at a throughput it states: on a GPU model of the table, its bf16 peak x --gpus x the MFU measured for
-that configuration on that GPU model, else --mfu (40%, assumed); on the CPU one measured: scripts/bench.py times
-the trainer's step on the ladder's largest rung.
-
-Writes OUT/ladder.md, OUT/ladder.json (no timings: the same rungs give the same bytes) and OUT/ladder.png, which
-ladder.json alone draws again (redraw(): scripts/pictures.py draws docs/ladder.png so).
+The law (evals/scaling_law.py) is fitted by least squares to each recipe's final val loss and bpb, with 95%
+bootstrap intervals; it predicts the next size (--next), which --check then trains. --recipes faithful,modern
+trains both (configs/gpt2_124m.yaml and configs/gpt2_124m_modern.yaml's difference) and compares them per size
+and across sizes. --dry_run prints the plan and the trainer's --estimate of each rung, and trains nothing.
+Writes OUT/ladder.md, OUT/ladder.json and OUT/ladder.png. docs/SCALING.md: the method and its limits.
 """
 
 from __future__ import annotations
