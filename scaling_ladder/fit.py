@@ -1,5 +1,5 @@
 """A ladder's law: evals/scaling_law.py's fit through each recipe's rungs, its prediction of the next size and that
-size's check; and, with two recipes, compare_runs.py's comparison at each size and its trend with compute."""
+size's check; and, with two recipes, their comparison at each size (evals/run_comparison.py) and its trend."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def interval_list(interval) -> list[float] | None:
 
 
 def compare_recipes(args, rungs: list[Rung], results: dict[str, dict]) -> dict | None:
-    """With two recipes: at each size where both have every seed, compare_runs.py's comparison (B - A, Welch's
-    t-test); then how B - A moves with log10 C across those sizes (least squares, t interval)."""
+    """With two recipes: at each size where both have every seed, evals/run_comparison.py's comparison (B - A,
+    Welch's t-test); then how B - A moves with log10 C across those sizes (least squares, t interval)."""
     if len(args.recipes) != 2:
         return None
     names = tuple(args.recipes)

@@ -29,7 +29,7 @@ SBATCH = REPO / "scripts" / "slurm.sbatch"
 # glibc returns a large tensor's memory to the OS after each step and faults it back in on the next: CPU training
 # is about 1.7x faster with it kept mapped (the Makefile's CPU_MALLOC)
 CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "17179869184", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
-METRICS = {"loss": "final val loss", "bpb": "final val bpb"}  # compare_runs.py's names of a run's final figures
+METRICS = {"loss": "final val loss", "bpb": "final val bpb"}  # run_figures()'s names of a run's final figures
 LOGGED = {"loss": "loss", "bpb": BPB}  # their fields in the final val record
 
 
@@ -53,9 +53,9 @@ def finite(value) -> bool:
 
 
 def final_figures(rung: Rung, out: Path) -> dict[str, float | None] | None:
-    """A finished rung's final val loss and bpb (compare_runs.py reads them, and refuses inconsistent ones), each
-    None where it is not finite (report() names it, and the fit leaves it out); None while its folder holds no val
-    record at its max_steps."""
+    """A finished rung's final val loss and bpb (evals/run_comparison.py reads them, and refuses inconsistent
+    ones), each None where it is not finite (report() names it, and the fit leaves it out); None while its folder
+    holds no val record at its max_steps."""
     folder = out / rung.name
     log = folder / LOG_NAME
     finals = [r for r in read_log(log) if r.get("kind") == "val" and r.get("step") == rung.max_steps] \
@@ -63,7 +63,7 @@ def final_figures(rung: Rung, out: Path) -> dict[str, float | None] | None:
     if not finals:
         return None
     logged = {metric: finals[0][field] for metric, field in LOGGED.items() if field in finals[0]}
-    if not all(finite(value) for value in logged.values()):  # compare_runs.py refuses NaN: read here
+    if not all(finite(value) for value in logged.values()):  # run_figures() refuses NaN: read here
         return {metric: value if finite(value) else None for metric, value in logged.items()}
     figures = run_figures(folder)
     if figures.step != rung.max_steps:
