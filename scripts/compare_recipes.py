@@ -10,9 +10,7 @@ the file, so the two cannot drift apart) on the same Shakespeare tokens, with va
 and an EMA of the weights over the second half (--ema_decay 0.98 --ema_start 0.5: it never changes
 the training, and gives the README's live-vs-EMA figures from the same runs):
 - faithful: the config as it is (AdamW on every parameter, warmup + cosine, rows in order);
-- modern: the keys configs/gpt2_124m_modern.yaml sets beyond configs/gpt2_124m.yaml, as arguments
-  (Muon on the blocks' matrices, AdamW on the rest; warmup, constant lr, a 1-sqrt cooldown over the
-  last 20%; the rows in a seeded order).
+- modern: the keys configs/gpt2_124m_modern.yaml sets beyond configs/gpt2_124m.yaml (its header says what).
 --gpu trains GPT-2 124M instead (T=1024, 65,536 tokens a step, 300 steps, compiled, val every 25
 steps over 65,536 tokens) on the same Shakespeare shards: a few hundred steps on the same tokens,
 many epochs of a small corpus, so a comparison of the recipes' speed rather than of quality.
