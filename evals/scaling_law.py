@@ -1,26 +1,12 @@
 """A scaling law fitted to final val losses: L(C) = E + A * (C / C0)^-alpha over training compute C, with bootstrap
 intervals, the loss it predicts at a larger C, and the trend of a difference with scale (ladder.py). numpy only.
 
-The fit is least squares on the loss itself, every run weighted alike. A run's final val loss scatters about its
-rung's by an additive seed noise of about the same width at every rung, so equal weights on L are the maximum
-likelihood fit under Gaussian noise; a straight line through log(L - E) against log C would need E first and
-would weight the rungs nearest E most, where a small noise is a large change of log(L - E).
-
-For a fixed alpha the law is linear in E and A (variable projection): E and A are a closed-form least squares,
-constrained to E >= 0 (no loss is negative) and A >= 0 (more compute never raises the law), and what remains is a
-search over alpha alone: a log-spaced grid over ALPHA_RANGE, then golden-section refinement between the grid
-points either side of the best one. It needs no starting guess, cannot stop in a local minimum that the grid
-sees past, and runs on every bootstrap replicate at once (numpy over a leading axis). C is divided by C0, the
-smallest compute fitted, so that (C / C0)^-alpha stays in (0, 1] whatever the units.
-
-The intervals are a residual bootstrap: the rungs' budgets are the ladder's design, fixed, not sampled; what is
-random is each run's departure from the law (its seed's noise, and whatever the law misses at its rung). So each
-replicate adds to the fitted law at every run's C a residual drawn with replacement from all runs' residuals, over
-rungs and seeds alike (scaled by sqrt(n / (n - 3)), as a three-parameter fit leaves them too small), and fits again.
-Resampling the runs themselves instead would resample the design: with four rungs a third of the replicates would
-hold fewer distinct budgets than the law has parameters. The 95% intervals are the replicates' 2.5th and 97.5th
-percentiles: of E, A and alpha; of the law at a given C; and of one run's final loss there (the law's replicate
-plus one more drawn residual: a prediction interval, wider than the law's own).
+Least squares on the loss itself (the seed noise is additive and about as wide at every rung). For a fixed alpha
+the law is linear in E and A (variable projection): a closed-form least squares with E >= 0 and A >= 0, leaving a
+search over alpha alone, a log grid then golden-section refinement, with no starting guess, on every bootstrap
+replicate at once. C is divided by C0, the smallest compute fitted, so (C / C0)^-alpha stays in (0, 1]. The
+intervals are a residual bootstrap: the budgets are the ladder's design, fixed; each replicate adds residuals
+drawn from all runs' to the law and fits again. docs/SCALING.md, "The law": why each choice.
 """
 
 from __future__ import annotations

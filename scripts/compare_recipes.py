@@ -10,9 +10,7 @@ the file, so the two cannot drift apart) on the same Shakespeare tokens, with va
 and an EMA of the weights over the second half (--ema_decay 0.98 --ema_start 0.5: it never changes
 the training, and gives the README's live-vs-EMA figures from the same runs):
 - faithful: the config as it is (AdamW on every parameter, warmup + cosine, rows in order);
-- modern: `--optimizer muon --lr_schedule wsd --cooldown_shape 1-sqrt --shuffle true` (Muon on
-  the blocks' matrices, AdamW on the rest; warmup, constant lr, a cooldown over the last 20%;
-  the rows in a seeded order).
+- modern: the keys configs/gpt2_124m_modern.yaml sets beyond configs/gpt2_124m.yaml (its header says what).
 --gpu trains GPT-2 124M instead (T=1024, 65,536 tokens a step, 300 steps, compiled, val every 25
 steps over 65,536 tokens) on the same Shakespeare shards: a few hundred steps on the same tokens,
 many epochs of a small corpus, so a comparison of the recipes' speed rather than of quality.
@@ -42,8 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from common.errors import ArgumentParser, run_cli  # noqa: E402
-from compare_runs import compare, format_rows, summary  # noqa: E402
-from ladder import CPU_MALLOC  # noqa: E402
+from evals.run_comparison import compare, format_rows, summary  # noqa: E402
+from scaling_ladder.plan import RECIPES as RECIPE_CONFIGS, recipe_arguments  # noqa: E402
+from scaling_ladder.runs import CPU_MALLOC  # noqa: E402
 from training.core.logger import read_log  # noqa: E402
 
 DEMO = REPO / "configs" / "demo.yaml"
@@ -61,10 +60,7 @@ SETTINGS = {  # (max_steps, arguments of both recipes)
 }
 COMMON = ["--eval_interval", "25", "--sample_interval", "0", "--checkpoint_interval", "0", "--final_checkpoint",
           "false", "--log_interval", "100"]
-RECIPES = {
-    "faithful": [],
-    "modern": ["--optimizer", "muon", "--lr_schedule", "wsd", "--cooldown_shape", "1-sqrt", "--shuffle", "true"],
-}
+RECIPES = {recipe: recipe_arguments(recipe) for recipe in RECIPE_CONFIGS}  # faithful: none
 
 
 def val_curve(run: Path) -> dict[int, float]:

@@ -127,6 +127,23 @@ def test_compare_recipes_measures_the_demo_config_as_it_is_and_reads_each_runs_f
     assert "faithful: the live weights against their EMA" in text and "modern: the live" not in text  # b has no EMA
 
 
+def test_compare_recipes_trains_the_recipes_of_their_configs():
+    """The modern recipe is written once, in configs/gpt2_124m_modern.yaml: the script's arguments for it are the
+    keys that config sets beyond configs/gpt2_124m.yaml, and the faithful recipe adds none to the demo config."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import compare_recipes
+    from launch.config import parse_args
+
+    assert compare_recipes.RECIPES["faithful"] == []
+    _, settings = compare_recipes.SETTINGS["cpu"]
+    trained = parse_args([*settings, *compare_recipes.COMMON, *compare_recipes.RECIPES["modern"]]).to_dict()
+    modern = yaml.safe_load((REPO / "configs" / "gpt2_124m_modern.yaml").read_text())
+    faithful = yaml.safe_load((REPO / "configs" / "gpt2_124m.yaml").read_text())
+    recipe = {k: v for k, v in modern.items() if k != "out_dir" and faithful.get(k) != v}
+    assert {"optimizer", "lr_schedule", "cooldown_shape", "shuffle"} <= recipe.keys()
+    assert {k: trained[k] for k in recipe} == recipe
+
+
 def run_main(argv: list[str], capfd) -> tuple[int, str, str]:
     from compare_runs import main
 

@@ -25,11 +25,14 @@ from conftest import (LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_process
 from model import GPT, PRESETS, GPTConfig
 from training.core.logger import read_log
 from launch.config import TrainConfig
+from scaling_ladder.plan import Rung, ladder_sizes, plan
+from scaling_ladder.report import write_report
+from scaling_ladder.runs import write_rung_config
 
 
-def planned(*argv: str) -> list[ladder.Rung]:
+def planned(*argv: str) -> list[Rung]:
     args = ladder.parse(list(argv))
-    return ladder.plan(args, *ladder.ladder_sizes(args))
+    return plan(args, *ladder_sizes(args))
 
 
 # --- the plan ----------------------------------------------------------------------------------------------
@@ -94,12 +97,12 @@ def test_a_bad_argument_is_one_error_line(argv, message, tmp_path, capfd):
 
 def test_a_rung_config_that_differs_from_its_folders_is_refused(tmp_path):
     (rung,) = [r for r in planned("--depths", "1", "2", "3", "--out", str(tmp_path)) if r.name == "d1_faithful_s1337"]
-    ladder.write_rung_config(rung, tmp_path)
-    assert ladder.write_rung_config(rung, tmp_path).read_text() == rung.config  # the same: fine
+    write_rung_config(rung, tmp_path)
+    assert write_rung_config(rung, tmp_path).read_text() == rung.config  # the same: fine
     (other,) = [r for r in planned("--depths", "1", "2", "3", "--tokens_per_param", "10", "--out", str(tmp_path))
                 if r.name == "d1_faithful_s1337"]
     with pytest.raises(ConfigError, match=r"rung d1_faithful_s1337 was set up with other settings \(max_steps: "):
-        ladder.write_rung_config(other, tmp_path)
+        write_rung_config(other, tmp_path)
 
 
 def test_the_dry_run_on_gpus_is_the_trainers_estimate_of_each_rung(tmp_path, capsys):
@@ -238,8 +241,8 @@ def test_two_recipes_are_compared_size_by_size_and_their_gain_traced_with_scale(
     argv = ["--depths", "1", "2", "3", "4", "--tokens_per_param", "0.01", "--seeds", "1", "2", "--recipes",
             "faithful,modern", "--out", str(tmp_path), "--bootstrap", "300"]
     args = ladder.parse(argv)
-    sizes, next_size = ladder.ladder_sizes(args)
-    rungs = ladder.plan(args, sizes, next_size)
+    sizes, next_size = ladder_sizes(args)
+    rungs = plan(args, sizes, next_size)
     for rung in rungs:
         if rung.check:
             continue
@@ -249,7 +252,7 @@ def test_two_recipes_are_compared_size_by_size_and_their_gain_traced_with_scale(
         (tmp_path / rung.name).mkdir()
         record = {"kind": "val", "step": rung.max_steps, "loss": loss, "bpb": loss / 2.3}
         (tmp_path / rung.name / "log.jsonl").write_text(json.dumps(record) + "\n")
-    text = ladder.write_report(args, rungs, sizes)
+    text = write_report(args, rungs, sizes)
     data = yaml.safe_load((tmp_path / "ladder.json").read_text())
     comparison = data["comparison"]
     assert [s["size"] for s in comparison["sizes"]] == ["d1", "d2", "d3", "d4"]  # d5 was not trained

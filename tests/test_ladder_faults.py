@@ -19,6 +19,9 @@ import yaml
 
 import ladder
 from common.errors import run_cli
+from scaling_ladder import runs
+from scaling_ladder.plan import ladder_sizes, plan
+from scaling_ladder.report import redraw, write_report
 from conftest import (LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_processes, make_shards, tails, trainer_env,
                       wait_until)
 from slowness import guard
@@ -31,7 +34,7 @@ def no_training(monkeypatch):
     def launched(command, env):
         pytest.fail(f"a rung was launched: {' '.join(command)}")
 
-    monkeypatch.setattr(ladder, "run_rung", launched)
+    monkeypatch.setattr(runs, "run_rung", launched)
 
 
 def error_line(capfd) -> str:
@@ -120,14 +123,14 @@ def test_a_rung_whose_final_figure_is_not_finite_is_named_and_left_out_of_the_fi
     Before: NaN and inf stopped the report with an error, null was left out silently."""
     args = ladder.parse(["--depths", "1", "2", "3", "4", "--tokens_per_param", "0.01", "--seeds", "1", "2",
                          "--bootstrap", "50", "--out", str(tmp_path)])
-    sizes, next_size = ladder.ladder_sizes(args)
-    rungs = ladder.plan(args, sizes, next_size)
+    sizes, next_size = ladder_sizes(args)
+    rungs = plan(args, sizes, next_size)
     bad = {"d2_faithful_s2": (math.nan, math.nan), "d3_faithful_s1": (None, None), "d4_faithful_s2": (math.inf, 2.5),
            "d5_faithful_s1": (math.nan, math.nan)}  # d5, the next size: as --check would have trained it
     for rung in rungs:
         if not rung.check or rung.name in bad:
             finish(tmp_path / rung.name, rung.max_steps, *bad.get(rung.name, (law(rung), law(rung) / 2.3)))
-    text = ladder.write_report(args, rungs, sizes)
+    text = write_report(args, rungs, sizes)
     assert (tmp_path / "ladder.md").read_text() == text
     named = [line for line in text.splitlines() if line.startswith("Not finite: ")]
     assert named == [
@@ -147,7 +150,7 @@ def test_a_rung_whose_final_figure_is_not_finite_is_named_and_left_out_of_the_fi
     fits = data["fits"]["faithful"]
     assert fits["loss"]["runs"] == 5 and fits["loss"]["budgets"] == 4  # d1 s1, s2; d2 s1; d3 s2; d4 s1
     assert fits["bpb"]["runs"] == 6 and fits["loss"]["check"] is None  # d4 s2's bpb is finite: it stays in
-    ladder.redraw(data, tmp_path / "redrawn.png")
+    redraw(data, tmp_path / "redrawn.png")
     assert (tmp_path / "redrawn.png").read_bytes() == (tmp_path / "ladder.png").read_bytes()
 
 
@@ -158,7 +161,7 @@ def test_check_is_refused_when_the_finite_figures_leave_no_law(tmp_path, capfd, 
     argv = ["--depths", "1", "2", "3", "--tokens_per_param", "0.01", "--seeds", "1", "--bootstrap", "50", "--out",
             str(tmp_path), "--check"]
     args = ladder.parse(argv)
-    for rung in ladder.plan(args, *ladder.ladder_sizes(args)):
+    for rung in plan(args, *ladder_sizes(args)):
         if not rung.check:
             finish(tmp_path / rung.name, rung.max_steps, *((None, None) if rung.size.label == "d2" else
                                                            (law(rung), law(rung) / 2.3)))
