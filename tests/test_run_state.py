@@ -1,6 +1,6 @@
 """The run's state: every part of it saved and loaded back exactly in either format, nothing that holds state left
-out of Run.parts, and checkpoints of older code (tests/fixtures/old_layout) resumed exactly through
-launch/resume.py's current_layout."""
+out of Run.parts, and checkpoints of older code (tests/fixtures/old_layout, of 0b24ab4, and
+tests/fixtures/layout_33abc7a) resumed exactly through launch/resume.py's current_layout."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from training.checkpoint.folder import list_checkpoints, load_checkpoint, read_f
 from training.distributed.strategies import by_index, by_name, parameter_names
 from training.optim.spikes import SpikeWindow
 
-OLD_LAYOUT = Path(__file__).parent / "fixtures" / "old_layout"
-# the runs the old-layout checkpoints are of (their README), with every part that has state: float16's loss scale,
-# an EMA of the weights, a spike window, a mixture of two sources
+FIXTURES = Path(__file__).parent / "fixtures"
+# the runs the checkpoints of older code are of (their READMEs), with every part that has state: float16's loss
+# scale, an EMA of the weights, a spike window, a mixture of two sources
 SETTINGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, seq_len=16, vocab_size=64, total_batch_size=256,
                 max_steps=6, eval_interval=3, val_tokens=64, dtype="float16", ema_decay=0.9, spike_skip="true",
                 spike_window=2)
@@ -29,7 +29,7 @@ SETTINGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, seq_len=16, vocab
 
 @pytest.fixture(scope="module")
 def mixture(tmp_path_factory) -> str:
-    """data_dir of the two sources the old-layout checkpoints were trained on (the same shards, elsewhere)."""
+    """data_dir of the two sources the checkpoints of older code were trained on (the same shards, elsewhere)."""
     root = tmp_path_factory.mktemp("sources")
     edu = make_shards(root / "edu", seed=1, vocab=64)
     code = make_shards(root / "code", seed=2, train_sizes=(2100,), prefix="code", vocab=64)
@@ -121,6 +121,32 @@ def close(computed: torch.Tensor, stored, atol: float, rtol: float = 0.0) -> boo
     return torch.allclose(computed.double(), torch.as_tensor(stored).double(), rtol=rtol, atol=atol)
 
 
+def spike_window(old: dict) -> dict:
+    """A checkpoint's spike window, where its layout keeps it: in long_run (format_version 3 and before), or an
+    entry of its own (4 on)."""
+    return old["long_run"]["spike_window"] if "long_run" in old else old["spike_window"]
+
+
+def of_0b24ab4(old: dict) -> None:
+    """format_version 3: the spike window and the counters together in long_run; no mixture entry (each source's
+    position is its config's), no finished_at."""
+    assert old["format_version"] == 3 and old["long_run"]["spike_window"]["filled"] == 2 and old["ema_state"]
+    assert not {"mixture", "finished_at", "spike_window", "rollbacks"} & old.keys()
+
+
+def of_33abc7a(old: dict) -> None:
+    """format_version 4: an entry per part (the spike window, skips in a row, rollbacks, data offset; no long_run),
+    each source's position in the mixture entry, finished_at saved (None: the run went on)."""
+    assert old["format_version"] == 4 and old["spike_window"]["filled"] == 2 and old["ema_state"]["updates"] == 3
+    assert (old["skips_in_a_row"], old["rollbacks"], old["data_offset"], old["finished_at"]) == (0, 0, 0, None)
+    assert old["mixture"]["step"] == 3 and set(old["mixture"]["sources"]) == {"edu", "code"}
+    assert "long_run" not in old
+
+
+# each fixture folder of checkpoints of older code, and what is true of its layout
+LAYOUTS = {"old_layout": of_0b24ab4, "layout_33abc7a": of_33abc7a}
+
+
 def take_floats(run, old: dict) -> None:
     """The fixture's float tensors (weights, optimizer moments, EMA, spike window) put into a run trained here,
     through the objects' own loaders, not through current_layout's conversion: what the run computed here
@@ -131,37 +157,40 @@ def take_floats(run, old: dict) -> None:
     run.optimizer.load_state_dict(by_index({"state": old["optimizer"]["state"], "param_groups": groups}, names))
     for name, tensor in old["ema"].items():
         run.ema.average[name].copy_(tensor)
-    run.spikes.values.copy_(torch.tensor(old["long_run"]["spike_window"]["values"]))
+    run.spikes.values.copy_(torch.tensor(spike_window(old)["values"]))
 
 
 @pytest.mark.parametrize("name", ["step_00000003.pt", "step_00000003"], ids=["file", "sharded"])
-def test_a_checkpoint_of_the_old_layout_resumes_exactly(mixture, tmp_path, name):
-    """Checkpoint 3 of a run of the code at 0b24ab4 (tests/fixtures/old_layout/README.md): format_version 3, its
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_checkpoint_of_older_code_resumes_exactly(mixture, tmp_path, layout, name):
+    """Checkpoint 3 of a run of older code (each fixture folder's README.md): of 0b24ab4, format_version 3, its
     spike window and counters in long_run, no mixture entry (each source's position is its config's), no
-    finished_at. Resumed through current_layout, the run is the one today's code has after the same 3 steps, and
-    it trains on the same.
+    finished_at; of 33abc7a, format_version 4, an entry per part, the mixture's positions and finished_at saved
+    (LAYOUTS checks what each holds). Resumed through current_layout, the run is the one today's code has after the
+    same 3 steps, and it trains on the same.
 
-    The fixture was trained on another CPU, whose kernels differ from this one's in the last bits: what it
+    A fixture was trained on another CPU, whose kernels can differ from this one's in the last bits: what it
     computed (weights, moments, losses) is compared with what this run computes within float noise (a step on
     other data differs 100x more), and bit for bit only with itself. Bit for bit against a run trained here:
     the same 3 steps with the fixture's floats put in by hand (take_floats), every part alike, and the next 3
     steps alike."""
-    old = load_checkpoint(OLD_LAYOUT / name)
-    assert old["format_version"] == 3 and old["long_run"]["spike_window"]["filled"] == 2 and old["ema_state"]
-    assert not {"mixture", "finished_at", "spike_window", "rollbacks"} & old.keys()
+    fixture = FIXTURES / layout / name
+    old = load_checkpoint(fixture)
+    LAYOUTS[layout](old)
     path = tmp_path / name
-    (shutil.copytree if (OLD_LAYOUT / name).is_dir() else shutil.copy2)(OLD_LAYOUT / name, path)
-    old = read_full_state(OLD_LAYOUT / name)  # its tensors too, the optimizer's keyed by parameter name
+    (shutil.copytree if fixture.is_dir() else shutil.copy2)(fixture, path)
+    old = read_full_state(fixture)  # its tensors too, the optimizer's keyed by parameter name
 
     cfg, ctx, straight = build_tiny_run(mixture, tmp_path / "straight", **SETTINGS)
     lockstep_steps(cfg, ctx, straight, 3)
     # the same run, up to the last bits of the CPU it was trained on: same losses, same weights (measured: a
     # loss 1e-6 apart, weights 2e-4; one batch further on in the data, 5e-3 and 1e-2)
-    assert close(straight.spikes.values, old["long_run"]["spike_window"]["values"], atol=0, rtol=1e-4)
+    assert close(straight.spikes.values, spike_window(old)["values"], atol=0, rtol=1e-4)
     assert all(close(straight.model.state_dict()[key], value, atol=2e-3) for key, value in old["model"].items())
 
     again, ctx_again, resumed = build_tiny_run(mixture, tmp_path / "resumed", **SETTINGS, resume=path)
     assert (resumed.run_id, resumed.metrics, resumed.finished_at) == (old["run_id"], old["metrics"], None)
+    assert resumed.ancestry == [*old["ancestry"], old["checkpoint_id"]]
     assert_same(resumed.model.state_dict(), old["model"])  # what was stored is what is loaded, bit for bit
     take_floats(straight, old)
     straight.run_id, straight.metrics = resumed.run_id, resumed.metrics  # the old run's id and evaluations
