@@ -214,6 +214,19 @@ def shards(tmp_path) -> Path:
     return make_shards(tmp_path / "shards")
 
 
+@pytest.fixture(scope="module")
+def data_options() -> dict:
+    """make_shards' keyword arguments for `data`: a module whose runs need other shards overrides this fixture."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def data(request, tmp_path_factory, data_options) -> Path:
+    """The tiny shards a module's tests train on, made once for all of them (their runs take the time, not these)."""
+    folder = tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_"))
+    return make_shards(folder / "shards", **data_options)
+
+
 def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
     """Trainer arguments for a fast, deterministic CPU run on the tiny model."""
     settings = dict(

@@ -35,8 +35,9 @@ PREEMPTIBLE = {**ARGS, "checkpoint_interval": 0}  # every checkpoint of such a r
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("faults") / "shards", train_sizes=(6000, 5000, 8000))
+def data_options() -> dict:
+    """conftest's `data` with longer train shards."""
+    return dict(train_sizes=(6000, 5000, 8000))
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, make_shards, run_trainer,
+from conftest import (GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, run_trainer,
                       start_trainer, train_losses)
 from slowness import guard
 from test_faults import SIGNAL_PAUSE, env_for_workers, slow_steps, wait_for_step
@@ -26,11 +26,6 @@ pytestmark = pytest.mark.slow  # every test here starts processes
 
 STEPS = 6
 F64 = dict(dtype="float64", checkpoint_interval=3)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("fsdp") / "shards")
 
 
 @pytest.fixture(scope="module")

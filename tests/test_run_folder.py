@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, base_args, make_shards, run_trainer, train_losses, train_here
+from conftest import REPO, base_args, run_trainer, train_losses, train_here
 from slowness import guard
 from common.errors import ConfigError
 from training.checkpoint import folder as ckpt
@@ -25,11 +25,6 @@ from training.checkpoint.run_folder import LOCK_NAME, FolderLock
 from training.core.logger import read_log
 
 RUN = dict(max_steps=3, checkpoint_interval=3, eval_interval=0, val_tokens=64)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("folder") / "shards")
 
 
 def train(data: Path, out: Path, capfd=None, **overrides) -> int:
