@@ -345,6 +345,44 @@ def wait_until(condition, proc, what: str, timeout: float = 120, report=None) ->
         time.sleep(0.02)
 
 
+def wait_for_step(out: Path, step: int, proc, timeout: float = 120) -> None:
+    """wait_until the run in out_dir `out` has logged the train record of `step` or a later one."""
+    from training.core.logger import read_log
+
+    log = Path(out) / "log.jsonl"
+    wait_until(lambda: log.exists() and any(r.get("kind") == "train" and r["step"] >= step for r in read_log(log)),
+               proc, f"step {step}", timeout)
+
+
+@contextlib.contextmanager
+def background(cmd: list[str], env: dict | None = None, cwd: Path | None = REPO, **popen):
+    """cmd running in the background for a `with` block, its output piped as text (unless popen says otherwise).
+    At the block's end, passed or failed, whatever is left of the launch is killed and cmd reaped: a test that
+    failed while it ran must not leave it (or torchrun's workers) holding the CPU for the rest of the suite. Its
+    processes are found by the launch's LAUNCH_TOKEN, proc.token, as run_and_reap finds them."""
+    token = uuid.uuid4().hex
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**(os.environ if env is None else env), LAUNCH_TOKEN: token}, **popen)
+    proc.token = token
+    try:
+        yield proc
+    finally:
+        kill_all(launched_processes(token))
+        proc.kill()  # a launch that ended keeps its return code
+        proc.communicate()
+
+
+def signalled(proc, sig: int, timeout: float = 120) -> tuple[str, str]:
+    """Send a running launch (background's Popen, or start_trainer's ranks) sig and wait for it to end: its
+    (stdout, stderr). Not ending within a hang guard of `timeout` seconds (tests/slowness.py) fails the test; the
+    `with` block it was started in then kills it."""
+    proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=guard(timeout))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running {guard(timeout):.0f} s after {signal.Signals(sig).name}") from None
+
+
 def tails(proc) -> str:
     """The end of an ended run's stdout and stderr (either may be None: not captured, or merged into stdout)."""
     stdout, stderr = proc.communicate()
