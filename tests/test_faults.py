@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (GPT2_VOCAB, REPO, background, base_args, build_tiny_run, crashed_copy, kill_all, launched_processes,
-                      load_weights, make_shards, run_trainer, signalled, start_trainer, train_losses, untimed, train_loop,
-                      wait_for_step, wait_until)
+from conftest import (GPT2_VOCAB, REPO, background, base_args, build_tiny_run, crashed_copy, kill_all,
+                      launched_processes, load_weights, make_shards, run_trainer, signalled, start_trainer,
+                      train_losses, untimed, train_loop, wait_for_step, wait_until)
 from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint.folder import list_checkpoints, load_checkpoint
