@@ -214,6 +214,19 @@ def shards(tmp_path) -> Path:
     return make_shards(tmp_path / "shards")
 
 
+@pytest.fixture(scope="module")
+def data_options() -> dict:
+    """make_shards' keyword arguments for `data`: a module whose runs need other shards overrides this fixture."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def data(request, tmp_path_factory, data_options) -> Path:
+    """The tiny shards a module's tests train on, made once for all of them (their runs take the time, not these)."""
+    folder = tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_"))
+    return make_shards(folder / "shards", **data_options)
+
+
 def base_args(data_dir: Path, out_dir: Path, **overrides) -> list[str]:
     """Trainer arguments for a fast, deterministic CPU run on the tiny model."""
     settings = dict(
@@ -330,6 +343,44 @@ def wait_until(condition, proc, what: str, timeout: float = 120, report=None) ->
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what} not reached in {timeout:.0f}s" + (f"\n{report()}" if report else ""))
         time.sleep(0.02)
+
+
+def wait_for_step(out: Path, step: int, proc, timeout: float = 120) -> None:
+    """wait_until the run in out_dir `out` has logged the train record of `step` or a later one."""
+    from training.core.logger import read_log
+
+    log = Path(out) / "log.jsonl"
+    wait_until(lambda: log.exists() and any(r.get("kind") == "train" and r["step"] >= step for r in read_log(log)),
+               proc, f"step {step}", timeout)
+
+
+@contextlib.contextmanager
+def background(cmd: list[str], env: dict | None = None, cwd: Path | None = REPO, **popen):
+    """cmd running in the background for a `with` block, its output piped as text (unless popen says otherwise).
+    At the block's end, passed or failed, whatever is left of the launch is killed and cmd reaped: a test that
+    failed while it ran must not leave it (or torchrun's workers) holding the CPU for the rest of the suite. Its
+    processes are found by the launch's LAUNCH_TOKEN, proc.token, as run_and_reap finds them."""
+    token = uuid.uuid4().hex
+    popen = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, **popen}
+    proc = subprocess.Popen(cmd, cwd=cwd, env={**(os.environ if env is None else env), LAUNCH_TOKEN: token}, **popen)
+    proc.token = token
+    try:
+        yield proc
+    finally:
+        kill_all(launched_processes(token))
+        proc.kill()  # a launch that ended keeps its return code
+        proc.communicate()
+
+
+def signalled(proc, sig: int, timeout: float = 120) -> tuple[str, str]:
+    """Send a running launch (background's Popen, or start_trainer's ranks) sig and wait for it to end: its
+    (stdout, stderr). Not ending within a hang guard of `timeout` seconds (tests/slowness.py) fails the test; the
+    `with` block it was started in then kills it."""
+    proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=guard(timeout))
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running {guard(timeout):.0f} s after {signal.Signals(sig).name}") from None
 
 
 def tails(proc) -> str:

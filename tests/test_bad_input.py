@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import REPO, base_args, build_tiny_run, make_shards, run_trainer, train_here, wait_until
+from conftest import (REPO, background, base_args, build_tiny_run, make_shards, run_trainer, signalled, train_here,
+                      wait_until)
 from data.shards import shard_name, write_shard
 
 
@@ -235,10 +236,7 @@ def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, t
     signal to each worker, local rank 0 alone prints it."""
     import os
     import signal
-    import subprocess
     import sys
-
-    from slowness import guard
 
     started = tmp_path / "importing"
     for name in SLOW_IMPORTS:
@@ -252,16 +250,10 @@ def test_a_ctrl_c_while_an_entry_point_imports_is_one_line(script, local_rank, t
         env.update(RANK=local_rank, LOCAL_RANK=local_rank)
     # SIGINT's default action in the child: a suite started in the background (`pytest &` from a script) has
     # SIGINT ignored, which Python would inherit and keep, never raising KeyboardInterrupt
-    proc = subprocess.Popen([sys.executable, str(REPO / script), *accepted_arguments(script, tmp_path)], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
+    with background([sys.executable, str(REPO / script), *accepted_arguments(script, tmp_path)], env, cwd=tmp_path,
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as proc:
         wait_until(started.exists, proc, f"{script} importing one of {SLOW_IMPORTS}", 30)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=guard(30))
-    finally:
-        proc.kill()
-        proc.wait()
+        stdout, stderr = signalled(proc, signal.SIGINT, timeout=30)
     assert (proc.returncode, stdout, stderr) == (-signal.SIGINT, "", "interrupted\n" if local_rank is None else "")
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (REPO, base_args, build_tiny_run, crashed_copy, load_weights, lockstep_steps, make_shards, run_trainer,
+from conftest import (REPO, base_args, build_tiny_run, crashed_copy, load_weights, lockstep_steps, run_trainer,
                       train_losses, untimed)
 from common.errors import CheckpointError, ConfigError
 from slowness import guard
@@ -151,11 +151,6 @@ def test_no_average_is_evaluated_before_ema_start(shards, tmp_path):
 
 
 # --- checkpoints, resume and the readers (processes) ------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("ema") / "shards")
-
 
 EMA = dict(ema_decay=DECAY, ema_start=0.2)  # starts at update 1 of 6
 F64 = dict(dtype="float64")

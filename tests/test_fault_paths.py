@@ -17,17 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 from launch import components
-from conftest import base_args, make_shards, run_trainer, train_losses, train_here
+from conftest import base_args, run_trainer, train_losses, train_here
 from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
 from training.core.logger import read_log
 
 RUN = dict(max_steps=12, checkpoint_interval=3, eval_interval=0, val_tokens=64)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("fault_paths") / "shards")
 
 
 @pytest.fixture(scope="module")

@@ -14,16 +14,15 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import (GPT2_VOCAB, LAUNCH_TOKEN, REPO, base_args, build_tiny_run, crashed_copy, kill_all,
-                      launched_processes, load_weights, make_shards, run_trainer, start_trainer, train_losses,
-                      untimed, train_loop, wait_until)
+from conftest import (GPT2_VOCAB, REPO, background, base_args, build_tiny_run, crashed_copy, kill_all,
+                      launched_processes, load_weights, make_shards, run_trainer, signalled, start_trainer,
+                      train_losses, untimed, train_loop, wait_for_step, wait_until)
 from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint.folder import list_checkpoints, load_checkpoint
@@ -35,8 +34,9 @@ PREEMPTIBLE = {**ARGS, "checkpoint_interval": 0}  # every checkpoint of such a r
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("faults") / "shards", train_sizes=(6000, 5000, 8000))
+def data_options() -> dict:
+    """conftest's `data` with longer train shards."""
+    return dict(train_sizes=(6000, 5000, 8000))
 
 
 @pytest.fixture(scope="module")
@@ -62,23 +62,23 @@ def torchrun_cmd(args: list[str], *torchrun_args: str, script: str = "train_gpt2
             str(REPO / script), *args]
 
 
-def start_torchrun(args: list[str], *torchrun_args: str, step_pause: float = 0.0, token: str = "") -> subprocess.Popen:
-    """A 2-rank torchrun of the trainer, running in the background, its output piped.
+def start_torchrun(args: list[str], *torchrun_args: str, step_pause: float = 0.0, extra_env: dict | None = None,
+                   script: str = "train_gpt2.py"):
+    """A 2-rank torchrun of the trainer (or of tests/inject_fault.py's, its faults set by extra_env) running in the
+    background for a `with` block (conftest's background: what is left of it is killed at the block's end).
 
     step_pause: seconds rank 0 sleeps before every step (tests/inject_fault.py's FAULT=slow; the
     other rank waits for it in the step's all-reduce). A tiny run takes a few ms a step and can
     finish before a signal sent at step 3 reaches it; paused steps leave the signal time to land
-    mid-run, and change no bit of the training. token: conftest's LAUNCH_TOKEN, which finds the
-    launch's processes (launched_processes) when torchrun is no longer their parent.
+    mid-run, and change no bit of the training.
     """
-    env, script = env_for_workers(), "train_gpt2.py"
-    if token:
-        env[LAUNCH_TOKEN] = token
+    env = {**env_for_workers(), **(extra_env or {})}
     if step_pause:
-        env.update(slow_steps(step_pause), PYTHONPATH=str(REPO))
+        env.update(slow_steps(step_pause))
         script = "tests/inject_fault.py"
-    return subprocess.Popen(torchrun_cmd(args, *torchrun_args, script=script), cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if script != "train_gpt2.py":
+        env["PYTHONPATH"] = str(REPO)
+    return background(torchrun_cmd(args, *torchrun_args, script=script), env)
 
 
 def slow_steps(step_pause: float) -> dict[str, str]:
@@ -93,21 +93,15 @@ def env_for_workers() -> dict:
 SIGNAL_PAUSE = 0.1  # step_pause for runs signalled mid-run: their 12 steps take over a second
 
 
-def wait_for_step(out: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    wait_until(lambda: (out / "log.jsonl").exists() and any(
-        r.get("kind") == "train" and r["step"] >= step for r in read_log(out / "log.jsonl")), proc, f"step {step}",
-        timeout)
-
-
-def launcher_killed(proc: subprocess.Popen, token: str, sig: int) -> tuple[str, str]:
-    """Send torchrun sig, which ends it at once (SIGKILL, or a signal it does not handle); its workers must
-    end within seconds of it (they are found by the launch's token: they are no longer its children). Their
-    output. A worker still running fails the test, and is killed."""
+def launcher_killed(proc: subprocess.Popen, sig: int) -> tuple[str, str]:
+    """Send torchrun (start_torchrun's) sig, which ends it at once (SIGKILL, or a signal it does not handle); its
+    workers must end within seconds of it (they are found by the launch's token: they are no longer its children).
+    Their output. A worker still running fails the test, and is killed."""
     proc.send_signal(sig)
     deadline = time.time() + guard(10)
-    while launched_processes(token) and time.time() < deadline:
+    while launched_processes(proc.token) and time.time() < deadline:
         time.sleep(0.05)
-    left = launched_processes(token)
+    left = launched_processes(proc.token)
     kill_all(left)
     assert not left, f"workers {left} outlived their killed launcher"
     return proc.communicate(timeout=guard(10))  # the pipes close when the workers are gone too
@@ -131,10 +125,9 @@ def children(pid: int) -> list[int]:
 def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight, tmp_path):
     out = tmp_path / "preempted"
     args = base_args(data, out, **PREEMPTIBLE)
-    proc = start_torchrun(args, step_pause=SIGNAL_PAUSE)
-    wait_for_step(out, 3, proc)
-    proc.send_signal(signal.SIGTERM)  # what SLURM / the cloud sends to the launcher
-    stdout, stderr = proc.communicate(timeout=guard(120))
+    with start_torchrun(args, step_pause=SIGNAL_PAUSE) as proc:
+        wait_for_step(out, 3, proc)
+        stdout, stderr = signalled(proc, signal.SIGTERM)  # what SLURM / the cloud sends to the launcher
     assert "SIGTERM received: saved step" in stdout, stdout + stderr
     # torchrun itself exits 1 and prints its SignalException, although both workers exited 0
     # after the checkpoint: docs/OPERATIONS.md's failure table says so
@@ -150,12 +143,12 @@ def test_sigterm_checkpoints_at_the_next_step_and_resume_matches(data, straight,
 def test_worker_killed_under_max_restarts_recovers_and_matches(data, straight, tmp_path):
     out = tmp_path / "killed"
     args = base_args(data, out, **ARGS)
-    proc = start_torchrun(args, "--max-restarts=1", step_pause=SIGNAL_PAUSE)  # the kill lands mid-run
-    wait_for_step(out, 7, proc)  # past the step-6 checkpoint
-    workers = children(proc.pid)
-    assert len(workers) == 2, workers
-    os.kill(max(workers), signal.SIGKILL)  # a GPU falls off the bus
-    stdout, stderr = proc.communicate(timeout=guard(180))
+    with start_torchrun(args, "--max-restarts=1", step_pause=SIGNAL_PAUSE) as proc:  # the kill lands mid-run
+        wait_for_step(out, 7, proc)  # past the step-6 checkpoint
+        workers = children(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(max(workers), signal.SIGKILL)  # a GPU falls off the bus
+        stdout, stderr = proc.communicate(timeout=guard(180))
     assert proc.returncode == 0, stdout[-2000:] + stderr[-4000:]
     assert "resumed from" in stdout
     assert_same_run(out, straight)
@@ -427,8 +420,7 @@ def test_signal_during_an_eval_saves_right_after_it_and_skips_the_rest(tmp_path)
                      sample_count=1, sample_tokens=4, checkpoint_interval=0, resume="never")
     with start_trainer(args, nproc=2) as proc:
         wait_for_step(out, 5, proc)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=guard(120))
+        stdout, stderr = signalled(proc, signal.SIGTERM)
     assert proc.returncode == 0, stderr[-3000:]
     assert "SIGTERM received: saved step 6; run the same command with --resume auto to resume" in stdout, stderr
     assert [s for s, _ in list_checkpoints(out / "checkpoints")] == [6]
@@ -444,17 +436,17 @@ def test_a_torchrun_killed_at_start_up_or_mid_run_leaves_no_worker_running(data,
     import (before the trainer handles SIGTERM), they end with nothing to save; mid-run they take their
     parent-death signal (SIGTERM) for a preemption: the steps since the last checkpoint are saved, and the
     same command resumes exactly."""
-    out, token = tmp_path / "orphans", uuid.uuid4().hex
+    out = tmp_path / "orphans"
     args = base_args(data, out, **PREEMPTIBLE)
-    proc = start_torchrun(args, token=token)
-    wait_until(lambda: len(children(proc.pid)) >= 2, proc, "torchrun's 2 workers", 60)
-    assert len(children(proc.pid)) == 2, proc.communicate()
-    launcher_killed(proc, token, signal.SIGKILL)  # the workers have just started
+    with start_torchrun(args) as proc:
+        wait_until(lambda: len(children(proc.pid)) >= 2, proc, "torchrun's 2 workers", 60)
+        assert len(children(proc.pid)) == 2, proc.communicate()
+        launcher_killed(proc, signal.SIGKILL)  # the workers have just started
     assert not (out / "checkpoints").exists()
 
-    proc = start_torchrun(args, step_pause=SIGNAL_PAUSE, token=token)
-    wait_for_step(out, 3, proc)
-    stdout, stderr = launcher_killed(proc, token, signal.SIGUSR1)
+    with start_torchrun(args, step_pause=SIGNAL_PAUSE) as proc:
+        wait_for_step(out, 3, proc)
+        stdout, stderr = launcher_killed(proc, signal.SIGUSR1)
     assert proc.returncode == -signal.SIGUSR1  # it died at once, forwarding nothing
     assert "SIGTERM received: saved step" in stdout, stdout[-2000:] + stderr[-2000:]
     (saved,) = [s for s, _ in list_checkpoints(out / "checkpoints")]
@@ -529,8 +521,7 @@ def test_ctrl_c_saves_a_checkpoint_at_the_next_step_like_sigterm(data, tmp_path)
         # step 4 is in its pause: not merely step 3 logged, which a loaded machine may signal before step 4 begins
         # (the flag then votes at step 4, and the save is step 5's)
         wait_until(mark.exists, proc, "step 4's pause")
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=guard(120))
+        stdout, stderr = signalled(proc, signal.SIGINT)
     assert proc.returncode == 0, stderr[-3000:]
     assert "SIGINT received: saving a checkpoint after this step (Ctrl-C again stops at once, without saving)" \
         in stderr.splitlines()
@@ -549,8 +540,7 @@ def test_a_second_ctrl_c_stops_at_once_and_says_that_nothing_was_saved(data, tmp
         proc.send_signal(signal.SIGINT)
         time.sleep(0.2)
         started = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=guard(60))
+        stdout, stderr = signalled(proc, signal.SIGINT, timeout=60)
         stopped_in = time.monotonic() - started
     assert proc.returncode == 130 and stopped_in < guard(10), (proc.returncode, stopped_in, stderr[-3000:])
     assert stderr.splitlines()[-1] == \
@@ -567,16 +557,14 @@ def test_ctrl_c_twice_under_torchrun_stops_the_workers_at_once(data, tmp_path):
     sends its workers SIGTERM and waits for them, up to 30 s: a worker that had a SIGINT takes that SIGTERM for
     the second Ctrl-C and stops at once, saving nothing. Before issue 44 the first Ctrl-C lost the steps."""
     out = tmp_path / "twice"
-    proc = subprocess.Popen(torchrun_cmd(base_args(data, out, **ARGS), script="tests/inject_fault.py"), cwd=REPO,
-                            env={**env_for_workers(), **paused_from(4, 30.0), "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_step(out, 3, proc)
-    proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)  # torchrun forwards it
-    started = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=guard(60))
-    assert time.monotonic() - started < guard(15)  # not after step 4's 30 s pause, nor torchrun's 30 s wait
+    with start_torchrun(base_args(data, out, **ARGS), script="tests/inject_fault.py",
+                        extra_env=paused_from(4, 30.0)) as proc:
+        wait_for_step(out, 3, proc)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # torchrun forwards it
+        started = time.monotonic()
+        stdout, stderr = signalled(proc, signal.SIGINT, timeout=60)
+        assert time.monotonic() - started < guard(15)  # not after step 4's 30 s pause, nor torchrun's 30 s wait
     assert proc.returncode == 1 and "SignalException" in stderr  # torchrun's own
     assert stderr.count("SIGINT received: saving a checkpoint after this step") == 1, stderr[-3000:]  # rank 0's
     assert stderr.count("interrupted: a second Ctrl-C (torchrun's SIGTERM after its SIGINT) stops at once: "

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, make_shards, run_trainer,
-                      start_trainer, train_losses)
+from conftest import (GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, run_trainer, signalled,
+                      start_trainer, train_losses, wait_for_step)
 from slowness import guard
-from test_faults import SIGNAL_PAUSE, env_for_workers, slow_steps, wait_for_step
+from test_faults import SIGNAL_PAUSE, env_for_workers, slow_steps
 from training.checkpoint.folder import list_checkpoints, read_full_state
 from training.core.logger import read_log
 
@@ -26,11 +26,6 @@ pytestmark = pytest.mark.slow  # every test here starts processes
 
 STEPS = 6
 F64 = dict(dtype="float64", checkpoint_interval=3)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("fsdp") / "shards")
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +83,7 @@ def test_sigterm_under_fsdp_saves_and_the_same_command_continues_bitwise(runs, d
     args = base_args(data, out, strategy="fsdp", max_steps=STEPS, checkpoint_interval=0)
     with start_trainer(args, nproc=2, script="tests/inject_fault.py", extra_env=slow_steps(SIGNAL_PAUSE)) as proc:
         wait_for_step(out, 1, proc)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=guard(120))
+        stdout, stderr = signalled(proc, signal.SIGTERM)
     assert proc.returncode == 0, stderr[-3000:]
     assert "SIGTERM received: saved step" in stdout, stderr[-3000:]
     assert "in the background" not in stdout  # a save the process exits after is written at once

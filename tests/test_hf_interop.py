@@ -21,7 +21,7 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers/huggingface_hub read it
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-from conftest import GPT2_VOCAB, REPO, base_args, load_weights, make_shards, run_trainer  # noqa: E402
+from conftest import GPT2_VOCAB, REPO, base_args, load_weights, run_trainer  # noqa: E402
 from slowness import guard
 
 transformers = pytest.importorskip("transformers")
@@ -64,16 +64,11 @@ def hf_model(tmp_path_factory) -> tuple[GPT2LMHeadModel, Path]:
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("data") / "shards")
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory, shards) -> tuple[Path, Path]:
+def exported(tmp_path_factory, data) -> tuple[Path, Path]:
     """(run folder of a 3-step tiny training run, its export by `python export_hf.py`)."""
     root = tmp_path_factory.mktemp("export")
     run = root / "run"
-    run_trainer(base_args(shards, run, max_steps=3, checkpoint_interval=3, eval_interval=3, vocab_size=GPT2_VOCAB))
+    run_trainer(base_args(data, run, max_steps=3, checkpoint_interval=3, eval_interval=3, vocab_size=GPT2_VOCAB))
     out = root / "hf"
     proc = subprocess.run([sys.executable, str(REPO / "export_hf.py"), str(run), str(out)], cwd=REPO,
                           env=dict(os.environ, **OFFLINE_ENV), capture_output=True, text=True, timeout=guard(120))
@@ -231,11 +226,11 @@ def test_export_of_a_missing_checkpoint_is_a_one_line_error(tmp_path):
 
 
 @pytest.mark.slow
-def test_init_from_hf_folder_starts_from_its_weights(hf_model, shards, tmp_path):
+def test_init_from_hf_folder_starts_from_its_weights(hf_model, data, tmp_path):
     """max_lr 0 keeps the weights at their init, so the step-1 checkpoint shows what was loaded."""
     model, folder = hf_model
     run = tmp_path / "run"
-    run_trainer(base_args(shards, run, init_from=folder, max_steps=1, max_lr=0, min_lr=0, warmup_steps=0,
+    run_trainer(base_args(data, run, init_from=folder, max_steps=1, max_lr=0, min_lr=0, warmup_steps=0,
                           eval_interval=1, checkpoint_interval=1, dtype="float32", vocab_size=GPT2_VOCAB),
                 extra_env=OFFLINE_ENV)
     weights = load_weights(run, 1)
@@ -251,7 +246,7 @@ def test_init_from_hf_folder_starts_from_its_weights(hf_model, shards, tmp_path)
     logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     val0 = next(r["loss"] for r in logged if r["kind"] == "val" and r["step"] == 0)
     losses, count = 0.0, 0
-    for _, x, y in ValLoader(shards, 32, 256, 4).batches():
+    for _, x, y in ValLoader(data, 32, 256, 4).batches():
         with torch.no_grad():
             losses += model(x).logits.flatten(0, 1).log_softmax(-1).gather(1, y.view(-1, 1)).sum().item()
         count += y.numel()
@@ -261,9 +256,9 @@ def test_init_from_hf_folder_starts_from_its_weights(hf_model, shards, tmp_path)
 
 
 @pytest.mark.slow
-def test_init_from_shape_mismatch_names_the_key(hf_model, shards, tmp_path):
+def test_init_from_shape_mismatch_names_the_key(hf_model, data, tmp_path):
     _, folder = hf_model
-    args = base_args(shards, tmp_path / "run", init_from=folder, max_steps=1, vocab_size=GPT2_VOCAB)
+    args = base_args(data, tmp_path / "run", init_from=folder, max_steps=1, vocab_size=GPT2_VOCAB)
     args[args.index("--n_embd") + 1] = "32"
     proc = run_trainer(args, check=False, extra_env=OFFLINE_ENV)
     assert proc.returncode == 2
@@ -271,15 +266,15 @@ def test_init_from_shape_mismatch_names_the_key(hf_model, shards, tmp_path):
 
 
 @pytest.mark.slow
-def test_init_from_preset_offline_is_a_one_line_error(shards, tmp_path):
-    args = base_args(shards, tmp_path / "run", init_from="gpt2", max_steps=1, vocab_size=GPT2_VOCAB)
+def test_init_from_preset_offline_is_a_one_line_error(data, tmp_path):
+    args = base_args(data, tmp_path / "run", init_from="gpt2", max_steps=1, vocab_size=GPT2_VOCAB)
     proc = run_trainer(args, check=False, extra_env={**OFFLINE_ENV, "HF_HOME": str(tmp_path / "hf_home")})
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: init_from: gpt2: could not fetch openai-community/gpt2")
 
 
-def test_the_report_card_of_a_hugging_face_model_is_that_of_its_transformers_logits(hf_model, shards, tmp_path, capfd,
+def test_the_report_card_of_a_hugging_face_model_is_that_of_its_transformers_logits(hf_model, data, tmp_path, capfd,
                                                                                      monkeypatch):
     """`eval_lm.py FOLDER --card` (as for `gpt2`, OpenAI's weights): val loss and bpb equal transformers' own
     cross-entropy on the same 8 rows of 32 tokens, and the fixture task's acc the in-loop HellaSwag's."""
@@ -297,12 +292,12 @@ def test_the_report_card_of_a_hugging_face_model_is_that_of_its_transformers_log
     fixtures = REPO / "tests" / "fixtures" / "lm_eval"
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    argv = [str(folder), "--card", "--data_dir", str(shards), "--seq_len", "32", "--val_tokens", "256", "--tasks",
+    argv = [str(folder), "--card", "--data_dir", str(data), "--seq_len", "32", "--val_tokens", "256", "--tasks",
             "hellaswag_fixture", "--include_path", str(fixtures), "--device", "cpu", "--dtype", "float32",
             "--out_dir", str(tmp_path)]
     assert run_cli(main, argv) == 0
     card = json.loads((tmp_path / "report.json").read_text())
-    tokens = torch.from_numpy(np.load(next(shards.glob("*_val_*.npy"))).astype(np.int64)[:8 * 32 + 1])
+    tokens = torch.from_numpy(np.load(next(data.glob("*_val_*.npy"))).astype(np.int64)[:8 * 32 + 1])
     x, y = tokens[:-1].view(8, 32), tokens[1:].view(8, 32)
     loss_sum = F.cross_entropy(hf_logits(model, x).flatten(0, 1), y.flatten(), reduction="sum").item()
     n_bytes = len(get_tokenizer().decode_bytes([t for t in y.flatten().tolist() if t != EOT_TOKEN]))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, base_args, load_weights, make_shards, run_trainer, train_losses
+from conftest import REPO, base_args, load_weights, make_shards, run_trainer, train_losses, wait_for_step
 from forked_ranks import free_port
 from slowness import guard
-from test_faults import SIGNAL_PAUSE, STEPS, assert_same_run, children, slow_steps, wait_for_step
+from test_faults import SIGNAL_PAUSE, STEPS, assert_same_run, children, slow_steps
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import base_args, crashed_copy, make_shards, run_trainer, train_losses
+from conftest import base_args, crashed_copy, run_trainer, train_losses
 from forked_ranks import launch
 from muon_worker import SHAPES
 from training.checkpoint.folder import list_checkpoints, read_full_state
@@ -71,11 +71,6 @@ def test_owners_spread_the_newton_schulz_work_evenly_over_the_ranks():
 
 MUON = dict(optimizer="muon", dtype="float64", total_batch_size=768, max_steps=6, checkpoint_interval=2,
             eval_interval=0)  # 768 tokens: 6, 3 or 2 micro-batches of 4 rows on 1, 2 or 3 ranks
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("muon") / "shards")
 
 
 @pytest.fixture(scope="module")

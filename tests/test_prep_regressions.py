@@ -9,13 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, wait_until
 from slowness import guard
 from data.shards import find_shards
 from data.tokenizer import EOT_TOKEN
@@ -156,10 +155,8 @@ def test_a_killed_worker_ends_prep_with_an_error_not_a_hang(tmp_path):
         proc = subprocess.Popen(prep_cmd([jsonl], out, "--shard_size", "50000", "--num_proc", "2"), env=prep_env(),
                                 stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
     try:
-        deadline = time.monotonic() + guard(60)
-        while not (list(out.glob("*.npy")) and worker_pids(proc.pid)):
-            assert proc.poll() is None and time.monotonic() < deadline, "prep ended before a worker could be killed"
-            time.sleep(0.01)
+        wait_until(lambda: list(out.glob("*.npy")) and worker_pids(proc.pid), proc, "a shard written, workers running",
+                   60)
         os.kill(worker_pids(proc.pid)[0], signal.SIGKILL)
         try:
             returncode = proc.wait(timeout=guard(60))

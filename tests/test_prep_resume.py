@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import wait_until
 from slowness import guard
 from test_prep import (
     all_tokens, folder_bytes, make_docs, prep_cmd, prep_env, run_prep, running, tokens_of, worker_pids, write_jsonl,
@@ -60,10 +61,7 @@ def interrupt(cmd, out, sig, log, min_shards=10):
         proc = subprocess.Popen(cmd, env=prep_env(), stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
                                 preexec_fn=as_a_terminal_starts_it)
     try:
-        deadline = time.monotonic() + guard(60)
-        while len(recorded_shards(out)) < min_shards:
-            assert proc.poll() is None and time.monotonic() < deadline, "prep ended before it could be interrupted"
-            time.sleep(0.005)
+        wait_until(lambda: len(recorded_shards(out)) >= min_shards, proc, f"{min_shards} shards recorded", 60)
         workers = worker_pids(proc.pid)
         os.killpg(proc.pid, sig) if sig == signal.SIGINT else os.kill(proc.pid, sig)
         return proc.wait(timeout=guard(60)), log.read_text(), workers

@@ -12,24 +12,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, base_args, make_shards, run_trainer, train_losses, train_here
-from slowness import guard
+from conftest import REPO, background, base_args, run_trainer, signalled, train_losses, train_here, wait_for_step
 from common.errors import ConfigError
 from training.checkpoint import folder as ckpt
 from training.checkpoint.run_folder import LOCK_NAME, FolderLock
-from training.core.logger import read_log
 
 RUN = dict(max_steps=3, checkpoint_interval=3, eval_interval=0, val_tokens=64)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("folder") / "shards")
 
 
 def train(data: Path, out: Path, capfd=None, **overrides) -> int:
@@ -167,21 +159,13 @@ def test_a_second_launch_into_a_busy_folder_is_refused_and_the_first_goes_on(dat
     out = tmp_path / "busy"
     args = base_args(data, out, **{**RUN, "max_steps": 100_000, "checkpoint_interval": 0})
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    first = subprocess.Popen([sys.executable, str(REPO / "train_gpt2.py"), *args], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + guard(60)
-        while not ((out / "log.jsonl").exists() and any(r["kind"] == "train" for r in read_log(out / "log.jsonl"))):
-            assert time.time() < deadline and first.poll() is None, "the first launch never trained"
-            time.sleep(0.05)
+    with background([sys.executable, str(REPO / "train_gpt2.py"), *args], env) as first:
+        wait_for_step(out, 0, first, 60)
         second = run_trainer(args, check=False, timeout=120)
         assert second.returncode == 2, second.stderr[-2000:]
         assert second.stderr.strip() == (f"error: out_dir: {out} is in use by another launch (pid {first.pid} on "
                                           + second.stderr.split(f"pid {first.pid} on ", 1)[1].strip())
-        first.send_signal(signal.SIGTERM)  # the first run is untouched: it saves and stops as usual
-        stdout, _ = first.communicate(timeout=guard(120))
+        stdout, _ = signalled(first, signal.SIGTERM)  # the first run is untouched: it saves and stops as usual
         assert first.returncode == 0 and "SIGTERM received: saved step" in stdout
-    finally:
-        first.kill()
     (saved,) = ckpt.list_checkpoints(out / "checkpoints")
     assert torch.load(saved[1], weights_only=True)["run_id"] == json.loads((out / "run.json").read_text())["run_id"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from launch import components
-from conftest import GPT2_VOCAB, base_args, build_tiny_run, crashed_copy, make_shards, run_trainer, train_losses, train_here
+from conftest import GPT2_VOCAB, base_args, build_tiny_run, crashed_copy, run_trainer, train_losses, train_here
 from common.errors import run_cli
 from forked_ranks import launch
 from training.checkpoint import folder as ckpt
@@ -48,11 +48,6 @@ STRAIGHT = {
     "fsdp2_f64": (2, {"strategy": "fsdp", **F64}),
     "ddp2_f64_384": (2, {**F64, **THREE_RANK_GEOMETRY}),
 }
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("sharded") / "shards")
 
 
 @pytest.fixture(scope="module")

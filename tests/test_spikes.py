@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_same, base_args, crashed_copy, make_shards, run_trainer, train_losses
+from conftest import assert_same, base_args, crashed_copy, run_trainer, train_losses
 from training.checkpoint import folder as ckpt
 from training.core.logger import read_log
 from training.optim.spikes import SpikeWindow
@@ -23,11 +23,6 @@ from training.optim.spikes import SpikeWindow
 # a full window after 4 applied steps; checkpoints every 3 steps; val loss only at the end
 SPIKY = dict(max_steps=12, checkpoint_interval=3, eval_interval=0, spike_skip="true", spike_window=4)
 INJECT = "tests/inject_fault.py"
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("spikes") / "shards")
 
 
 def spiky_run(data: Path, out: Path, positions: str, check: bool = True, factor: str = "1000", **overrides):
