@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -169,11 +168,6 @@ def test_the_modern_configs_parse_and_differ_from_the_faithful_ones_only_in_the_
 
 
 # --- the optimizer, in this process ---------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("recipe") / "shards")
-
 
 def test_muon_gets_exactly_the_blocks_matrices_and_adamw_everything_else_once(data, tmp_path):
     *_, run = build_tiny_run(data, tmp_path / "run", **MODERN)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, TINY_MODEL, TINY_VOCAB, kill_all, load_weights, make_shards, processes_whose_environment, train_losses
+from conftest import REPO, TINY_MODEL, TINY_VOCAB, kill_all, load_weights, processes_whose_environment, train_losses
 from forked_ranks import free_port
 from slurm_cluster import SlurmCluster, missing_commands
 from training.checkpoint.folder import list_checkpoints
@@ -45,8 +45,9 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    return make_shards(tmp_path_factory.mktemp("slurm_data") / "shards", train_sizes=(60000, 60000))
+def data_options() -> dict:
+    """conftest's `data` with long train shards: the jobs' runs read 2,048 tokens a step."""
+    return dict(train_sizes=(60000, 60000))
 
 
 def trainer_args(data: Path, out: Path, **overrides) -> list[str]:
