@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -126,24 +125,6 @@ def describe_run(cfg, world_size: int) -> dict:
         "device": runtime.device_name,
         "torch": torch.__version__,
     }
-
-
-def scaling(rows: list[dict]) -> list[dict]:
-    """Each row of a run on several GPUs beside the same run's row on one: rows labelled NAME-<N>gpu
-    (scripts/bench_gpu.sh, group multigpu), paired by NAME with the one whose world_size is 1.
-
-    tokens/s per GPU = tokens/s / N; scaling efficiency = tokens/s on N GPUs / (N x tokens/s on one):
-    1.0 when N GPUs do N times the work of one, as the README's time for 8 GPUs assumes.
-    """
-    named = [(m.group(1), row) for row in rows if (m := re.fullmatch(r"(.+)-\d+gpu", row["label"]))]
-    one = {name: row for name, row in named if row["world_size"] == 1}
-    return [{"label": row["label"], "model": row.get("model"), "baseline": one[name]["label"],
-             "world_size": row["world_size"],
-             "tokens_per_sec": row["tokens_per_sec"], "per_gpu": row["tokens_per_sec"] / row["world_size"],
-             "baseline_tokens_per_sec": one[name]["tokens_per_sec"],
-             "efficiency": row["tokens_per_sec"] / (row["world_size"] * one[name]["tokens_per_sec"]),
-             "ms_per_step": row["ms_per_step"], "baseline_ms_per_step": one[name]["ms_per_step"]}
-            for name, row in named if row["world_size"] > 1 and name in one]
 
 
 def table(row: dict) -> str:

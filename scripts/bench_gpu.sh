@@ -128,16 +128,7 @@ LEVERS=(--model gpt2 --warmup 2 --steps 8 --micro_batch_size 64 --compile true -
 COMBINABLE=("loss-triton --loss_kernel triton" "fused-norm --fused_residual_norm true")
 
 faster() {  # label, baseline label: status 0 when both ran and label's tokens/s beat the baseline's
-    "$PY" - "$RESULTS/$1.json" "$RESULTS/$2.json" <<'PYTHON'
-import json
-import sys
-
-try:
-    lever, baseline = (json.load(open(path))["tokens_per_sec"] for path in sys.argv[1:])
-except (OSError, KeyError, ValueError):
-    sys.exit(1)
-sys.exit(0 if lever > baseline else 1)
-PYTHON
+    "$PY" scripts/gpu_check_report.py faster "$RESULTS/$1.json" "$RESULTS/$2.json"
 }
 
 group_levers() {  # each lever alone, the best combination, FP8 (modern recipe), then max-autotune (minutes to compile)

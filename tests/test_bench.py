@@ -132,24 +132,7 @@ def test_a_profiled_step_after_the_timed_ones_names_the_costliest_work_and_chang
     assert all(k["calls"] >= 1 and 0 < k["share"] <= 1 for k in top)
 
 
-# --- the multi-GPU figures: scaling efficiency (scripts/bench.py) and all-reduce bandwidth (scripts/bench_allreduce.py)
-
-def test_scaling_pairs_each_multi_gpu_row_with_the_same_runs_one_gpu_row():
-    """tokens/s per GPU and efficiency = tokens/s(N) / (N x tokens/s(1)); rows of other runs, or without a one-GPU
-    row of their own, are left out."""
-    from scripts import bench
-
-    def row(label, world_size, tokens_per_sec):
-        return {"label": label, "world_size": world_size, "tokens_per_sec": tokens_per_sec, "ms_per_step": 1000.0}
-
-    rows = [row("124m-compile-plain-b64", 1, 500_000.0), row("124m-ddp-1gpu", 1, 480_000.0),
-            row("124m-ddp-8gpu", 8, 3_456_000.0), row("350m-ddp-4gpu", 4, 600_000.0)]
-    (scaled,) = bench.scaling(rows)
-    assert (scaled["label"], scaled["baseline"], scaled["world_size"]) == ("124m-ddp-8gpu", "124m-ddp-1gpu", 8)
-    assert scaled["per_gpu"] == 432_000.0 and scaled["efficiency"] == pytest.approx(0.9)  # 432K of 480K per GPU
-    assert bench.scaling([row("124m-ddp-2gpu", 2, 960_000.0), row("124m-ddp-1gpu", 1, 480_000.0)])[0][
-        "efficiency"] == pytest.approx(1.0)  # the one-GPU row may come after
-
+# --- the all-reduce bandwidth of scripts/bench_allreduce.py
 
 def test_allreduce_bandwidths_are_nccl_tests_algbw_and_busbw():
     """algbw = bytes / time; busbw = algbw x 2(N-1)/N: on 2 ranks the same, on 8 1.75x it."""
