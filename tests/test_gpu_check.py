@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import test_gpu
+from common.cpu_malloc import CPU_MALLOC
 from conftest import REPO
 from slowness import guard
 
@@ -82,8 +83,7 @@ def gpu_check(tmp_path_factory):
     reference = root / "ref" / "train_gpt2.py"
     reference.parent.mkdir()
     reference.write_text(REFERENCE_STAND_IN)
-    env = dict(os.environ, GPU_CHECK_DRY_RUN="1", GPU_REFERENCE=str(reference), PYTHON=sys.executable,
-               MALLOC_MMAP_THRESHOLD_="17179869184", MALLOC_TRIM_THRESHOLD_="17179869184",
+    env = dict(os.environ, GPU_CHECK_DRY_RUN="1", GPU_REFERENCE=str(reference), PYTHON=sys.executable, **CPU_MALLOC,
                BENCH_ONLY=" ".join(DRY_RUN_SPEED + DRY_RUN_RECOMPUTE + DRY_RUN_MULTIGPU + ["reference-*"]),
                GPU_CHECK_TESTS=DRY_RUN_TEST)
     env.pop("OUT", None)
