@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: train_gpt2, data, training
 
-from data.shards import shard_name, write_shard  # noqa: E402
+from data.shards import shard_files, shard_name, write_shard  # noqa: E402
 from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
 
 
@@ -176,7 +176,7 @@ def main(argv: list[str]) -> int:
         total_steps = args.warmup + args.steps
         steps_run = total_steps + bool(args.profile_top)  # the profiled step, when asked for, comes last
         user_data = user_cfg.data
-        if not any(Path(user_data.data_dir).glob("*_train_*.npy")):
+        if not shard_files(user_data.data_dir, "train"):
             # no shards where the config points: random tokens. Every rank writes its own
             # identical copy, so no coordination is needed before the process group exists.
             generate_shards(work / "data", steps_run * user_data.total_batch_size + 1,

@@ -20,7 +20,7 @@ from conftest import REPO
 from slowness import guard
 from data.manifest import data_fingerprint, file_sha256, prep_files
 from common.errors import DataError
-from data.shards import ShardWriter, find_shards, open_shard
+from data.shards import ShardWriter, find_shards, open_shard, shard_files
 from data.tokenizer import EOT_TOKEN, get_tokenizer
 
 DOCS = [
@@ -301,6 +301,11 @@ def test_prep_files_match_only_this_prefix(tmp_path):
     assert [p.name for p in prep_files(tmp_path, "a")] == [
         ".a_progress.json.tmp", ".a_train_000003.npy.tmp", "a_manifest.json", "a_progress.json", "a_train_000001.npy",
         "a_train_000002.npy.tmp", "a_val_000000.npy"]
+    # what the trainer reads: every prefix's shards of a split, never a temp file or another name
+    assert [p.name for p in shard_files(tmp_path)] == [
+        "a_b_train_000001.npy", "a_train_000001.npy", "a_train_1.npy", "a_val_000000.npy", "ab_train_000001.npy"]
+    assert [p.name for p in shard_files(tmp_path, "val")] == ["a_val_000000.npy"]
+    assert shard_files(tmp_path / "missing") == []
 
 
 def test_data_fingerprint_follows_the_manifest_or_shard_names_and_sizes(tmp_path):
