@@ -194,7 +194,7 @@ group_recompute() {  # what activation checkpointing costs per step against 124m
         --warmup 1 --steps 2
 }
 
-group_presets() {  # B from scripts/activation_memory.py's estimate (docs/PERFORMANCE.md), halved on out of memory
+group_presets() {  # B from the activations measured on the CPU (docs/PERFORMANCE.md, "Memory"), halved on out of memory
     fit 350m "32 16" --model gpt2-medium --compile true --warmup 2 --steps 4
     fit 774m "16 8"  --model gpt2-large  --compile true --warmup 2 --steps 3
     fit 1558m "8 4"  --model gpt2-xl     --compile true --warmup 1 --steps 2

@@ -28,9 +28,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from memory_table import GIB, STATE_BYTES, activation_costs, largest_batch, params_of  # noqa: E402
+from benchmarks.activations import activation_costs, params_of  # noqa: E402
+from launch.estimate import GIB, STATE_BYTES, largest_batch  # noqa: E402
 from model import PRESETS  # noqa: E402
 
 SETTINGS = {"none": 0, "selective": 2, "full": 1}  # activation_checkpointing -> recompute one block in every N

@@ -15,7 +15,7 @@ with gradient accumulation FSDP needs 12/N + 4 bytes per parameter.
 
 Activations are measured, not estimated: the bytes autograd saves for backward in a
 bf16-autocast training forward with the fused loss (eager, flash attention; see
-scripts/activation_memory.py), at B=1 and B=2 (their difference is one sequence) on 1- and
+benchmarks/activations.py), at B=1 and B=2 (their difference is one sequence) on 1- and
 2-layer models of each preset's width at the full seq_len, plain and recomputed: what the
 embeddings and the loss keep, what one plain block keeps, and what one recomputed block keeps
 (its input). The preset's depth is then exact arithmetic, because every block saves the same.
@@ -31,39 +31,17 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from activation_memory import saved_bytes  # noqa: E402  (scripts/ is this script's own folder)
 # the model's arithmetic (model state, activations per sequence, the largest micro-batch) is the trainer's
-# --estimate's; this script measures the activations it rests on
-from launch.estimate import GIB, STATE_BYTES, ActivationCosts, largest_batch  # noqa: E402
-from model import GPT, PRESETS, GPTConfig  # noqa: E402
+# --estimate's; this script measures the activations it rests on (benchmarks/activations.py)
+from benchmarks.activations import activation_costs, params_of  # noqa: E402
+from launch.estimate import GIB, STATE_BYTES, largest_batch  # noqa: E402
+from model import PRESETS  # noqa: E402
 
 GPUS = (1, 2, 4, 8)
 CARDS_GIB = (12, 16, 24, 40, 80)
-
-
-def activation_costs(shape: dict, seq_len: int, chunk: int = 8192) -> ActivationCosts:
-    """Measure ActivationCosts on 1- and 2-layer models of the preset's width (bf16 autocast, the fused loss)."""
-    def one_sequence(n_layer: int, every: int) -> tuple[int, int]:
-        """(bytes of one more sequence, bytes that do not grow with B)"""
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(**{**shape, "n_layer": n_layer}))
-        model.recompute_blocks(every)
-        one, two = (saved_bytes(model, batch, seq_len, chunk) for batch in (1, 2))
-        return two - one, 2 * one - two
-
-    (one, fixed), (two, _), (one_recomputed, _) = one_sequence(1, 0), one_sequence(2, 0), one_sequence(1, 1)
-    plain_block = two - one
-    return ActivationCosts(fixed=fixed, outside=one - plain_block, plain_block=plain_block,
-                           recomputed_block=one_recomputed - (one - plain_block))
-
-
-def params_of(shape: dict) -> int:
-    with torch.device("meta"):
-        return GPT(GPTConfig(**shape)).num_params()
 
 
 def state_table() -> None:

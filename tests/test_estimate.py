@@ -128,17 +128,15 @@ def test_a_real_checkpoint_has_the_estimated_size(tmp_path):
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("every", [0, 2, 1])
-def test_the_activation_arithmetic_is_what_a_small_model_saves(fused, every, monkeypatch):
-    """scripts/memory_table.py's measurement (the bytes autograd saves in a bf16-autocast forward, at B = 1 and 2,
+def test_the_activation_arithmetic_is_what_a_small_model_saves(fused, every):
+    """benchmarks/activations.py's measurement (the bytes autograd saves in a bf16-autocast forward, at B = 1 and 2,
     on 1- and 2-layer models) of a small shape, against the estimate's arithmetic: to the byte a sequence; and what
     does not grow with B, measured on the whole model, but the few kilobytes the loss keeps beside its weights."""
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    import memory_table
-    from activation_memory import saved_bytes
+    from benchmarks.activations import activation_costs, saved_bytes
 
     shape = est.Shape("custom", 3, 2, 64, 512, 64, seq_len=64)
     chunk = 32 if fused else 0
-    measured = memory_table.activation_costs(dict(n_head=2, n_embd=64, vocab_size=512, block_size=64), 64, chunk)
+    measured = activation_costs(dict(n_head=2, n_embd=64, vocab_size=512, block_size=64), 64, chunk)
     assert est.scaled_activation_costs(shape, fused, every).per_sequence(3, every) == measured.per_sequence(3, every)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=64, vocab_size=512, block_size=64))
