@@ -12,14 +12,14 @@
 #   multigpu   every GPU at once (skipped on one): GPT-2 124M's step (B=64, 524,288 tokens) under torchrun on
 #              all GPUs and on one, tokens/s per GPU and scaling efficiency (bench_gpu.sh group multigpu);
 #              the all-reduce of DDP's 25 MiB gradient bucket and of the whole 124M gradient, fp32 and
-#              bf16, algorithm and bus bandwidth (scripts/bench_allreduce.py); a 30-step 124M run on all
+#              bf16, algorithm and bus bandwidth (benchmarks/bench_allreduce.py); a 30-step 124M run on all
 #              GPUs stopped by SIGTERM to torchrun after step 10 and launched again, which must resume
-#              from that checkpoint, end at step 30 and log every step once (scripts/preemption_check.py)
+#              from that checkpoint, end at step 30 and log every step once (benchmarks/preemption_check.py)
 #   tests      pytest -m gpu tests/test_gpu.py: compiled vs eager, fused loss, resume, HellaSwag under
 #              compile, sample.py's KV cache, export to transformers (124M, bf16, real tokens)
 #   speed      GPT-2 124M, T=1024, 524,288 tokens/step: compiled/eager x plain/fused loss, B=64 and 32
 #   reference  build-nanogpt's loop at B=64, compiled, when .ref/build-nanogpt/train_gpt2.py was
-#              carried along (scripts/gpu_reference.py says how to fetch it)
+#              carried along (benchmarks/gpu_reference.py says how to fetch it)
 #   presets    350M, 774M, 1558M at the largest micro-batch that fits
 #   fsdp       --strategy fsdp / fsdp_zero2 under torchrun on the one GPU (124M B=64, 1558M): FSDP's
 #              overhead against the DDP rows
@@ -29,23 +29,23 @@
 #              max-autotune-no-cudagraphs, beside build-nanogpt's loop timed as the reference part times it;
 #              each profiled one step more; in one call of about 8 minutes (GPU_CHECK_BUDGET_S=480)
 #   longrun    what spike_skip and rank_stats_interval cost per step (124M B=64, against the speed rows)
-#   recipe     Muon's optimizer step for 124M and 1558M (scripts/bench_muon.py: Newton-Schulz of every
+#   recipe     Muon's optimizer step for 124M and 1558M (benchmarks/bench_muon.py: Newton-Schulz of every
 #              matrix, the work that N GPUs share), then the faithful and the modern recipe, GPT-2
 #              124M, 300 steps of 65,536 tokens on the same Shakespeare tokens
 #              (scripts/compare_recipes.py --gpu; needs data/shakespeare: python prep/shakespeare.py)
-#   checkpoint scripts/bench_checkpoint.py on the GPU, 124M and 1558M: the file, a sharded save, an
+#   checkpoint benchmarks/bench_checkpoint.py on the GPU, 124M and 1558M: the file, a sharded save, an
 #              async sharded save (how long the loop is blocked, how long until complete), and the
 #              loads of the first two
-#   memory     micro_batch_size auto (scripts/memory_check.py) for gpt2, gpt2-medium, gpt2-large and gpt2-xl
+#   memory     micro_batch_size auto (benchmarks/memory_check.py) for gpt2, gpt2-medium, gpt2-large and gpt2-xl
 #              with activation_checkpointing none, selective and full: the B chosen, the peak memory of
 #              2 real steps (eager, 524,288 tokens), against scripts/memory_table.py's estimate
-#   repro      scripts/repro_check.py: two identical compiled 124M runs of 50 steps and a resume, with
+#   repro      benchmarks/repro_check.py: two identical compiled 124M runs of 50 steps and a resume, with
 #              and without --deterministic true, compared bit for bit; the kernels and gradients that
 #              differ; then what deterministic costs at B=64 (bench_gpu.sh group repro)
 #   recompute  what activation checkpointing costs per step: 124M selective and full, compiled and
 #              eager, and 1558M full (bench_gpu.sh group recompute, against the speed rows)
 # Numerics (final losses after the same steps on the same tokens, across variants) come with
-# every summary. The variants themselves are listed in scripts/bench_gpu.sh.
+# every summary. The variants themselves are listed in benchmarks/bench_gpu.sh.
 #
 # On a GPU machine, from a clone of this repository with `make install` done:
 #   git clone https://github.com/karpathy/build-nanogpt .ref/build-nanogpt   # the reference loop (git-ignored)
@@ -165,7 +165,7 @@ from test_gpu import write_corpus_shards; write_corpus_shards(sys.argv[1], int(s
 
 bench_group() {  # bench_gpu.sh's group $1 on the corpus
     corpus || return
-    DATA_DIR=$WORK/corpus PYTHON=$PY bash scripts/bench_gpu.sh "$BENCH" "$1"
+    DATA_DIR=$WORK/corpus PYTHON=$PY bash benchmarks/bench_gpu.sh "$BENCH" "$1"
 }
 
 part_tests() {  # $1: seconds left. pytest-timeout stops one test, timeout the whole part
@@ -187,11 +187,11 @@ part_recompute() { bench_group recompute; }
 part_reference() {  # $1: seconds left; [$2: the row's label, then gpu_reference.py arguments (the levers part's)]
     local label=${2:-reference-build-nanogpt-b64} status
     if [ ! -f "$REFERENCE" ]; then
-        printf '%s\tno %s (scripts/gpu_reference.py says how to fetch it)\n' "$label" "$REFERENCE" >> "$BENCH/skipped.txt"
+        printf '%s\tno %s (benchmarks/gpu_reference.py says how to fetch it)\n' "$label" "$REFERENCE" >> "$BENCH/skipped.txt"
         return $SKIPPED
     fi
     echo "$label" >> "$BENCH/order.txt"
-    timeout --kill-after=20 "$1" "$PY" scripts/gpu_reference.py --ref "$REFERENCE" --json "$BENCH/$label.json" \
+    timeout --kill-after=20 "$1" "$PY" benchmarks/gpu_reference.py --ref "$REFERENCE" --json "$BENCH/$label.json" \
         --label "$label" "${@:3}" "${REFERENCE_ARGS[@]}" > "$BENCH/$label.log" 2>&1
     status=$?
     tail -3 "$BENCH/$label.log"
@@ -203,7 +203,7 @@ part_recipe() {  # $1: seconds left. Muon's step, then both recipes on the Shake
     local model muon=(--device cuda --variants replicated,whole) models=(gpt2 gpt2-xl)
     [ "$DRY_RUN" = 1 ] && muon=(--device cpu --dry_run) models=(gpt2)
     for model in "${models[@]}"; do
-        timeout --kill-after=20 "$1" "$PY" scripts/bench_muon.py --model "$model" "${muon[@]}" \
+        timeout --kill-after=20 "$1" "$PY" benchmarks/bench_muon.py --model "$model" "${muon[@]}" \
             > "$BENCH/muon-$model.log" 2>&1 || printf 'muon-%s\texit %s\n' "$model" "$?" >> "$BENCH/failed.txt"
         grep '^{' "$BENCH/muon-$model.log" >> "$BENCH/muon.jsonl"
     done
@@ -242,7 +242,7 @@ part_checkpoint() {  # $1: seconds left. Each model's checkpoints are deleted be
                 load-sharded) args+=(--load "$WORK/ckpt/sharded/step_00000001") ;;
             esac
             echo "=== $label"
-            timeout --kill-after=20 "$left" "$PY" scripts/bench_checkpoint.py "${args[@]}" > "$BENCH/$label.log" 2>&1
+            timeout --kill-after=20 "$left" "$PY" benchmarks/bench_checkpoint.py "${args[@]}" > "$BENCH/$label.log" 2>&1
             status=$?
             tail -1 "$BENCH/$label.log"
             if [ $status = 0 ]; then
@@ -260,7 +260,7 @@ part_repro() {  # $1: seconds left. repro_check.py, then (with the time left) th
     [ "$DRY_RUN" = 1 ] && args=(--dry_run --steps 4)
     corpus || return
     # BENCH_MIN_S is kept back for the bench variant, which the deadline skips if repro_check used it
-    timeout --kill-after=20 $(( $1 - MIN_START_S )) "$PY" scripts/repro_check.py --data_dir "$WORK/corpus" \
+    timeout --kill-after=20 $(( $1 - MIN_START_S )) "$PY" benchmarks/repro_check.py --data_dir "$WORK/corpus" \
         --out "$WORK/repro" "${args[@]}" > "$BENCH/repro.log" 2>&1
     status=$?
     tail -20 "$BENCH/repro.log"
@@ -270,7 +270,7 @@ part_repro() {  # $1: seconds left. repro_check.py, then (with the time left) th
     return $status
 }
 
-part_memory() {  # $1: seconds left. One scripts/memory_check.py per preset (its settings each check the budget)
+part_memory() {  # $1: seconds left. One benchmarks/memory_check.py per preset (its settings each check the budget)
     local models=(${GPU_CHECK_MEMORY_MODELS:-gpt2 gpt2-medium gpt2-large gpt2-xl}) args=() model left status=0
     [ "$DRY_RUN" = 1 ] && models=(gpt2) args=(--dry_run)
     corpus || return
@@ -281,7 +281,7 @@ part_memory() {  # $1: seconds left. One scripts/memory_check.py per preset (its
             continue
         fi
         echo "=== memory $model"
-        timeout --kill-after=20 "$left" "$PY" scripts/memory_check.py --model "$model" --data_dir "$WORK/corpus" \
+        timeout --kill-after=20 "$left" "$PY" benchmarks/memory_check.py --model "$model" --data_dir "$WORK/corpus" \
             --work "$WORK/memory" "${args[@]}" > "$BENCH/memory-$model.log" 2>&1 \
             || { status=$?; printf 'memory-%s\texit %s\n' "$model" "$status" >> "$BENCH/failed.txt"; }
         grep '^{' "$BENCH/memory-$model.log" | tee -a "$BENCH/memory.jsonl"
@@ -327,11 +327,11 @@ part_multigpu() {  # $1: seconds left. Every GPU at once (the dry run: $RANKS ra
                     --dtype float32 --compile false --val_tokens 64)
     fi
     corpus || return
-    DATA_DIR=$WORK/corpus PYTHON=$PY BENCH_GPUS=$RANKS bash scripts/bench_gpu.sh "$BENCH" multigpu || status=$?
-    timed_step "allreduce-${RANKS}gpu" "${torchrun[@]}" scripts/bench_allreduce.py --json "$BENCH/allreduce.jsonl" \
+    DATA_DIR=$WORK/corpus PYTHON=$PY BENCH_GPUS=$RANKS bash benchmarks/bench_gpu.sh "$BENCH" multigpu || status=$?
+    timed_step "allreduce-${RANKS}gpu" "${torchrun[@]}" benchmarks/bench_allreduce.py --json "$BENCH/allreduce.jsonl" \
         "${allreduce[@]}" || status=$?
     # each of its two launches gets at most half the time left, so that a hung one still leaves its findings
-    timed_step "preemption-${RANKS}gpu" "$PY" scripts/preemption_check.py --nproc "$RANKS" --out "$WORK/preemption" \
+    timed_step "preemption-${RANKS}gpu" "$PY" benchmarks/preemption_check.py --nproc "$RANKS" --out "$WORK/preemption" \
         --json "$BENCH/preemption.json" --launch_timeout $(( (DEADLINE - $(date +%s)) / 2 )) \
         --data_dir "$WORK/corpus" "${preemption[@]}" || status=$?
     for launch in 1 2; do  # the two launches' consoles, for details.tar.gz

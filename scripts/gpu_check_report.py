@@ -218,7 +218,7 @@ def report(out, *sources):
                       + (f"not for {', '.join(slow)}." if slow else "yes, for every 124M variant."))
         md.append("")
     scaled = scaling(rows)
-    md += table("Several GPUs: the same step under DDP on N GPUs and on one (scripts/bench_gpu.sh group multigpu)",
+    md += table("Several GPUs: the same step under DDP on N GPUs and on one (benchmarks/bench_gpu.sh group multigpu)",
                 ["variant", "GPUs", "tokens/s", "per GPU", "one GPU's tokens/s", "scaling efficiency",
                  "ms/step: N GPUs, one"],
                 [[s["label"], s["world_size"], f"{s['tokens_per_sec']:,.0f}", f"{s['per_gpu']:,.0f}",
@@ -228,12 +228,12 @@ def report(out, *sources):
     md += [f"- {s['label']}: GPT-2 124M's 10.0B tokens take {10e9 / s['tokens_per_sec'] / 60:.0f} min of steps at "
            f"this rate ({10e9 / (s['world_size'] * s['baseline_tokens_per_sec']) / 60:.0f} min at {s['world_size']} x "
            "the one-GPU rate)." for s in runs] + ([""] if runs else [])
-    md += table("All-reduce on every GPU: scripts/bench_allreduce.py (DDP's 25 MiB bucket and the whole gradient; "
+    md += table("All-reduce on every GPU: benchmarks/bench_allreduce.py (DDP's 25 MiB bucket and the whole gradient; "
                 "busbw = algbw x 2(N-1)/N)",
                 ["buffer", "model", "MB", "ranks", "backend", "ms", "algbw GB/s", "busbw GB/s"],
                 [[a["label"], a["model"], f"{a['bytes'] / 1e6:,.1f}", a["world_size"], a["backend"], f"{a['ms']:.3f}",
                   f"{a['algbw_gbps']:.1f}", f"{a['busbw_gbps']:.1f}"] for a in merged["allreduce"]])
-    md += table("Preemption on every GPU: scripts/preemption_check.py (SIGTERM to torchrun, then the same command)",
+    md += table("Preemption on every GPU: benchmarks/preemption_check.py (SIGTERM to torchrun, then the same command)",
                 ["check", "ranks", "steps", "SIGTERM after step", "saved step", "resumed at", "last checkpoint",
                  "training records", "launches s", "verdict"],
                 [[p["label"], p["world_size"], p["max_steps"], p["signal_after"], fmt(p["saved_step"], "d"),
@@ -253,14 +253,14 @@ def report(out, *sources):
                 md.append(f"| {r['label']} | {group['steps']} | {r['final_loss']:.5f} | {r['delta']:+.5f} "
                           f"| {'yes' if r['within_tolerance'] else 'NO'} |")
         md.append("")
-    md += table("Checkpoints: scripts/bench_checkpoint.py (save: blocking / until complete; or load)",
+    md += table("Checkpoints: benchmarks/bench_checkpoint.py (save: blocking / until complete; or load)",
                 ["variant", "params", "blocking s", "total s", "GB on disk", "GB/s", "load s", "peak host GiB",
                  "peak GPU GiB"],
                 [[c["label"], f"{c['params'] / 1e6:,.0f}M", fmt(c.get("blocking_s"), ".2f"),
                   fmt(c.get("total_s"), ".2f"), fmt(c.get("bytes_on_disk", 0) / 1e9 or None, ".2f"),
                   fmt(c.get("gb_per_s"), ".2f"), fmt(c.get("load_s"), ".2f"), f"{max(c['peak_rss_gib']):.1f}",
                   fmt(c.get("peak_cuda_gib"), ".1f")] for c in merged["checkpoint"]])
-    md += table("Muon's optimizer step: scripts/bench_muon.py (one process: every matrix's Newton-Schulz; "
+    md += table("Muon's optimizer step: benchmarks/bench_muon.py (one process: every matrix's Newton-Schulz; "
                 "on N GPUs each does its owners' share)",
                 ["variant", "model", "world size", "device", "step ms", "Newton-Schulz runs on rank 0"],
                 [[m["label"], m["model"], m["world_size"], m["device"], f"{m['step_ms']:.2f}", m["newton_schulz_runs"]]
@@ -273,7 +273,7 @@ def report(out, *sources):
                  for r in merged["recipe"]])
     md += [line for text in merged["repro"] for line in text.splitlines() + [""]]  # repro_check.py's own summary
     measured = [m for m in merged["memory"] if "chosen_B" in m]
-    md += table("Memory: micro_batch_size auto (scripts/memory_check.py, 2 eager steps of 524,288 tokens) "
+    md += table("Memory: micro_batch_size auto (benchmarks/memory_check.py, 2 eager steps of 524,288 tokens) "
                 "against scripts/memory_table.py's estimate",
                 ["model", "activation checkpointing", "auto B", "how", "probes", "peak GiB", "estimate B",
                  "estimated peak GiB at auto B", "step ms", "s"],

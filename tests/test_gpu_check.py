@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu_check
 
 
 # A stand-in for build-nanogpt's train_gpt2.py, whose code may not live in this repository: the
-# definitions scripts/gpu_reference.py loads, on our model, around statements that must not run.
+# definitions benchmarks/gpu_reference.py loads, on our model, around statements that must not run.
 REFERENCE_STAND_IN = """
 import os
 import numpy as np
@@ -344,10 +344,9 @@ def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
 
 
 def test_the_preemption_check_names_each_way_a_preempted_run_can_go_wrong():
-    """scripts/preemption_check.py's verdict on two launches: none for a stop mid-run resumed where it stopped,
+    """benchmarks/preemption_check.py's verdict on two launches: none for a stop mid-run resumed where it stopped,
     one sentence for each thing that went wrong otherwise."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    from preemption_check import check
+    from benchmarks.preemption_check import check
 
     def launch(console: str, newest: int | None, exit: int = 0) -> dict:
         return {"console": console, "newest": newest, "exit": exit, "error": "error: the reason"}

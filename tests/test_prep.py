@@ -397,7 +397,7 @@ def test_hellaswag_prep_errors_are_one_line(tmp_path):
 @pytest.mark.slow
 def test_prep_benchmark_times_prep_and_a_reference(tmp_path):
     reference = f"{sys.executable} {REPO / 'prep' / 'fineweb.py'} --input {{input}} --out {{out}} --num_proc {{num_proc}}"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_prep.py"), "--corpus_mb", "0.2", "--num_proc",
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_prep.py"), "--corpus_mb", "0.2", "--num_proc",
                            "1", "--repeat", "1", "--workdir", str(tmp_path), "--json", str(tmp_path / "r.json"),
                            "--reference", reference], capture_output=True, text=True, timeout=guard(300), env=prep_env())
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU benchmarks of docs/PERFORMANCE.md: one scripts/bench.py run (the trainer's real step) per variant.
 #
-#   bash scripts/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp longrun repro recompute
-#   DATA_DIR=data/shakespeare bash scripts/bench_gpu.sh  # real tokens: final_loss values compare (numerics)
-#   BENCH_DRY_RUN=1 bash scripts/bench_gpu.sh /tmp/b     # every variant as a 3-step tiny CPU run (plumbing)
-#   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash scripts/bench_gpu.sh DIR speed presets   # some labels only
-#   BENCH_LIST=1 bash scripts/bench_gpu.sh - [GROUP...]  # runs nothing; a line a variant: label, launcher
+#   bash benchmarks/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp longrun repro recompute
+#   DATA_DIR=data/shakespeare bash benchmarks/bench_gpu.sh  # real tokens: final_loss values compare (numerics)
+#   BENCH_DRY_RUN=1 bash benchmarks/bench_gpu.sh /tmp/b     # every variant as a 3-step tiny CPU run (plumbing)
+#   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash benchmarks/bench_gpu.sh DIR speed presets   # some labels only
+#   BENCH_LIST=1 bash benchmarks/bench_gpu.sh - [GROUP...]  # runs nothing; a line a variant: label, launcher
 #                                                        # (python, or torchrun:N for N ranks), NAME=value words,
 #                                                        # arguments (tabs)
-#   bash scripts/bench_gpu.sh DIR multigpu               # DDP on every GPU against one GPU (not among the default
+#   bash benchmarks/bench_gpu.sh DIR multigpu               # DDP on every GPU against one GPU (not among the default
 #                                                        # groups; BENCH_GPUS: how many GPUs, else all torch sees)
 #
 # scripts/gpu_check.sh calls this for its speed, levers, presets and multigpu parts, among others. Each variant writes

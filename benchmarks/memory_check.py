@@ -1,7 +1,7 @@
 """gpu_check.sh's memory part: micro_batch_size auto per preset and activation_checkpointing setting, on this GPU.
 
-    python scripts/memory_check.py --model gpt2-xl --data_dir DIR --work DIR [--settings none,selective,full]
-    python scripts/memory_check.py --dry_run --data_dir DIR --work DIR      # the plumbing, on the CPU
+    python benchmarks/memory_check.py --model gpt2-xl --data_dir DIR --work DIR [--settings none,selective,full]
+    python benchmarks/memory_check.py --dry_run --data_dir DIR --work DIR      # the plumbing, on the CPU
 
 For each setting: a short trainer run (2 steps of 524,288 tokens, eager, bf16, ddp on one GPU) with
 `--micro_batch_size auto`; the B it chose (run.json), the peak memory of its real steps (log.jsonl's
