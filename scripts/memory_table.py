@@ -1,6 +1,6 @@
 """Activations per sequence and the largest micro-batch per GPU for each GPT-2 preset (docs/PERFORMANCE.md, "Memory").
 
-    python scripts/memory_table.py [--seq_len 1024] [--every 2] [--state]
+    python scripts/memory_table.py [--seq_len 1024] [--every 2] [--state] [--models gpt2 gpt2-xl]
 
 For each preset and activation_checkpointing setting (none, selective with one block in every
 `--every` recomputed, full): the activation bytes of one more sequence, and the largest
@@ -27,7 +27,6 @@ allocator and transient buffers: an estimate, not a GPU measurement.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -37,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # the model's arithmetic (model state, activations per sequence, the largest micro-batch) is the trainer's
 # --estimate's; this script measures the activations it rests on (benchmarks/activations.py)
 from benchmarks.activations import activation_costs, params_of  # noqa: E402
+from common.errors import ArgumentParser, run_cli  # noqa: E402
 from launch.estimate import GIB, STATE_BYTES, largest_batch  # noqa: E402
 from model import PRESETS  # noqa: E402
 
@@ -55,27 +55,31 @@ def state_table() -> None:
                   + " | ".join(f"{state_bytes(params, n) / GIB:.1f} GiB" for n in GPUS) + " |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="scripts/memory_table.py", description=__doc__)
     parser.add_argument("--seq_len", type=int, default=1024)
     parser.add_argument("--every", type=int, default=2, help="selective: one block in every N recomputed")
     parser.add_argument("--state", action="store_true", help="the model state per GPU table instead")
-    args = parser.parse_args()
+    parser.add_argument("--models", nargs="+", choices=list(PRESETS), default=list(PRESETS), help="the presets")
+    args = parser.parse_args(argv)
     if args.state:
-        return state_table()
+        state_table()
+        return 0
     settings = {"none": 0, f"selective (1 in {args.every})": args.every, "full": 1}
     cards = " | ".join([f"{CARDS_GIB[0]} GiB", *map(str, CARDS_GIB[1:])])  # largest micro-batch per card
     print(f"| model | activation checkpointing | activations per sequence | 1 GPU (ddp): {cards} "
           f"| 8 GPUs (fsdp): {cards} |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in range(2 * len(CARDS_GIB))) + " |")
-    for name, shape in PRESETS.items():
+    for name in args.models:
+        shape = PRESETS[name]
         params, costs = params_of(shape), activation_costs(shape, args.seq_len)
         for label, every in settings.items():
             per_seq = costs.per_sequence(shape["n_layer"], every)
             fits = [largest_batch(gib, STATE_BYTES[strategy](params, n), costs, per_seq)
                     for strategy, n in (("ddp", 1), ("fsdp", 8)) for gib in CARDS_GIB]
             print(f"| {name} | {label} | {per_seq / GIB:.2f} GiB | " + " | ".join(map(str, fits)) + " |", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

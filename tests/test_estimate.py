@@ -184,6 +184,23 @@ def test_memory_table_keeps_its_arithmetic():
     assert est.auto_micro_batch(config(), fits=50, gpus=8) == 32
 
 
+def test_memory_table_prints_the_model_state_per_gpu_and_refuses_an_unknown_preset(capfd):
+    """`scripts/memory_table.py --state`: a row per preset and strategy, 16 bytes a parameter on every GPU under ddp,
+    less on more GPUs under fsdp; a preset it does not know is one error line, exit 2."""
+    from scripts import memory_table
+
+    assert run_cli(memory_table.main, ["--state"]) == 0
+    rows = [line.split(" | ") for line in capfd.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[2]) for r in rows] == [(f"| {m}", s) for m in PRESETS for s in est.STATE_BYTES]
+    ddp = next(r for r in rows if r[0] == "| gpt2" and r[2] == "ddp")
+    fsdp = next(r for r in rows if r[0] == "| gpt2" and r[2] == "fsdp")
+    assert ddp[1] == "124M" and ddp[3:] == ["1.9 GiB"] * 3 + ["1.9 GiB |"]
+    assert fsdp[3] == "1.9 GiB" and fsdp[-1] == "0.6 GiB |"  # 12/8 + 4 bytes a parameter on 8 GPUs
+    assert run_cli(memory_table.main, ["--models", "gpt9"]) == 2
+    (line,) = capfd.readouterr().err.splitlines()
+    assert line.startswith("error: scripts/memory_table.py: argument --models: invalid choice: 'gpt9'")
+
+
 def test_the_estimate_needs_no_torch():
     """launch/estimate.py and every project module it imports (at any depth, in functions too) import no torch."""
     seen, todo = set(), ["launch.estimate"]
