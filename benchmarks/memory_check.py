@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.activations import activation_costs, params_of  # noqa: E402
 from launch.estimate import GIB, STATE_BYTES, largest_batch  # noqa: E402
 from model import PRESETS  # noqa: E402
+from training.core.logger import LOG_NAME, read_log  # noqa: E402
 
 SETTINGS = {"none": 0, "selective": 2, "full": 1}  # activation_checkpointing -> recompute one block in every N
 TINY = dict(n_layer=2, n_head=2, n_embd=64)
@@ -62,8 +63,7 @@ def one_setting(model: str, setting: str, args, costs, params: int, n_layer: int
     if done.returncode != 0:
         return {**row, "error": (done.stderr.strip().splitlines() or [""])[-1][:300]}
     record = json.loads((out / "run.json").read_text())["micro_batch_size"]
-    trains = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if '"train"' in line]
-    trains = [r for r in trains if r.get("kind") == "train"]
+    trains = [r for r in read_log(out / LOG_NAME) if r.get("kind") == "train"]
     chosen = record["chosen"]
     per_seq = costs.per_sequence(n_layer, SETTINGS[setting])
     state = STATE_BYTES["ddp"](params, 1)
