@@ -181,14 +181,12 @@ def report(out, *sources):
     if merged["spread"]:
         md += [f"Spread over {len(merged['spread'])} GPUs, one invocation each, side by side: "
                + "; ".join(f"GPU {s['gpu']}: {' '.join(s['parts'])}" for s in merged["spread"]), ""]
-    if merged["tests"]:
-        md += ["## Correctness: pytest -m gpu tests/test_gpu.py", "",
-               "| test | outcome | s | note |", "| --- | --- | --- | --- |"]
-        for t in merged["tests"]:
-            notes = [f"{k}: {v}" for k, v in t.items() if k not in ("test", "outcome", "seconds", "message")]
-            note = "; ".join(notes + [t["message"]] if t["message"] else notes)
-            md.append(f"| {t['test']} | {t['outcome']} | {t['seconds']:.1f} | {note} |")
-        md.append("")
+    def note(test):  # the test's properties (record_property), then its failure's first line
+        notes = [f"{k}: {v}" for k, v in test.items() if k not in ("test", "outcome", "seconds", "message")]
+        return "; ".join(notes + [test["message"]] if test["message"] else notes)
+
+    md += table("Correctness: pytest -m gpu tests/test_gpu.py", ["test", "outcome", "s", "note"],
+                [[t["test"], t["outcome"], f"{t['seconds']:.1f}", note(t)] for t in merged["tests"]])
     rows = merged["rows"]
     reference = next((r for r in rows if r["label"].startswith("reference")), None)
     one_gpu = [r for r in rows if r.get("world_size", 1) == 1]  # the reference and the targets are one GPU's
@@ -245,14 +243,10 @@ def report(out, *sources):
                 ["variant", "kernel", "ms", "share of busy time", "calls"],
                 [[r["label"], k["name"][:90], f"{k['ms']:.1f}", f"{k['share']:.1%}", k["calls"]]
                  for r in rows for k in r.get("top_kernels", [])])
-    if numerics:
-        md += [f"## Numerics: final loss after the same steps on the same tokens (tolerance {NUMERICS_TOL})", "",
-               "| variant | steps | final loss | vs first | within |", "| --- | --- | --- | --- | --- |"]
-        for group in numerics:
-            for r in group["rows"]:
-                md.append(f"| {r['label']} | {group['steps']} | {r['final_loss']:.5f} | {r['delta']:+.5f} "
-                          f"| {'yes' if r['within_tolerance'] else 'NO'} |")
-        md.append("")
+    md += table(f"Numerics: final loss after the same steps on the same tokens (tolerance {NUMERICS_TOL})",
+                ["variant", "steps", "final loss", "vs first", "within"],
+                [[r["label"], group["steps"], f"{r['final_loss']:.5f}", f"{r['delta']:+.5f}",
+                  "yes" if r["within_tolerance"] else "NO"] for group in numerics for r in group["rows"]])
     md += table("Checkpoints: benchmarks/bench_checkpoint.py (save: blocking / until complete; or load)",
                 ["variant", "params", "blocking s", "total s", "GB on disk", "GB/s", "load s", "peak host GiB",
                  "peak GPU GiB"],
