@@ -240,7 +240,7 @@ class GPT(nn.Module):
         """Activation checkpointing: one block in every `every` (blocks 0, every, 2 * every, ...) keeps only
         its input for backward and recomputes the rest there; 1 is every block, 0 none (the default).
 
-        A block's activations are most of a training step's memory (scripts/activation_memory.py);
+        A block's activations are most of a training step's memory (benchmarks/activations.py);
         recomputing them costs about one more forward of those blocks. The math is unchanged.
         """
         if every < 0:

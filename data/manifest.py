@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from common.atomic_file import atomic_write
+from data.shards import shard_files
 from data.tokenizer import EOT_TOKEN
 from common.errors import DataError
 
@@ -113,6 +114,6 @@ def data_fingerprint(data_dir: str | os.PathLike) -> str:
             listed.update({s["name"]: s["sha256"] for s in read_json(manifest)["shards"]})
         except (KeyError, TypeError):
             raise DataError(f"{manifest}: malformed shard list; re-run the prep with --overwrite") from None
-    shards = sorted({*data_dir.glob("*_val_*.npy"), *data_dir.glob("*_train_*.npy")})
+    shards = shard_files(data_dir)
     entries = [[p.name, p.stat().st_size, listed.get(p.name, "")] for p in shards]
     return hashlib.sha256(json.dumps(entries).encode()).hexdigest()[:16]

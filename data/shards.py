@@ -20,8 +20,21 @@ SHARD_DTYPE = np.uint16  # GPT-2 ids are < 50257 < 2**16
 SMALL_CORPUS_VAL_FRACTION = 0.1  # share of a corpus smaller than one shard that goes to val
 
 
+SPLITS = ("val", "train")
+
+
 def shard_name(prefix: str, split: str, index: int) -> str:
     return f"{prefix}_{split}_{index:06d}.npy"
+
+
+def shard_glob(split: str) -> str:
+    """The pattern of a split's shards in a folder, whatever their prefix: what the trainer reads."""
+    return f"*_{split}_*.npy"
+
+
+def shard_files(data_dir: str | os.PathLike, *splits: str) -> list[Path]:
+    """The shards of the given splits (default: both) in a folder, sorted by name; none for a missing folder."""
+    return sorted({path for split in splits or SPLITS for path in Path(data_dir).glob(shard_glob(split))})
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> None:
@@ -67,12 +80,12 @@ def find_shards(data_dir: str | os.PathLike, split: str, key: str = "data_dir") 
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataError(f"{key} {data_dir}: no such directory (prepare data first, e.g. `python prep/fineweb.py`)")
-    shards = sorted(data_dir.glob(f"*_{split}_*.npy"))
+    shards = shard_files(data_dir, split)
     if not shards:
         unfinished = sorted(data_dir.glob("*_progress.json"))  # data/manifest.py's record of a prep under way
         hint = (f"a prep into it has not finished ({unfinished[0].name}): run its command again to continue it"
                 if unfinished else "prepare data first, e.g. `python prep/fineweb.py`")
-        raise DataError(f"{key} {data_dir}: no {split} shards (*_{split}_*.npy); {hint}")
+        raise DataError(f"{key} {data_dir}: no {split} shards ({shard_glob(split)}); {hint}")
     return shards
 
 

@@ -63,7 +63,7 @@ from data.manifest import (  # noqa: E402
     MANIFEST_FORMAT, manifest_path, prep_files, progress_path, read_json, shard_record, write_json_atomic,
     write_manifest,
 )
-from data.shards import ShardWriter, open_shard  # noqa: E402
+from data.shards import ShardWriter, open_shard, shard_files  # noqa: E402
 from data.tokenizer import BPE_RANKS_SHA256, EOT_TOKEN, get_tokenizer  # noqa: E402
 from common.errors import ArgumentParser, ConfigError, DataError, ReproError, print_warning, run_cli  # noqa: E402
 from common.settings import path_argument, require  # noqa: E402
@@ -547,7 +547,7 @@ def prepare(source, out: Path, prefix: str, settings: dict, num_proc: int, overw
     run = json.loads(json.dumps({"source": source.identity, "settings": {"prefix": prefix, **settings},
                                  "tokenizer_sha256": BPE_RANKS_SHA256}))  # as it reads back from JSON
     record = start_or_resume(out, prefix, run, overwrite)
-    if others := sorted({*out.glob("*_val_*.npy"), *out.glob("*_train_*.npy")} - set(prep_files(out, prefix))):
+    if others := sorted(set(shard_files(out)) - set(prep_files(out, prefix))):
         print_warning(f"{out} also holds shards of another prefix ({others[0].name}, ...); "
                       f"the trainer reads every *_train_*.npy and *_val_*.npy in it")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from common.cpu_malloc import CPU_MALLOC
 from common.errors import ConfigError, DataError, ReproError
 from common.log_fields import BPB
 from evals.run_comparison import run_figures
@@ -26,9 +27,6 @@ from training.core.logger import LOG_NAME, read_log, write_text_file
 
 TRAINER = REPO / "train_gpt2.py"
 SBATCH = REPO / "scripts" / "slurm.sbatch"
-# glibc returns a large tensor's memory to the OS after each step and faults it back in on the next: CPU training
-# is about 1.7x faster with it kept mapped (the Makefile's CPU_MALLOC)
-CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "17179869184", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
 METRICS = {"loss": "final val loss", "bpb": "final val bpb"}  # run_figures()'s names of a run's final figures
 LOGGED = {"loss": "loss", "bpb": BPB}  # their fields in the final val record
 

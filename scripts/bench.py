@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: train_gpt2, data, training
 
-from data.shards import shard_name, write_shard  # noqa: E402
+from data.shards import shard_files, shard_name, write_shard  # noqa: E402
 from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
 
 
@@ -128,24 +127,6 @@ def describe_run(cfg, world_size: int) -> dict:
     }
 
 
-def scaling(rows: list[dict]) -> list[dict]:
-    """Each row of a run on several GPUs beside the same run's row on one: rows labelled NAME-<N>gpu
-    (scripts/bench_gpu.sh, group multigpu), paired by NAME with the one whose world_size is 1.
-
-    tokens/s per GPU = tokens/s / N; scaling efficiency = tokens/s on N GPUs / (N x tokens/s on one):
-    1.0 when N GPUs do N times the work of one, as the README's time for 8 GPUs assumes.
-    """
-    named = [(m.group(1), row) for row in rows if (m := re.fullmatch(r"(.+)-\d+gpu", row["label"]))]
-    one = {name: row for name, row in named if row["world_size"] == 1}
-    return [{"label": row["label"], "model": row.get("model"), "baseline": one[name]["label"],
-             "world_size": row["world_size"],
-             "tokens_per_sec": row["tokens_per_sec"], "per_gpu": row["tokens_per_sec"] / row["world_size"],
-             "baseline_tokens_per_sec": one[name]["tokens_per_sec"],
-             "efficiency": row["tokens_per_sec"] / (row["world_size"] * one[name]["tokens_per_sec"]),
-             "ms_per_step": row["ms_per_step"], "baseline_ms_per_step": one[name]["ms_per_step"]}
-            for name, row in named if row["world_size"] > 1 and name in one]
-
-
 def table(row: dict) -> str:
     mfu = f"{100 * row['mfu']:.1f}%" if row.get("mfu") is not None else "-"
     mem = f"{row['peak_mem_gb']:.1f}" if row.get("peak_mem_gb") is not None else "-"
@@ -195,7 +176,7 @@ def main(argv: list[str]) -> int:
         total_steps = args.warmup + args.steps
         steps_run = total_steps + bool(args.profile_top)  # the profiled step, when asked for, comes last
         user_data = user_cfg.data
-        if not any(Path(user_data.data_dir).glob("*_train_*.npy")):
+        if not shard_files(user_data.data_dir, "train"):
             # no shards where the config points: random tokens. Every rank writes its own
             # identical copy, so no coordination is needed before the process group exists.
             generate_shards(work / "data", steps_run * user_data.total_batch_size + 1,

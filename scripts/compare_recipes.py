@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 from common.errors import ArgumentParser, run_cli  # noqa: E402
 from evals.run_comparison import compare, format_rows, summary  # noqa: E402
 from scaling_ladder.plan import RECIPES as RECIPE_CONFIGS, recipe_arguments  # noqa: E402
-from scaling_ladder.runs import CPU_MALLOC  # noqa: E402
+from common.cpu_malloc import CPU_MALLOC  # noqa: E402
 from training.core.logger import read_log  # noqa: E402
 
 DEMO = REPO / "configs" / "demo.yaml"

@@ -1,6 +1,6 @@
 """Activations per sequence and the largest micro-batch per GPU for each GPT-2 preset (docs/PERFORMANCE.md, "Memory").
 
-    python scripts/memory_table.py [--seq_len 1024] [--every 2] [--state]
+    python scripts/memory_table.py [--seq_len 1024] [--every 2] [--state] [--models gpt2 gpt2-xl]
 
 For each preset and activation_checkpointing setting (none, selective with one block in every
 `--every` recomputed, full): the activation bytes of one more sequence, and the largest
@@ -15,7 +15,7 @@ with gradient accumulation FSDP needs 12/N + 4 bytes per parameter.
 
 Activations are measured, not estimated: the bytes autograd saves for backward in a
 bf16-autocast training forward with the fused loss (eager, flash attention; see
-scripts/activation_memory.py), at B=1 and B=2 (their difference is one sequence) on 1- and
+benchmarks/activations.py), at B=1 and B=2 (their difference is one sequence) on 1- and
 2-layer models of each preset's width at the full seq_len, plain and recomputed: what the
 embeddings and the loss keep, what one plain block keeps, and what one recomputed block keeps
 (its input). The preset's depth is then exact arithmetic, because every block saves the same.
@@ -27,43 +27,21 @@ allocator and transient buffers: an estimate, not a GPU measurement.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from activation_memory import saved_bytes  # noqa: E402  (scripts/ is this script's own folder)
 # the model's arithmetic (model state, activations per sequence, the largest micro-batch) is the trainer's
-# --estimate's; this script measures the activations it rests on
-from launch.estimate import GIB, STATE_BYTES, ActivationCosts, largest_batch  # noqa: E402
-from model import GPT, PRESETS, GPTConfig  # noqa: E402
+# --estimate's; this script measures the activations it rests on (benchmarks/activations.py)
+from benchmarks.activations import activation_costs, params_of  # noqa: E402
+from common.errors import ArgumentParser, run_cli  # noqa: E402
+from launch.estimate import GIB, STATE_BYTES, largest_batch  # noqa: E402
+from model import PRESETS  # noqa: E402
 
 GPUS = (1, 2, 4, 8)
 CARDS_GIB = (12, 16, 24, 40, 80)
-
-
-def activation_costs(shape: dict, seq_len: int, chunk: int = 8192) -> ActivationCosts:
-    """Measure ActivationCosts on 1- and 2-layer models of the preset's width (bf16 autocast, the fused loss)."""
-    def one_sequence(n_layer: int, every: int) -> tuple[int, int]:
-        """(bytes of one more sequence, bytes that do not grow with B)"""
-        torch.manual_seed(0)
-        model = GPT(GPTConfig(**{**shape, "n_layer": n_layer}))
-        model.recompute_blocks(every)
-        one, two = (saved_bytes(model, batch, seq_len, chunk) for batch in (1, 2))
-        return two - one, 2 * one - two
-
-    (one, fixed), (two, _), (one_recomputed, _) = one_sequence(1, 0), one_sequence(2, 0), one_sequence(1, 1)
-    plain_block = two - one
-    return ActivationCosts(fixed=fixed, outside=one - plain_block, plain_block=plain_block,
-                           recomputed_block=one_recomputed - (one - plain_block))
-
-
-def params_of(shape: dict) -> int:
-    with torch.device("meta"):
-        return GPT(GPTConfig(**shape)).num_params()
 
 
 def state_table() -> None:
@@ -77,27 +55,31 @@ def state_table() -> None:
                   + " | ".join(f"{state_bytes(params, n) / GIB:.1f} GiB" for n in GPUS) + " |")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="scripts/memory_table.py", description=__doc__)
     parser.add_argument("--seq_len", type=int, default=1024)
     parser.add_argument("--every", type=int, default=2, help="selective: one block in every N recomputed")
     parser.add_argument("--state", action="store_true", help="the model state per GPU table instead")
-    args = parser.parse_args()
+    parser.add_argument("--models", nargs="+", choices=list(PRESETS), default=list(PRESETS), help="the presets")
+    args = parser.parse_args(argv)
     if args.state:
-        return state_table()
+        state_table()
+        return 0
     settings = {"none": 0, f"selective (1 in {args.every})": args.every, "full": 1}
     cards = " | ".join([f"{CARDS_GIB[0]} GiB", *map(str, CARDS_GIB[1:])])  # largest micro-batch per card
     print(f"| model | activation checkpointing | activations per sequence | 1 GPU (ddp): {cards} "
           f"| 8 GPUs (fsdp): {cards} |")
     print("| --- | --- | --- | " + " | ".join("---" for _ in range(2 * len(CARDS_GIB))) + " |")
-    for name, shape in PRESETS.items():
+    for name in args.models:
+        shape = PRESETS[name]
         params, costs = params_of(shape), activation_costs(shape, args.seq_len)
         for label, every in settings.items():
             per_seq = costs.per_sequence(shape["n_layer"], every)
             fits = [largest_batch(gib, STATE_BYTES[strategy](params, n), costs, per_seq)
                     for strategy, n in (("ddp", 1), ("fsdp", 8)) for gib in CARDS_GIB]
             print(f"| {name} | {label} | {per_seq / GIB:.2f} GiB | " + " | ".join(map(str, fits)) + " |", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

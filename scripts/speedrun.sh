@@ -66,7 +66,7 @@ if [ "$shrink" = 1 ]; then
            --checkpoint_interval 3 --hellaswag_interval 0 "${extra[@]}")
     gpus="${SPEEDRUN_GPUS:-2}"
     gpu="${SPEEDRUN_GPU:-H100}"  # no GPU here: the estimate is the shrunk run's, as if on these GPUs
-    export MALLOC_MMAP_THRESHOLD_=17179869184 MALLOC_TRIM_THRESHOLD_=17179869184  # the Makefile's CPU_MALLOC
+    set -a && . common/cpu_malloc.env && set +a  # the CPU's malloc settings, exported (the Makefile's CPU_MALLOC)
 elif [ "$shrink" = 0 ]; then
     if [ -z "${SPEEDRUN_GPUS:-}" ] || [ -z "${SPEEDRUN_GPU:-}" ]; then
         command -v nvidia-smi > /dev/null || fail "no nvidia-smi: no GPU to train on here; set SPEEDRUN_GPUS and " \

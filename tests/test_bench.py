@@ -62,7 +62,7 @@ def test_bench_reports_what_runs_on_the_cpu_of_a_gpu_machine(monkeypatch):
         "cuda", True, "bfloat16", "NVIDIA H100 80GB HBM3")
 
 
-# --- scripts/bench_gpu.sh (issue 44: `python3` without torch printed a traceback per variant and exited 0) ------
+# --- benchmarks/bench_gpu.sh (issue 44: `python3` without torch printed a traceback per variant and exited 0) ------
 
 def bench_gpu(tmp_path, *groups: str, **env: str):
     import os
@@ -70,7 +70,7 @@ def bench_gpu(tmp_path, *groups: str, **env: str):
 
     from conftest import REPO
 
-    return subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), str(tmp_path / "results"), *groups],
+    return subprocess.run(["bash", str(REPO / "benchmarks" / "bench_gpu.sh"), str(tmp_path / "results"), *groups],
                           capture_output=True, text=True, cwd=tmp_path, env={**os.environ, **env})
 
 
@@ -132,28 +132,11 @@ def test_a_profiled_step_after_the_timed_ones_names_the_costliest_work_and_chang
     assert all(k["calls"] >= 1 and 0 < k["share"] <= 1 for k in top)
 
 
-# --- the multi-GPU figures: scaling efficiency (scripts/bench.py) and all-reduce bandwidth (scripts/bench_allreduce.py)
-
-def test_scaling_pairs_each_multi_gpu_row_with_the_same_runs_one_gpu_row():
-    """tokens/s per GPU and efficiency = tokens/s(N) / (N x tokens/s(1)); rows of other runs, or without a one-GPU
-    row of their own, are left out."""
-    from scripts import bench
-
-    def row(label, world_size, tokens_per_sec):
-        return {"label": label, "world_size": world_size, "tokens_per_sec": tokens_per_sec, "ms_per_step": 1000.0}
-
-    rows = [row("124m-compile-plain-b64", 1, 500_000.0), row("124m-ddp-1gpu", 1, 480_000.0),
-            row("124m-ddp-8gpu", 8, 3_456_000.0), row("350m-ddp-4gpu", 4, 600_000.0)]
-    (scaled,) = bench.scaling(rows)
-    assert (scaled["label"], scaled["baseline"], scaled["world_size"]) == ("124m-ddp-8gpu", "124m-ddp-1gpu", 8)
-    assert scaled["per_gpu"] == 432_000.0 and scaled["efficiency"] == pytest.approx(0.9)  # 432K of 480K per GPU
-    assert bench.scaling([row("124m-ddp-2gpu", 2, 960_000.0), row("124m-ddp-1gpu", 1, 480_000.0)])[0][
-        "efficiency"] == pytest.approx(1.0)  # the one-GPU row may come after
-
+# --- the all-reduce bandwidth of benchmarks/bench_allreduce.py
 
 def test_allreduce_bandwidths_are_nccl_tests_algbw_and_busbw():
     """algbw = bytes / time; busbw = algbw x 2(N-1)/N: on 2 ranks the same, on 8 1.75x it."""
-    from scripts import bench_allreduce
+    from benchmarks import bench_allreduce
 
     assert bench_allreduce.bandwidths(10**9, 0.5, 2) == (2.0, 2.0)
     algbw, busbw = bench_allreduce.bandwidths(498_000_000, 0.004, 8)
@@ -165,7 +148,7 @@ def test_allreduce_times_ddps_bucket_and_the_whole_gradient_in_float32_and_bfloa
     GPT-2 124M's 124,475,904 (the 50,304-row embedding tied to the lm_head)."""
     import torch
 
-    from scripts import bench_allreduce
+    from benchmarks import bench_allreduce
 
     elements = bench_allreduce.gradient_elements("gpt2", dry_run=False)
     assert elements == 124_475_904

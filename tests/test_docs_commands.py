@@ -67,7 +67,7 @@ SYNOPSIS = re.compile(r"\[[^\[\]]*(?:\.\.\.|\|)[^\[\]]*\]|(?<!\S)\.\.\.(?!\S)")
 EXCEPTIONS = {
     # lm-evaluation-harness's own CLI (`lm_eval --model hf ...` on an export): tests/test_lm_eval.py runs it
     "lm_eval": "lm-evaluation-harness's own command line, run by tests/test_lm_eval.py on an export",
-    # build-nanogpt, cloned for the GPU check's reference loop (PERFORMANCE.md, scripts/gpu_reference.py)
+    # build-nanogpt, cloned for the GPU check's reference loop (PERFORMANCE.md, benchmarks/gpu_reference.py)
     "git clone": "another repository, cloned over the network for the GPU check's reference loop",
     # make install's probe of PyTorch's CPU wheel index (standard library only, before anything is installed):
     # no argument parser, its one argument a URL it asks over the network
@@ -168,7 +168,7 @@ def doc_commands() -> list[Command]:
 # --- the entry points and their --help ------------------------------------------------------------------
 
 ENTRY_POINTS = sorted(str(p.relative_to(REPO)) for p in [*REPO.glob("*.py"), *REPO.glob("prep/*.py"),
-                                                             *REPO.glob("scripts/*.py")]
+                                                             *REPO.glob("scripts/*.py"), *REPO.glob("benchmarks/*.py")]
                       if re.search(r"^def main\(", p.read_text(), re.M))
 
 
@@ -296,7 +296,7 @@ def check_bash(script: str, args: list[str], env: dict[str, str], tmp: Path) -> 
     assert path.is_file(), f"no {script}"
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, f"{script}: not valid bash"
     text = path.read_text()
-    if script == "scripts/bench_gpu.sh":  # its groups, listed without running a variant
+    if script == "benchmarks/bench_gpu.sh":  # its groups, listed without running a variant
         proc = subprocess.run(["bash", str(path), "-", *args[1:]], capture_output=True, text=True, cwd=REPO,  # RESULTS
                               env={**subprocess.os.environ, **env, "BENCH_LIST": "1"})
         assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr
@@ -391,7 +391,7 @@ def test_every_documented_command_works_as_shown(tmp_path, monkeypatch, capsys):
 
 
 def test_every_entry_point_has_a_help_whose_examples_work(tmp_path, monkeypatch, capsys):
-    """`python SCRIPT --help` for every entry point (a main() in the top folder, prep/ or scripts/), and the
+    """`python SCRIPT --help` for every entry point (a main() in the top folder, prep/, scripts/ or benchmarks/), and the
     example commands its help shows, checked like the documents' commands."""
     failures = []
     for script in ENTRY_POINTS:

@@ -128,17 +128,15 @@ def test_a_real_checkpoint_has_the_estimated_size(tmp_path):
 
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("every", [0, 2, 1])
-def test_the_activation_arithmetic_is_what_a_small_model_saves(fused, every, monkeypatch):
-    """scripts/memory_table.py's measurement (the bytes autograd saves in a bf16-autocast forward, at B = 1 and 2,
+def test_the_activation_arithmetic_is_what_a_small_model_saves(fused, every):
+    """benchmarks/activations.py's measurement (the bytes autograd saves in a bf16-autocast forward, at B = 1 and 2,
     on 1- and 2-layer models) of a small shape, against the estimate's arithmetic: to the byte a sequence; and what
     does not grow with B, measured on the whole model, but the few kilobytes the loss keeps beside its weights."""
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    import memory_table
-    from activation_memory import saved_bytes
+    from benchmarks.activations import activation_costs, saved_bytes
 
     shape = est.Shape("custom", 3, 2, 64, 512, 64, seq_len=64)
     chunk = 32 if fused else 0
-    measured = memory_table.activation_costs(dict(n_head=2, n_embd=64, vocab_size=512, block_size=64), 64, chunk)
+    measured = activation_costs(dict(n_head=2, n_embd=64, vocab_size=512, block_size=64), 64, chunk)
     assert est.scaled_activation_costs(shape, fused, every).per_sequence(3, every) == measured.per_sequence(3, every)
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=64, vocab_size=512, block_size=64))
@@ -184,6 +182,23 @@ def test_memory_table_keeps_its_arithmetic():
     assert est.STATE_BYTES["ddp"](1000, 8) == 16_000 and est.STATE_BYTES["fsdp"](1000, 8) == 12_000 / 8 + 4_000
     assert est.auto_micro_batch(config(), fits=100, gpus=8) == 64  # 512 rows a step, 64 a rank
     assert est.auto_micro_batch(config(), fits=50, gpus=8) == 32
+
+
+def test_memory_table_prints_the_model_state_per_gpu_and_refuses_an_unknown_preset(capfd):
+    """`scripts/memory_table.py --state`: a row per preset and strategy, 16 bytes a parameter on every GPU under ddp,
+    less on more GPUs under fsdp; a preset it does not know is one error line, exit 2."""
+    from scripts import memory_table
+
+    assert run_cli(memory_table.main, ["--state"]) == 0
+    rows = [line.split(" | ") for line in capfd.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[2]) for r in rows] == [(f"| {m}", s) for m in PRESETS for s in est.STATE_BYTES]
+    ddp = next(r for r in rows if r[0] == "| gpt2" and r[2] == "ddp")
+    fsdp = next(r for r in rows if r[0] == "| gpt2" and r[2] == "fsdp")
+    assert ddp[1] == "124M" and ddp[3:] == ["1.9 GiB"] * 3 + ["1.9 GiB |"]
+    assert fsdp[3] == "1.9 GiB" and fsdp[-1] == "0.6 GiB |"  # 12/8 + 4 bytes a parameter on 8 GPUs
+    assert run_cli(memory_table.main, ["--models", "gpt9"]) == 2
+    (line,) = capfd.readouterr().err.splitlines()
+    assert line.startswith("error: scripts/memory_table.py: argument --models: invalid choice: 'gpt9'")
 
 
 def test_the_estimate_needs_no_torch():

@@ -367,15 +367,14 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
     import bench
     import compare_recipes
-    import memory_check
-    import repro_check
+    from benchmarks import memory_check, repro_check
     from launch.config import parse_args
     from training.run.micro_batch import candidate_sizes
 
     launches, world_sizes = {}, {}
     # the default groups, then group multigpu's variants as a node of 8 GPUs and one of 3 would run them
     for gpus, groups in (("", []), ("8", ["multigpu"]), ("3", ["multigpu"])):
-        listing = subprocess.run(["bash", str(REPO / "scripts" / "bench_gpu.sh"), "-", *groups],
+        listing = subprocess.run(["bash", str(REPO / "benchmarks" / "bench_gpu.sh"), "-", *groups],
                                  env=dict(os.environ, BENCH_LIST="1", BENCH_GPUS=gpus), capture_output=True, text=True,
                                  timeout=guard(60))
         assert listing.returncode == 0, listing.stderr

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import test_gpu
+from common.cpu_malloc import CPU_MALLOC
 from conftest import REPO
 from slowness import guard
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.gpu_check
 
 
 # A stand-in for build-nanogpt's train_gpt2.py, whose code may not live in this repository: the
-# definitions scripts/gpu_reference.py loads, on our model, around statements that must not run.
+# definitions benchmarks/gpu_reference.py loads, on our model, around statements that must not run.
 REFERENCE_STAND_IN = """
 import os
 import numpy as np
@@ -84,8 +85,7 @@ def gpu_check(tmp_path_factory):
     reference = root / "ref" / "train_gpt2.py"
     reference.parent.mkdir()
     reference.write_text(REFERENCE_STAND_IN)
-    env = dict(os.environ, GPU_CHECK_DRY_RUN="1", GPU_REFERENCE=str(reference), PYTHON=sys.executable,
-               MALLOC_MMAP_THRESHOLD_="17179869184", MALLOC_TRIM_THRESHOLD_="17179869184",
+    env = dict(os.environ, GPU_CHECK_DRY_RUN="1", GPU_REFERENCE=str(reference), PYTHON=sys.executable, **CPU_MALLOC,
                BENCH_ONLY=" ".join(DRY_RUN_SPEED + DRY_RUN_RECOMPUTE + DRY_RUN_MULTIGPU + ["reference-*"]),
                GPU_CHECK_TESTS=DRY_RUN_TEST)
     env.pop("OUT", None)
@@ -346,10 +346,9 @@ def test_gpu_check_report_merges_the_calls_into_one_summary(gpu_check):
 
 
 def test_the_preemption_check_names_each_way_a_preempted_run_can_go_wrong():
-    """scripts/preemption_check.py's verdict on two launches: none for a stop mid-run resumed where it stopped,
+    """benchmarks/preemption_check.py's verdict on two launches: none for a stop mid-run resumed where it stopped,
     one sentence for each thing that went wrong otherwise."""
-    sys.path.insert(0, str(REPO / "scripts"))
-    from preemption_check import check
+    from benchmarks.preemption_check import check
 
     def launch(console: str, newest: int | None, exit: int = 0) -> dict:
         return {"console": console, "newest": newest, "exit": exit, "error": "error: the reason"}

@@ -17,7 +17,7 @@ LAYERS = [
     {"evals"},
     {"launch"},
     {"train_gpt2", "sample", "eval_lm", "export_hf", "consolidate_checkpoint", "plot_log", "compare_runs", "ladder",
-     "scaling_ladder", "prep", "scripts"},
+     "scaling_ladder", "prep", "scripts", "benchmarks"},
 ]
 LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}
 # Inside training/, its sub-packages, bottom to top: a floor imports only the floors below it (README).

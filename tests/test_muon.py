@@ -137,8 +137,8 @@ def test_a_muon_run_under_fsdp_resumes_bitwise_on_the_same_ranks(straight, data,
 
 @pytest.mark.slow
 def test_the_muon_benchmark_times_each_variant_and_counts_each_ranks_share(tmp_path):
-    """scripts/bench_muon.py's rehearsal on 2 ranks: replicated does every matrix on each rank, the others half."""
-    proc = run_trainer(["--dry_run", "--steps", "1"], nproc=2, script="scripts/bench_muon.py")
+    """benchmarks/bench_muon.py's rehearsal on 2 ranks: replicated does every matrix on each rank, the others half."""
+    proc = run_trainer(["--dry_run", "--steps", "1"], nproc=2, script="benchmarks/bench_muon.py")
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["label"] for r in rows] == ["muon-replicated", "muon-whole", "muon-rows"]
     assert all(r["world_size"] == 2 and r["step_ms"] > 0 for r in rows)

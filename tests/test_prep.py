@@ -20,7 +20,7 @@ from conftest import REPO
 from slowness import guard
 from data.manifest import data_fingerprint, file_sha256, prep_files
 from common.errors import DataError
-from data.shards import ShardWriter, find_shards, open_shard
+from data.shards import ShardWriter, find_shards, open_shard, shard_files
 from data.tokenizer import EOT_TOKEN, get_tokenizer
 
 DOCS = [
@@ -301,6 +301,11 @@ def test_prep_files_match_only_this_prefix(tmp_path):
     assert [p.name for p in prep_files(tmp_path, "a")] == [
         ".a_progress.json.tmp", ".a_train_000003.npy.tmp", "a_manifest.json", "a_progress.json", "a_train_000001.npy",
         "a_train_000002.npy.tmp", "a_val_000000.npy"]
+    # what the trainer reads: every prefix's shards of a split, never a temp file or another name
+    assert [p.name for p in shard_files(tmp_path)] == [
+        "a_b_train_000001.npy", "a_train_000001.npy", "a_train_1.npy", "a_val_000000.npy", "ab_train_000001.npy"]
+    assert [p.name for p in shard_files(tmp_path, "val")] == ["a_val_000000.npy"]
+    assert shard_files(tmp_path / "missing") == []
 
 
 def test_data_fingerprint_follows_the_manifest_or_shard_names_and_sizes(tmp_path):
@@ -392,7 +397,7 @@ def test_hellaswag_prep_errors_are_one_line(tmp_path):
 @pytest.mark.slow
 def test_prep_benchmark_times_prep_and_a_reference(tmp_path):
     reference = f"{sys.executable} {REPO / 'prep' / 'fineweb.py'} --input {{input}} --out {{out}} --num_proc {{num_proc}}"
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_prep.py"), "--corpus_mb", "0.2", "--num_proc",
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_prep.py"), "--corpus_mb", "0.2", "--num_proc",
                            "1", "--repeat", "1", "--workdir", str(tmp_path), "--json", str(tmp_path / "r.json"),
                            "--reference", reference], capture_output=True, text=True, timeout=guard(300), env=prep_env())
     assert proc.returncode == 0, proc.stderr[-3000:]

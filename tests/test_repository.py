@@ -21,3 +21,16 @@ def test_the_license_is_the_mit_license_that_pyproject_and_the_model_card_name()
 def test_the_readme_stays_under_350_lines():
     """Issue 53: the status and the 124M table went in, and the README still reads in one sitting."""
     assert len((REPO / "README.md").read_text().splitlines()) < 350
+
+
+def test_the_cpu_malloc_settings_are_written_once_and_make_reads_the_same():
+    """common/cpu_malloc.env holds them; the Makefile's CPU_MALLOC and common/cpu_malloc.py read it alike."""
+    import subprocess
+
+    from common.cpu_malloc import CPU_MALLOC
+
+    proc = subprocess.run(["make", "-s", "--eval", 'print-malloc: ; @echo "$(CPU_MALLOC)"', "print-malloc"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [f"{key}={value}" for key, value in CPU_MALLOC.items()]
+    assert CPU_MALLOC == {"MALLOC_MMAP_THRESHOLD_": str(2**34), "MALLOC_TRIM_THRESHOLD_": str(2**34)}

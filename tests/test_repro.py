@@ -1,4 +1,4 @@
-"""The `deterministic` key and scripts/repro_check.py, the tool that says whether runs repeat bit for bit.
+"""The `deterministic` key and benchmarks/repro_check.py, the tool that says whether runs repeat bit for bit.
 
 On the CPU the kernels repeat anyway, so these tests check the mechanism: the key puts every
 training step under torch's deterministic mode and takes it off again; repro_check compares
@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO, base_args, run_trainer, train_losses, train_here
+from conftest import base_args, run_trainer, train_losses, train_here
 from slowness import guard
 
-sys.path.insert(0, str(REPO / "scripts"))
-
-import repro_check  # noqa: E402
-from common.errors import run_cli  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from benchmarks import repro_check
+from common.errors import run_cli
+from model import GPT, GPTConfig
 from training.core.runtime import deterministic_kernels  # noqa: E402
 
 

@@ -48,7 +48,7 @@ class Run:
     strategy: Strategy  # how model and optimizer are spread over the ranks
     scaler: torch.amp.GradScaler  # float16's loss scale (a no-op in every other dtype)
     # one folder, or several mixed by weight (data/mixture.py); None: a run without data, whose checkpoints
-    # scripts/bench_checkpoint.py times
+    # benchmarks/bench_checkpoint.py times
     train_loader: TrainLoader | MixtureLoader | None
     val_loaders: dict[str, ValLoader]  # the val sets by name (one, `val`, by default)
     grad_accum_steps: int

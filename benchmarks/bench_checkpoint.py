@@ -1,7 +1,7 @@
 """The preemption budget of a checkpoint: how long a save blocks the loop, how long until it is
 complete, its size and peak host memory per rank; and how long a resume takes to load it.
 
-    B="scripts/bench_checkpoint.py --model gpt2" D=/tmp/ckpt-bench
+    B="benchmarks/bench_checkpoint.py --model gpt2" D=/tmp/ckpt-bench
     torchrun --standalone --nproc_per_node=2 $B --format file --dir $D/file
     torchrun --standalone --nproc_per_node=2 $B --format sharded --dir $D/sync
     torchrun --standalone --nproc_per_node=2 $B --format sharded --async --dir $D/async

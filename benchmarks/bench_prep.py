@@ -1,7 +1,7 @@
 """Time prep/fineweb.py on a synthetic .jsonl corpus at several --num_proc (and, optionally, another prep).
 
-    python scripts/bench_prep.py --corpus_mb 100 --num_proc 1 2 --repeat 3
-    python scripts/bench_prep.py --reference "python /tmp/other_prep.py {input} {out} {num_proc}" [--reference ...]
+    python benchmarks/bench_prep.py --corpus_mb 100 --num_proc 1 2 --repeat 3
+    python benchmarks/bench_prep.py --reference "python /tmp/other_prep.py {input} {out} {num_proc}" [--reference ...]
 
 The corpus is generated once into --workdir (seeded: the same bytes on every machine): JSON
 Lines of documents made of GPT-2 vocabulary words drawn with a Zipf-like law, some
@@ -99,7 +99,7 @@ def machine() -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = ArgumentParser(prog="scripts/bench_prep.py", description=__doc__,
+    parser = ArgumentParser(prog="benchmarks/bench_prep.py", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus_mb", type=float, default=100.0, help="size of the synthetic corpus in MB")
     parser.add_argument("--seed", type=int, default=0, help="corpus seed")

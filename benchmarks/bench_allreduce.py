@@ -1,9 +1,9 @@
 """The all-reduce behind DDP's gradient sync, timed on every GPU of the machine: how fast the step's one
 all-reduce of the gradients can be.
 
-    torchrun --standalone --nproc_per_node=8 scripts/bench_allreduce.py                        # NCCL, GPT-2 124M
-    torchrun --standalone --nproc_per_node=8 scripts/bench_allreduce.py --model gpt2-xl --json allreduce.jsonl
-    torchrun --standalone --nproc_per_node=2 scripts/bench_allreduce.py --device cpu --dry_run  # gloo, the rehearsal
+    torchrun --standalone --nproc_per_node=8 benchmarks/bench_allreduce.py                        # NCCL, GPT-2 124M
+    torchrun --standalone --nproc_per_node=8 benchmarks/bench_allreduce.py --model gpt2-xl --json allreduce.jsonl
+    torchrun --standalone --nproc_per_node=2 benchmarks/bench_allreduce.py --device cpu --dry_run  # gloo, the rehearsal
 
 DDP all-reduces the gradients in buckets of 25 MiB (its bucket_cap_mb default, which the trainer keeps),
 in float32: the parameters are float32 under bf16 autocast, and so are their gradients. Timed here,
@@ -84,7 +84,7 @@ def buffers(bucket_mb: float, elements: int) -> list[tuple[str, int, str, torch.
 
 
 def main(argv: list[str]) -> int:
-    parser = ArgumentParser(prog="scripts/bench_allreduce.py", description=__doc__)
+    parser = ArgumentParser(prog="benchmarks/bench_allreduce.py", description=__doc__)
     parser.add_argument("--model", default="gpt2", choices=list(PRESETS), help="whose gradient is all-reduced whole")
     parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"], help="cuda: NCCL; cpu: gloo")
     parser.add_argument("--bucket_mb", type=float, default=DDP_BUCKET_MB, help="the bucket's size in MiB")

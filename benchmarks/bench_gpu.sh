@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The GPU benchmarks of docs/PERFORMANCE.md: one scripts/bench.py run (the trainer's real step) per variant.
 #
-#   bash scripts/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp longrun repro recompute
-#   DATA_DIR=data/shakespeare bash scripts/bench_gpu.sh  # real tokens: final_loss values compare (numerics)
-#   BENCH_DRY_RUN=1 bash scripts/bench_gpu.sh /tmp/b     # every variant as a 3-step tiny CPU run (plumbing)
-#   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash scripts/bench_gpu.sh DIR speed presets   # some labels only
-#   BENCH_LIST=1 bash scripts/bench_gpu.sh - [GROUP...]  # runs nothing; a line a variant: label, launcher
+#   bash benchmarks/bench_gpu.sh [RESULTS_DIR] [GROUP...]   # default: bench_results/; groups speed levers presets fsdp longrun repro recompute
+#   DATA_DIR=data/shakespeare bash benchmarks/bench_gpu.sh  # real tokens: final_loss values compare (numerics)
+#   BENCH_DRY_RUN=1 bash benchmarks/bench_gpu.sh /tmp/b     # every variant as a 3-step tiny CPU run (plumbing)
+#   BENCH_ONLY="124m-compile-plain-b32 1558m-*" bash benchmarks/bench_gpu.sh DIR speed presets   # some labels only
+#   BENCH_LIST=1 bash benchmarks/bench_gpu.sh - [GROUP...]  # runs nothing; a line a variant: label, launcher
 #                                                        # (python, or torchrun:N for N ranks), NAME=value words,
 #                                                        # arguments (tabs)
-#   bash scripts/bench_gpu.sh DIR multigpu               # DDP on every GPU against one GPU (not among the default
+#   bash benchmarks/bench_gpu.sh DIR multigpu               # DDP on every GPU against one GPU (not among the default
 #                                                        # groups; BENCH_GPUS: how many GPUs, else all torch sees)
 #
 # scripts/gpu_check.sh calls this for its speed, levers, presets and multigpu parts, among others. Each variant writes
@@ -128,16 +128,7 @@ LEVERS=(--model gpt2 --warmup 2 --steps 8 --micro_batch_size 64 --compile true -
 COMBINABLE=("loss-triton --loss_kernel triton" "fused-norm --fused_residual_norm true")
 
 faster() {  # label, baseline label: status 0 when both ran and label's tokens/s beat the baseline's
-    "$PY" - "$RESULTS/$1.json" "$RESULTS/$2.json" <<'PYTHON'
-import json
-import sys
-
-try:
-    lever, baseline = (json.load(open(path))["tokens_per_sec"] for path in sys.argv[1:])
-except (OSError, KeyError, ValueError):
-    sys.exit(1)
-sys.exit(0 if lever > baseline else 1)
-PYTHON
+    "$PY" scripts/gpu_check_report.py faster "$RESULTS/$1.json" "$RESULTS/$2.json"
 }
 
 group_levers() {  # each lever alone, the best combination, FP8 (modern recipe), then max-autotune (minutes to compile)
@@ -203,7 +194,7 @@ group_recompute() {  # what activation checkpointing costs per step against 124m
         --warmup 1 --steps 2
 }
 
-group_presets() {  # B from scripts/activation_memory.py's estimate (docs/PERFORMANCE.md), halved on out of memory
+group_presets() {  # B from the activations measured on the CPU (docs/PERFORMANCE.md, "Memory"), halved on out of memory
     fit 350m "32 16" --model gpt2-medium --compile true --warmup 2 --steps 4
     fit 774m "16 8"  --model gpt2-large  --compile true --warmup 2 --steps 3
     fit 1558m "8 4"  --model gpt2-xl     --compile true --warmup 1 --steps 2

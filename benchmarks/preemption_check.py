@@ -1,8 +1,8 @@
 """A short real run on every GPU, stopped by SIGTERM to torchrun mid-run, then launched again: it must go on
 from the checkpoint the signal saved and end where an uninterrupted run ends, its log continuous.
 
-    python scripts/preemption_check.py --out /tmp/preemption --data_dir data/edu_fineweb10B   # GPT-2 124M, all GPUs
-    python scripts/preemption_check.py --out /tmp/preemption --nproc 2 --max_steps 24 --signal_after 4 \\
+    python benchmarks/preemption_check.py --out /tmp/preemption --data_dir data/edu_fineweb10B   # GPT-2 124M, all GPUs
+    python benchmarks/preemption_check.py --out /tmp/preemption --nproc 2 --max_steps 24 --signal_after 4 \\
         --model custom --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --seq_len 32 --micro_batch_size 2 \\
         --total_batch_size 128 --device cpu --dtype float32 --compile false --val_tokens 64   # a CPU rehearsal
 
@@ -109,7 +109,7 @@ def check(first: dict, second: dict, steps: list[tuple[int, float]], max_steps: 
 
 
 def main(argv: list[str]) -> int:
-    parser = ArgumentParser(prog="scripts/preemption_check.py", description=__doc__)
+    parser = ArgumentParser(prog="benchmarks/preemption_check.py", description=__doc__)
     parser.add_argument("--out", required=True, help="an empty or new folder: the run (OUT/run) and the consoles")
     parser.add_argument("--nproc", type=int, default=None, help="ranks (default: every GPU visible)")
     parser.add_argument("--max_steps", type=int, default=30, help="the run's length in steps")

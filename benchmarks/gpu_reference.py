@@ -1,7 +1,7 @@
 """Time build-nanogpt's GPT-2 124M training step on this machine: the reference to beat.
 
-    python scripts/gpu_reference.py --json reference.json     # compiled, B=64, T=1024, 524,288 tokens/step
-    python scripts/gpu_reference.py --dry_run                  # the same plumbing on the CPU, tiny model, 3 steps
+    python benchmarks/gpu_reference.py --json reference.json     # compiled, B=64, T=1024, 524,288 tokens/step
+    python benchmarks/gpu_reference.py --dry_run                  # the same plumbing on the CPU, tiny model, 3 steps
 
 build-nanogpt (github.com/karpathy/build-nanogpt) is the compiled PyTorch GPT-2 loop this trainer
 is measured against (it publishes no H100 rate; 468K tokens/s per H100 is llm.c's). Timed on the same machine as
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
                         help="CPU, no compile, a 2-layer model, 2 micro-batches of 2 x 32 tokens: plumbing only")
     args = parser.parse_args(argv)
     if not args.ref.is_file():
-        print(f"error: no {args.ref}; see the top of scripts/gpu_reference.py for how to fetch it", file=sys.stderr)
+        print(f"error: no {args.ref}; see the top of benchmarks/gpu_reference.py for how to fetch it", file=sys.stderr)
         return 2
     ref = load_definitions(args.ref)
 

@@ -1,7 +1,7 @@
 """gpu_check.sh's memory part: micro_batch_size auto per preset and activation_checkpointing setting, on this GPU.
 
-    python scripts/memory_check.py --model gpt2-xl --data_dir DIR --work DIR [--settings none,selective,full]
-    python scripts/memory_check.py --dry_run --data_dir DIR --work DIR      # the plumbing, on the CPU
+    python benchmarks/memory_check.py --model gpt2-xl --data_dir DIR --work DIR [--settings none,selective,full]
+    python benchmarks/memory_check.py --dry_run --data_dir DIR --work DIR      # the plumbing, on the CPU
 
 For each setting: a short trainer run (2 steps of 524,288 tokens, eager, bf16, ddp on one GPU) with
 `--micro_batch_size auto`; the B it chose (run.json), the peak memory of its real steps (log.jsonl's
@@ -28,10 +28,11 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
-from memory_table import GIB, STATE_BYTES, activation_costs, largest_batch, params_of  # noqa: E402
+from benchmarks.activations import activation_costs, params_of  # noqa: E402
+from launch.estimate import GIB, STATE_BYTES, largest_batch  # noqa: E402
 from model import PRESETS  # noqa: E402
+from training.core.logger import LOG_NAME, read_log  # noqa: E402
 
 SETTINGS = {"none": 0, "selective": 2, "full": 1}  # activation_checkpointing -> recompute one block in every N
 TINY = dict(n_layer=2, n_head=2, n_embd=64)
@@ -62,8 +63,7 @@ def one_setting(model: str, setting: str, args, costs, params: int, n_layer: int
     if done.returncode != 0:
         return {**row, "error": (done.stderr.strip().splitlines() or [""])[-1][:300]}
     record = json.loads((out / "run.json").read_text())["micro_batch_size"]
-    trains = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if '"train"' in line]
-    trains = [r for r in trains if r.get("kind") == "train"]
+    trains = [r for r in read_log(out / LOG_NAME) if r.get("kind") == "train"]
     chosen = record["chosen"]
     per_seq = costs.per_sequence(n_layer, SETTINGS[setting])
     state = STATE_BYTES["ddp"](params, 1)

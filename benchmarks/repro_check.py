@@ -1,9 +1,9 @@
 """Do two identical runs give the same bits, and a resume the same losses? Which kernels differ, and
 what the `deterministic` key costs.
 
-    python scripts/repro_check.py --data_dir DIR --out OUT           # GPT-2 124M on one GPU, compiled
-    python scripts/repro_check.py --data_dir DIR --out OUT --dry_run # the same plumbing on the CPU, tiny model
-    python scripts/repro_check.py --data_dir DIR --out OUT --modes default --stages runs
+    python benchmarks/repro_check.py --data_dir DIR --out OUT           # GPT-2 124M on one GPU, compiled
+    python benchmarks/repro_check.py --data_dir DIR --out OUT --dry_run # the same plumbing on the CPU, tiny model
+    python benchmarks/repro_check.py --data_dir DIR --out OUT --modes default --stages runs
 
 Three stages, all written to OUT/repro.json and summed up in OUT/repro.md:
 
@@ -297,7 +297,7 @@ def verdict(comparison: dict | None) -> str:
 
 
 def markdown(report: dict) -> str:
-    md = [f"## Reproducibility (scripts/repro_check.py): {report['model']}, {report['steps']} steps, "
+    md = [f"## Reproducibility (benchmarks/repro_check.py): {report['model']}, {report['steps']} steps, "
           f"{report['device']}", ""]
     if runs := report.get("runs", []):
         default_ms = next((statistics.mean(r["ms_per_step"].values()) for r in runs

@@ -1,8 +1,8 @@
 """What Muon's optimizer step costs per rank: every rank orthogonalising every matrix, or each one its share.
 
-    torchrun --standalone --nproc_per_node=2 scripts/bench_muon.py --model gpt2 --layers 4     # CPU, gloo
-    python scripts/bench_muon.py --device cuda --model gpt2                                     # one GPU
-    torchrun --standalone --nproc_per_node=8 scripts/bench_muon.py --device cuda --model gpt2   # 8 GPUs
+    torchrun --standalone --nproc_per_node=2 benchmarks/bench_muon.py --model gpt2 --layers 4     # CPU, gloo
+    python benchmarks/bench_muon.py --device cuda --model gpt2                                     # one GPU
+    torchrun --standalone --nproc_per_node=8 benchmarks/bench_muon.py --device cuda --model gpt2   # 8 GPUs
 
 Takes the Muon matrices of --model (the blocks' attention and MLP weights, as the trainer's
 optimizer muon splits them; --layers keeps the first few blocks' worth, so the CPU run is short)
