@@ -128,7 +128,7 @@ test-slurm: install
 test-gpu-check: install
 	$(CPU_MALLOC) $(PY) -m pytest -q -p no:xdist -m gpu_check tests/test_gpu_check.py
 
-# The Triton kernels (training/kernels/) run by Triton's interpreter on the CPU (TRITON_INTERPRET=1), checked
+# The Triton kernels (runtime/kernels/) run by Triton's interpreter on the CPU (TRITON_INTERPRET=1), checked
 # against torch's ops (tests/test_kernels.py, marker `triton`): seconds, in an environment of their own,
 # TRITON_VENV, made once with the same torch and requirements as .venv, plus Triton, which .venv never gets
 # (make test skips these tests, saying why). The Triton that the GPU checks ran with.

@@ -31,7 +31,7 @@ from pathlib import Path
 from common.errors import ArgumentParser, DataError, run_cli
 from common.settings import path_argument, require
 from evals.run_comparison import compare, format_rows, summary
-from training.core.logger import write_text_file
+from runtime.logger import write_text_file
 
 
 def as_path(text: str) -> Path:

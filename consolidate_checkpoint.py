@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common.errors import ArgumentParser, run_cli
 from common.settings import path_argument, require
-from training.core import storage
+from runtime import storage
 from training.checkpoint.folder import consolidate, step_of
 
 

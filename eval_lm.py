@@ -132,12 +132,12 @@ from evals.report_card import DEFAULT_METRIC, SUITE, build_card, card_markdown, 
 from evals.val_loss import val_row_losses
 from hf_interop.convert import load_hf_gpt2
 from model import PRESETS
-from training.core import storage
+from runtime import storage
 from training.checkpoint.folder import CHECKPOINT_DIR, read_model
-from training.core.process_group import DistEnv
-from training.core.logger import format_duration, wandb_mode_of, write_text_file
+from runtime.process_group import DistEnv
+from runtime.logger import format_duration, wandb_mode_of, write_text_file
 from launch.config import parse_args as trainer_defaults
-from training.core.runtime import resolve_runtime
+from runtime.runtime import resolve_runtime
 
 RESULTS_DIR = "lm_eval"  # inside the run folder
 WANDB_PREFIX = "lm_eval"

@@ -81,7 +81,7 @@ def parse(argv: list[str]):
     parser.add_argument("--gpus", type=int, default=None, help="--dry_run: GPUs per rung (default --nproc_per_node)")
     parser.add_argument("--mfu", type=float, default=None,
                         help="--dry_run: the MFU assumed on a GPU (default: the one measured for a rung's "
-                             "configuration on that GPU model, else 0.4; training/core/gpus.py)")
+                             "configuration on that GPU model, else 0.4; runtime/gpus.py)")
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap replicates of the fit (default 2000)")
     args = parser.parse_args(argv)
     args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]

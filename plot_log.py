@@ -57,7 +57,7 @@ from data.settings import parse_sources  # noqa: E402
 from data.shards import find_shards, open_shard  # noqa: E402
 from evals.base import EMA_PREFIX, TRAIN_LOSS, Series, averaged_series  # noqa: E402
 from evals.periodic import EVALUATORS  # noqa: E402
-from training.core.logger import LOG_NAME, read_log  # noqa: E402
+from runtime.logger import LOG_NAME, read_log  # noqa: E402
 
 GPT2_VAL_LOSS = 3.29
 # HellaSwag acc_norm (%) by GPT-2 size: the preset, its shape (n_layer, n_embd), and the

@@ -26,7 +26,7 @@ from common.settings import path_argument, require
 from hf_interop.convert import load_hf_gpt2
 from model import GPT, PRESETS
 from training.checkpoint.folder import WEIGHTS, read_model
-from training.core.runtime import pick_device
+from runtime.runtime import pick_device
 from evals.samples import encode_prompt
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 # ruff: noqa: E402 (the launcher's parent-death signal and the arguments' check come before the imports, which
 # take seconds)
 import common.startup  # noqa: F401 - first: a Ctrl-C while the modules below load is one line
-from training.core.launcher import stop_when_launcher_dies
+from runtime.launcher import stop_when_launcher_dies
 
 stop_when_launcher_dies()  # under torchrun: a launcher killed during the imports leaves no orphan behind
 
@@ -46,9 +46,9 @@ from data.tokenizer import get_tokenizer
 from common.errors import EVERY_RANK, NODE_RANKS, held_alike_by, run_cli
 from training.checkpoint.folder import checkpoints_folder
 from launch.config import TrainConfig, config_yaml
-from training.core.context import Context
+from runtime.context import Context
 from training.observe.diagnostics import Diagnostics
-from training.core.process_group import (barrier, local_rank, run_on_all_ranks,
+from runtime.process_group import (barrier, local_rank, run_on_all_ranks,
                                   setup_distributed, teardown_distributed)
 from training.distributed.strategies import make_strategy
 from training.distributed.preemption import PreemptionFlag, StopVote
@@ -59,11 +59,11 @@ from launch.components import (describe_launch, make_checkpointer, make_evaluati
                                make_step_records, open_run_folder, resume_hint)
 from training.run.run import Run
 from training.checkpoint.run_folder import claim_run_folder, release_all
-from training.core.logger import RunLogger
-from training.core.runtime import deterministic_kernels
+from runtime.logger import RunLogger
+from runtime.runtime import deterministic_kernels
 from training.optim.optimizers import require_available
 from training.optim.spikes import RollbackRequested
-from training.core.storage import require_shared
+from runtime.storage import require_shared
 
 STARTUP_TIMEOUT = datetime.timedelta(minutes=30)  # compilation and the first evals: ranks wait on each other
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.errors import NODE_RANKS, ArgumentParser, ConfigError, held_alike_by, run_cli  # noqa: E402
 from model import GPT, PRESETS, GPTConfig  # noqa: E402
-from training.core.process_group import setup_distributed, teardown_distributed  # noqa: E402
+from runtime.process_group import setup_distributed, teardown_distributed  # noqa: E402
 
 DDP_BUCKET_MB = 25  # torch's DistributedDataParallel bucket_cap_mb default (MiB)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -46,14 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model import GPT, PRESETS  # noqa: E402
 from training.checkpoint.folder import FORMATS, checkpoints_folder  # noqa: E402
 from launch.config import TrainConfig  # noqa: E402
-from training.core.context import Context  # noqa: E402
-from training.core.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
+from runtime.context import Context  # noqa: E402
+from runtime.process_group import barrier, broadcast_object, setup_distributed, teardown_distributed  # noqa: E402
 from training.distributed.strategies import STRATEGIES, make_strategy  # noqa: E402
 from launch.resume import load_compatible_checkpoint, load_state  # noqa: E402
 from training.optim.optimizers import build_optimizer  # noqa: E402
 from training.run.run import Run  # noqa: E402
-from training.core.logger import RunLogger  # noqa: E402
-from training.core.runtime import resolve_runtime  # noqa: E402
+from runtime.logger import RunLogger  # noqa: E402
+from runtime.runtime import resolve_runtime  # noqa: E402
 from train_gpt2 import make_checkpointer  # noqa: E402
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common.errors import ArgumentParser, run_cli  # noqa: E402
 from model import GPT, PRESETS, GPTConfig  # noqa: E402
 from training.distributed.muon import DistributedMuon  # noqa: E402
-from training.core.process_group import setup_distributed, teardown_distributed  # noqa: E402
+from runtime.process_group import setup_distributed, teardown_distributed  # noqa: E402
 from training.optim.optimizers.muon import split_parameters  # noqa: E402
 
 OPTIONS = dict(lr=0.02, momentum=0.95, weight_decay=0.0, nesterov=True)  # the trainer's muon defaults

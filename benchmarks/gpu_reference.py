@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))  # run as a script: our model (FLOPs per token) an
 
 from model import GPT as OurGPT, GPTConfig as OurConfig  # noqa: E402
 from launch.config import TrainConfig  # noqa: E402
-from training.core.metrics import detect_peak_flops, process_start_time  # noqa: E402
+from runtime.metrics import detect_peak_flops, process_start_time  # noqa: E402
 
 DEFAULT_REF = REPO / ".ref" / "build-nanogpt" / "train_gpt2.py"
 NEEDED = ("GPTConfig", "GPT", "DataLoaderLite", "get_lr")

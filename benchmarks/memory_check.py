@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.activations import activation_costs, params_of  # noqa: E402
 from launch.estimate import GIB, STATE_BYTES, largest_batch  # noqa: E402
 from model import PRESETS  # noqa: E402
-from training.core.logger import LOG_NAME, read_log  # noqa: E402
+from runtime.logger import LOG_NAME, read_log  # noqa: E402
 
 SETTINGS = {"none": 0, "selective": 2, "full": 1}  # activation_checkpointing -> recompute one block in every N
 TINY = dict(n_layer=2, n_head=2, n_embd=64)

@@ -47,7 +47,7 @@ RESUMED = re.compile(r"resumed from \S+ at step (\d+)")
 
 def train_steps(log: Path) -> list[tuple[int, float]]:
     """(step, loss) of every training record of a run's log.jsonl, in file order; none before it exists."""
-    from training.core.logger import read_log
+    from runtime.logger import read_log
 
     return [(r["step"], r["loss"]) for r in read_log(log) if r.get("kind") == "train"] if log.exists() else []
 
@@ -67,7 +67,7 @@ def finish(proc: subprocess.Popen, timeout: float) -> int:
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.kill()  # its workers take their launcher's death as a stop (training/core/process_group.py)
+            proc.kill()  # its workers take their launcher's death as a stop (runtime/process_group.py)
             proc.wait()
         return -1
 

@@ -46,7 +46,7 @@ import torch  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
-from training.core.runtime import deterministic_kernels  # noqa: E402
+from runtime.runtime import deterministic_kernels  # noqa: E402
 
 MODES = {"default": [], "deterministic": ["--deterministic", "true"]}
 WARM_STEPS = 10  # ms/step is the median over the steps after these (the first ones compile and warm up)
@@ -80,13 +80,13 @@ def compare_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> d
 
 
 def train_losses(run: Path) -> dict[int, float]:
-    from training.core.logger import read_log
+    from runtime.logger import read_log
 
     return {r["step"]: r["loss"] for r in read_log(run / "log.jsonl") if r["kind"] == "train"}
 
 
 def steady_ms(run: Path, warm_steps: int) -> float | None:
-    from training.core.logger import read_log
+    from runtime.logger import read_log
 
     ms = [r["step_ms"] for r in read_log(run / "log.jsonl") if r["kind"] == "train" and r["step"] >= warm_steps]
     return statistics.median(ms) if ms else None
@@ -265,7 +265,7 @@ def gradient_check(model: torch.nn.Module, forward: Callable, x: torch.Tensor, y
 def gradient_checks(shape: dict, device: torch.device, compiled_too: bool, seed: int = 1337) -> list[dict]:
     """gradient_check on the model at its shapes, eager, then compiled where asked (and configured)."""
     from model import GPT, GPTConfig
-    from training.core.runtime import resolve_runtime
+    from runtime.runtime import resolve_runtime
 
     runtime = resolve_runtime(str(device), shape["dtype"], shape["compile"], 0)
     g = torch.Generator(device=device).manual_seed(seed)

@@ -28,7 +28,7 @@ EMA_PREFIX = "ema_"  # of the fields an evaluation of the EMA weights adds to it
 BPB = "bpb"  # the val record's bits per byte of its first set (evals/val_loss.py)
 BPB_PREFIX = "bpb_"  # of each named set's bits per byte
 # the fields of every record that are not figures: what it is, its step, and when it was written (unix seconds, float;
-# added by training/core/logger.py)
+# added by runtime/logger.py)
 RECORD_FIELDS = ("kind", "step", "time")
 VAL_RECORD_FIELDS = (*RECORD_FIELDS, "tokens", "loss", BPB)  # a val record's own fields (evals/val_loss.py)
 VAL_SET_PREFIXES = (EMA_PREFIX, BPB_PREFIX)  # prefixes of the fields made from a val set's name
@@ -38,7 +38,7 @@ SOURCE_TOKENS_PREFIX = "tokens_"  # a mixture source's train tokens: tokens_<sou
 class Metric(NamedTuple):
     """A field of the train record (train/<name> in W&B and TensorBoard), on the step line as the text show(value)
     gives, if any. Either recorded during training, a 0-d tensor on the device or a number, from wherever it is
-    computed (training/core/recorder.py's record_metric), its ranks' values combined as over_ranks says (mean, sum
+    computed (runtime/recorder.py's record_metric), its ranks' values combined as over_ranks says (mean, sum
     or max); or, over_ranks None, written by rank 0 after the step (training/run/step_records.py)."""
 
     name: str

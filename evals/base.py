@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from common.log_fields import EMA_PREFIX
-from training.core.logger import format_duration
+from runtime.logger import format_duration
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from evals.settings import EvalSettings
-    from training.core.context import Context
+    from runtime.context import Context
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,12 @@ from common.atomic_file import atomic_write
 from data.tokenizer import EOT_TOKEN
 from common.errors import DataError, print_warning
 from evals.base import Evaluator, Progress, Series, in_lockstep
-from training.core.process_group import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
+from runtime.process_group import DistEnv, all_reduce_sum, barrier, first_error, run_on_all_ranks
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from evals.settings import EvalSettings
-    from training.core.context import Context
+    from runtime.context import Context
 
 VAL_URL = "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_val.jsonl"
 VAL_FILENAME = "hellaswag_val.jsonl"

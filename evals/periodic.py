@@ -16,7 +16,7 @@ from evals.samples import Samples
 from evals.val_loss import ValLoss
 from training.distributed.strategies import Strategy
 from evals.settings import EvalSettings
-from training.core.context import Context
+from runtime.context import Context
 
 EVALUATORS: tuple[type[Evaluator], ...] = (ValLoss, HellaSwag, Samples)  # in the order they run at a step
 

@@ -14,7 +14,7 @@ from common.log_fields import BPB, BPB_PREFIX, val_set_names
 from common.settings import require
 from evals.base import EMA_PREFIX
 from evals.stats import Difference, format_p, paired, verdict, welch
-from training.core.logger import LOG_NAME, read_log
+from runtime.logger import LOG_NAME, read_log
 
 CARD = "report"  # eval_lm.py --card's report.json (report_ema.json of the EMA weights)
 
@@ -103,7 +103,7 @@ def run_figures(run: Path, weights: str = "live") -> RunFigures:
     for name in val_set_names(final):
         fields[f"final val loss ({name})"] = name
         fields[f"final val bpb ({name})"] = BPB_PREFIX + name
-    # the trainer's logger writes a NaN or infinite figure as null (training/core/logger.py): a figure the record
+    # the trainer's logger writes a NaN or infinite figure as null (runtime/logger.py): a figure the record
     # holds as null is such a figure, refused as one, not a figure left out (its row lost the run without a word)
     held = {metric: final[prefix + field] for metric, field in fields.items() if prefix + field in final}
     metrics = {metric: (value, True) for metric, value in held.items()

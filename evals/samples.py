@@ -10,12 +10,12 @@ import torch
 
 from data.tokenizer import EOT_TOKEN
 from evals.base import Evaluator
-from training.core.process_group import DistEnv, run_on_all_ranks
+from runtime.process_group import DistEnv, run_on_all_ranks
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from evals.settings import EvalSettings
-    from training.core.context import Context
+    from runtime.context import Context
 
 
 class Samples(Evaluator):

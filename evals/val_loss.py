@@ -25,12 +25,12 @@ from common.log_fields import BPB, BPB_PREFIX, val_set_names
 from data.loader import ValLoader
 from data.tokenizer import token_byte_lengths
 from evals.base import Evaluator, Progress, Series, in_lockstep
-from training.core.process_group import DistEnv, all_reduce_sum
+from runtime.process_group import DistEnv, all_reduce_sum
 
 if TYPE_CHECKING:
     from training.distributed.strategies import Strategy
     from evals.settings import EvalSettings
-    from training.core.context import Context
+    from runtime.context import Context
 
 def bits_per_byte(loss_sum: float, n_bytes: int) -> float | None:
     """Summed token loss in nats over n_bytes bytes of text, in bits per byte; None for a window of no text."""

@@ -9,18 +9,18 @@ from data.loader import TrainLoader, ValLoader, validate_shards
 from data.mixture import MixtureLoader, make_train_loader, sources_fingerprint
 from data.settings import grad_accum_steps as accumulation, parse_sources, parse_val_sets
 from model import GPT
-from training.core.storage import Location
-from training.core.context import Context
-from training.core.process_group import run_on_all_ranks
+from runtime.storage import Location
+from runtime.context import Context
+from runtime.process_group import run_on_all_ranks
 from training.distributed.strategies import Strategy
 from training.optim.ema import WeightAverage
 from training.optim.optimizers import build_optimizer
 from training.optim.spikes import SpikeWindow
 from launch.config import TrainConfig
-from training.run.micro_batch import choose_micro_batch_size
+from launch.micro_batch import choose_micro_batch_size
 from launch.resume import choose_resume_checkpoint, continue_run
 from training.run.run import Run
-from training.run.weights import load_initial_weights
+from launch.weights import load_initial_weights
 
 
 def build_run(cfg: TrainConfig, ctx: Context, strategy: Strategy, checkpoints: Location) -> Run | None:

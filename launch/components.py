@@ -16,8 +16,8 @@ from common.errors import ConfigError
 from evals.periodic import PeriodicEvaluation
 from launch.config import TrainConfig, config_yaml
 from training.checkpoint.checkpointer import Checkpointer
-from training.core.context import Context
-from training.core.process_group import run_on_all_ranks
+from runtime.context import Context
+from runtime.process_group import run_on_all_ranks
 from training.distributed.strategies import Strategy
 from training.run.lockstep import Lockstep
 from training.run.run import Run

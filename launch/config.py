@@ -12,10 +12,10 @@ this one: the trainer checks a configuration before it imports them (launch/earl
     ema          an average of the weights, evaluated beside  training/optim/settings.py
     evaluation   val loss, HellaSwag, samples                evals/settings.py
     checkpoint   cadence, retention, resume, where and how   training/checkpoint/settings.py
-    runtime      device, precision, kernels, seed, ranks     training/distributed/runtime_settings.py
+    runtime      device, precision, kernels, seed, ranks     runtime/settings.py
     long_run     loss spikes and rollbacks                   training/optim/settings.py
     diagnostics  rank stats, profiler, memory snapshots      training/observe/settings.py
-    logging      the console, TensorBoard, W&B               training/core/logger.py
+    logging      the console, TensorBoard, W&B               runtime/logger.py
 
 TrainConfig's own validate() holds the rules that span sections. The keys users type stay flat:
 TrainConfig(max_lr=1e-3), `--max_lr 1e-3`, `max_lr: 1e-3` in YAML, and config.yaml and every
@@ -44,8 +44,8 @@ from data.settings import DataSettings, parse_val_sets
 from data.tokenizer import GPT2_VOCAB_SIZE
 from evals.settings import EvalSettings
 from training.checkpoint.settings import CheckpointSettings, RunSettings
-from training.core.logger import LoggingSettings
-from training.distributed.runtime_settings import STRATEGY_INFO, RuntimeSettings
+from runtime.logger import LoggingSettings
+from runtime.settings import STRATEGY_INFO, RuntimeSettings
 from training.observe.settings import DiagnosticsSettings
 from training.optim.schedule import ScheduleSettings
 from training.optim.settings import EMASettings, LongRunSettings, OptimizerSettings

@@ -29,8 +29,8 @@ from launch.config import TrainConfig, parse_args, usage, wants_help
 from launch.estimate import estimate_flags, estimate_text, wants_estimate
 from launch.estimate import usage as estimate_usage
 from training.checkpoint.settings import no_checkpoint_at
-from training.core.logger import TENSORBOARD_MISSING
-from training.core.storage import filesystem, is_url
+from runtime.logger import TENSORBOARD_MISSING
+from runtime.storage import filesystem, is_url
 from training.run.settings import PRESET_NAMES, unknown_init_from
 
 

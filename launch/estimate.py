@@ -4,7 +4,7 @@ GPU and the dollars at a price per GPU-hour. Every figure says where it comes fr
 
     config     a value of the configuration
     derived    arithmetic on other figures (the formula is given)
-    measured   a measurement of this trainer, with its date and GPU (training/core/gpus.py's MEASUREMENTS)
+    measured   a measurement of this trainer, with its date and GPU (runtime/gpus.py's MEASUREMENTS)
     assumed    a figure taken where nothing was measured, with what it rests on
     given      a flag of the command (--mfu, --price)
 
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from common.errors import ConfigError
 from common.settings import require
 from model_size import PRESETS, flops_per_token, parameter_count
-from training.core.gpus import GPU_MODELS, MEASUREMENTS, GPUModel, Measurement, gpu_model
+from runtime.gpus import GPU_MODELS, MEASUREMENTS, GPUModel, Measurement, gpu_model
 
 if TYPE_CHECKING:
     from launch.config import TrainConfig
@@ -160,7 +160,7 @@ class Figure:
 
 @dataclass(frozen=True)
 class Shape:
-    """The model's shape as the configuration resolves it (training/run/weights.py's model_config), counted."""
+    """The model's shape as the configuration resolves it (launch/weights.py's model_config), counted."""
 
     name: str  # the preset, or custom
     n_layer: int
@@ -216,13 +216,13 @@ def find_gpu(name: str, flag: str) -> GPUModel:
     naming the flag that gave it otherwise."""
     gpu = gpu_model(name) if name.strip() else None
     if gpu is None:
-        raise ConfigError(f"{flag}: {name!r} is not in the peak FLOP/s table (training/core/gpus.py: "
+        raise ConfigError(f"{flag}: {name!r} is not in the peak FLOP/s table (runtime/gpus.py: "
                           f"{', '.join(g.name for g in GPU_MODELS)})")
     return gpu
 
 
 def resolved_compile(cfg: TrainConfig) -> bool:
-    """compile on a GPU: null is on (training/core/runtime.py's resolve_runtime on CUDA)."""
+    """compile on a GPU: null is on (runtime/runtime.py's resolve_runtime on CUDA)."""
     return True if cfg.runtime.compile is None else cfg.runtime.compile
 
 
@@ -544,7 +544,7 @@ def recompute_every(cfg: TrainConfig) -> int:
 
 def auto_micro_batch(cfg: TrainConfig, fits: int, gpus: int) -> int:
     """micro_batch_size auto on a GPU: the largest B that fits and keeps grad_accum_steps whole (a divisor of each
-    rank's rows a step: training/run/micro_batch.py); 0 where even one sequence does not fit."""
+    rank's rows a step: launch/micro_batch.py); 0 where even one sequence does not fit."""
     rows = cfg.data.total_batch_size // cfg.data.seq_len // gpus
     return max((b for b in range(1, min(fits, rows) + 1) if rows % b == 0), default=0)
 

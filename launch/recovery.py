@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from data.loader import Prefetcher
 from training.checkpoint.checkpointer import Checkpointer
-from training.core.context import Context
+from runtime.context import Context
 from launch.resume import roll_back
 from training.run.run import Run
 from training.optim.spikes import RollbackRequested

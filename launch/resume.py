@@ -40,11 +40,11 @@ from training.checkpoint.folder import (RESUME_ENTRIES, CheckpointTooNewError, D
                                         check_compatible, format_of, list_checkpoints, load_checkpoint,
                                         newest_readable_checkpoint, require_entries, set_aside)
 from training.checkpoint.settings import no_checkpoint_at
-from training.core import storage
-from training.core.context import Context
-from training.core.logger import LOG_NAME, read_log
-from training.core.process_group import DistEnv, broadcast_object, run_on_all_ranks
-from training.core.storage import Location, name_of, parent_of
+from runtime import storage
+from runtime.context import Context
+from runtime.logger import LOG_NAME, read_log
+from runtime.process_group import DistEnv, broadcast_object, run_on_all_ranks
+from runtime.storage import Location, name_of, parent_of
 from training.optim.settings import EMASettings
 from training.optim.spikes import RollbackRequested
 from launch.config import ON_RESUME_OF, TrainConfig

@@ -13,7 +13,7 @@ from evals.scaling_law import PARAMETERS, LawFit
 from scaling_ladder.fit import compare_recipes, fit_recipe
 from scaling_ladder.plan import REPO, Rung, Size
 from scaling_ladder.runs import METRICS, final_figures, finite
-from training.core.logger import write_text_file
+from runtime.logger import write_text_file
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure  # matplotlib loads where a picture is drawn, not for --dry_run

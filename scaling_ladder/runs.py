@@ -23,7 +23,7 @@ from common.log_fields import BPB
 from evals.run_comparison import run_figures
 from launch.estimate import duration
 from scaling_ladder.plan import REPO, Rung
-from training.core.logger import LOG_NAME, read_log, write_text_file
+from runtime.logger import LOG_NAME, read_log, write_text_file
 
 TRAINER = REPO / "train_gpt2.py"
 SBATCH = REPO / "scripts" / "slurm.sbatch"

@@ -55,7 +55,7 @@ def generate_shards(folder: Path, train_tokens: int, val_tokens: int, vocab: int
 def summarize(log_path: Path, warmup: int, steps: int) -> dict:
     """Figures from the trainer's log.jsonl: the steps after the warm-up, and the first step; steps
     from `steps` on (a profiled step after the timed ones) are left out."""
-    from training.core.logger import read_log
+    from runtime.logger import read_log
 
     records = read_log(log_path)
     train = [r for r in records if r["kind"] == "train" and r["step"] < steps]
@@ -109,7 +109,7 @@ def describe_run(cfg, world_size: int) -> dict:
     import torch
 
     from model import GPT
-    from training.core.process_group import local_rank
+    from runtime.process_group import local_rank
 
     runtime = cfg.runtime.make_runtime(local_rank())
     with torch.device("meta"):

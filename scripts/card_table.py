@@ -19,7 +19,7 @@ import common.startup  # noqa: E402,F401 - first: a Ctrl-C while the modules bel
 
 from common.errors import ArgumentParser, DataError, run_cli  # noqa: E402
 from common.settings import path_argument, require  # noqa: E402
-from training.core.logger import write_text_file  # noqa: E402
+from runtime.logger import write_text_file  # noqa: E402
 
 
 def read_card(path: Path) -> dict:

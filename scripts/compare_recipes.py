@@ -43,7 +43,7 @@ from common.errors import ArgumentParser, run_cli  # noqa: E402
 from evals.run_comparison import compare, format_rows, summary  # noqa: E402
 from scaling_ladder.plan import RECIPES as RECIPE_CONFIGS, recipe_arguments  # noqa: E402
 from common.cpu_malloc import CPU_MALLOC  # noqa: E402
-from training.core.logger import read_log  # noqa: E402
+from runtime.logger import read_log  # noqa: E402
 
 DEMO = REPO / "configs" / "demo.yaml"
 EMA = ["--ema_decay", "0.98", "--ema_start", "0.5"]

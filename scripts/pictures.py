@@ -35,7 +35,7 @@ import ladder  # noqa: E402
 import plot_log  # noqa: E402
 from common.errors import ArgumentParser, DataError, run_cli  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from training.core.logger import LOG_NAME  # noqa: E402
+from runtime.logger import LOG_NAME  # noqa: E402
 
 DOCS = REPO / "docs"
 STORED = DOCS / "pictures"

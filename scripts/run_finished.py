@@ -20,7 +20,7 @@ import common.startup  # noqa: E402,F401 - first: a Ctrl-C while the modules bel
 
 from common.errors import ArgumentParser, run_cli  # noqa: E402
 from launch.config import parse_args  # noqa: E402
-from training.core.logger import LOG_NAME, read_log  # noqa: E402
+from runtime.logger import LOG_NAME, read_log  # noqa: E402
 
 
 def finished(argv: list[str]) -> bool:

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.errors import ArgumentParser, ConfigError, run_cli  # noqa: E402
 from training.checkpoint.folder import checkpoints_folder  # noqa: E402
-from training.core.storage import is_url  # noqa: E402
+from runtime.storage import is_url  # noqa: E402
 from launch.config import parse_args  # noqa: E402
 
 SHARED_WAIT_S = float(os.environ.get("PREFLIGHT_SHARED_WAIT_S", 120))  # a network filesystem's caches may lag

@@ -347,7 +347,7 @@ def wait_until(condition, proc, what: str, timeout: float = 120, report=None) ->
 
 def wait_for_step(out: Path, step: int, proc, timeout: float = 120) -> None:
     """wait_until the run in out_dir `out` has logged the train record of `step` or a later one."""
-    from training.core.logger import read_log
+    from runtime.logger import read_log
 
     log = Path(out) / "log.jsonl"
     wait_until(lambda: log.exists() and any(r.get("kind") == "train" and r["step"] >= step for r in read_log(log)),
@@ -494,7 +494,7 @@ def untimed(records) -> list[dict]:
 
 
 def train_losses(out_dir: Path) -> dict[int, float]:
-    from training.core.logger import read_log
+    from runtime.logger import read_log
 
     return {r["step"]: r["loss"] for r in read_log(Path(out_dir) / "log.jsonl") if r["kind"] == "train"}
 
@@ -502,9 +502,9 @@ def train_losses(out_dir: Path) -> dict[int, float]:
 def build_tiny_run(data_dir: Path, out_dir: Path, **overrides):
     """A run of the tiny model built in this process (one rank, no process group, a silent logger): its
     configuration, its Context (env, runtime, logger), and the run."""
-    from training.core.context import Context
-    from training.core.logger import RunLogger
-    from training.core.process_group import DistEnv
+    from runtime.context import Context
+    from runtime.logger import RunLogger
+    from runtime.process_group import DistEnv
     from training.distributed.strategies import make_strategy
     from launch.config import parse_args
     from launch.build import build_run

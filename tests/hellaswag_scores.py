@@ -53,7 +53,7 @@ def score_jobs_on_every_rank(argv: list[str]) -> int:
     from data.tokenizer import get_tokenizer
     from evals.hellaswag import HellaSwag, HellaSwagDataError
     from model import GPT, GPTConfig
-    from training.core.process_group import setup_distributed, teardown_distributed
+    from runtime.process_group import setup_distributed, teardown_distributed
 
     spec = json.loads(Path(argv[0]).read_text())
     env = setup_distributed(torch.device("cpu"), datetime.timedelta(minutes=5))

@@ -143,7 +143,7 @@ def main(argv: list[str]) -> int:
 
         FileFormat.load_tensors = unreadable_tensors
     if FAULT == "missing_init_from" and ON_THIS_RANK:
-        from training.run import weights
+        from launch import weights
 
         weights.as_location = lambda init_from: Path(f"{init_from}.not-on-this-node")
     return train_gpt2.main(argv, wrap_step=with_fault)

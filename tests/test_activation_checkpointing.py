@@ -99,7 +99,7 @@ def test_a_bad_value_is_one_error_naming_the_key(key, value, tmp_path):
 
 @pytest.mark.parametrize("setting,recomputed", [("none", []), ("full", [0, 1]), ("selective", [0])])
 def test_the_training_model_recomputes_the_blocks_the_config_names(shards, tmp_path, setting, recomputed):
-    from training.core.runtime import resolve_runtime
+    from runtime.runtime import resolve_runtime
 
     cfg, ctx, run = build_tiny_run(shards, tmp_path / "out", activation_checkpointing=setting)
     runtime = resolve_runtime(cfg.runtime.device, cfg.runtime.dtype, cfg.runtime.compile, cfg.runtime.loss_chunk_size,

@@ -101,7 +101,7 @@ def test_bad_data_is_one_error_naming_the_file_or_key(tmp_path, damage, override
 
 def test_the_early_checks_find_a_missing_input_with_the_trainers_own_error(tmp_path, monkeypatch):
     """What the trainer finds once torch is imported and the ranks connect (launch/resume.py, launch/build.py,
-    training/run/weights.py), found before (launch/early_checks.py), with the same line and in the same order.
+    launch/weights.py), found before (launch/early_checks.py), with the same line and in the same order.
     Where the ranks span nodes it is left to then: a node may lack a file another has, and the ranks share what
     each found only once they connect."""
     from common.errors import ReproError

@@ -46,7 +46,7 @@ def test_bench_reports_what_runs_on_the_cpu_of_a_gpu_machine(monkeypatch):
     import torch
 
     from scripts import bench
-    from training.core import runtime
+    from runtime import runtime
     from launch.config import parse_args
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

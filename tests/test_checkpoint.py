@@ -186,7 +186,7 @@ def test_a_url_to_a_file_checkpoint_is_one_line_for_every_reader(tmp_path, capfd
     import sample
     from common.errors import run_cli
     from model import GPT, GPTConfig
-    from training.run.weights import load_initial_weights
+    from launch.weights import load_initial_weights
 
     path = ckpt.checkpoint_path(tmp_path / "checkpoints", 1)
     ckpt.save_checkpoint(state(1), path)

@@ -183,7 +183,7 @@ def test_a_figure_that_is_not_finite_is_one_error_line_naming_the_run(recipes, t
 def test_a_figure_the_trainers_log_wrote_as_null_is_not_finite(recipes, tmp_path, capfd, bad, field, metric):
     """The trainer's logger writes a NaN or inf figure as null (strict JSON): such a run's row silently lost that
     figure (the comparison went on without the seed, or without the row) instead of being refused as a NaN is."""
-    from training.core.logger import RunLogger
+    from runtime.logger import RunLogger
 
     a, b = recipes
     broken = tmp_path / "broken"

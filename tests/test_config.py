@@ -15,10 +15,10 @@ import yaml
 
 from conftest import REPO, train_here
 from slowness import guard
-from training.distributed.runtime_settings import MAX_HANG_TIMEOUT_MINUTES
+from runtime.settings import MAX_HANG_TIMEOUT_MINUTES
 from launch.config import (SECTION_OF, SECTIONS, ConfigError, TrainConfig, config_yaml, load_yaml,
                            parse_args, usage)
-from training.core.logger import LoggingSettings
+from runtime.logger import LoggingSettings
 from training.optim.schedule import ScheduleSettings, learning_rate
 from training.optim.settings import LongRunSettings, OptimizerSettings
 from training.run.settings import PRESET_NAMES
@@ -564,7 +564,7 @@ def test_help_and_the_configuration_table_say_alike_what_dtype_auto_picks(monkey
     """Before: --help said bf16 on CPUs where it is faster, CONFIGURATION.md bf16 wherever the hardware has it."""
     import torch
 
-    from training.core import runtime
+    from runtime import runtime
 
     cpu_rule = "on CPUs with AMX, and on AMD CPUs with AVX512-BF16, where it is faster, else float32"
     table = " ".join((REPO / "docs" / "CONFIGURATION.md").read_text().split())

@@ -16,11 +16,11 @@ import torch
 
 from forked_ranks import launch
 from launch.config import TrainConfig
-from training.core.context import Context
+from runtime.context import Context
 from training.observe.diagnostics import Diagnostics, MemorySnapshot, ProfileWindow, RankStats
-from training.core.process_group import DistEnv
-from training.core.logger import RunLogger, read_log
-from training.core.runtime import Runtime
+from runtime.process_group import DistEnv
+from runtime.logger import RunLogger, read_log
+from runtime.runtime import Runtime
 
 CPU_ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), distributed=False)
 

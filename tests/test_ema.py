@@ -17,7 +17,7 @@ from conftest import (REPO, base_args, build_tiny_run, crashed_copy, load_weight
 from common.errors import CheckpointError, ConfigError
 from slowness import guard
 from training.checkpoint.folder import list_checkpoints, read_full_state, read_model
-from training.core.logger import read_log
+from runtime.logger import read_log
 from launch.config import parse_args
 from launch.components import make_evaluation
 

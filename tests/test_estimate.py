@@ -17,7 +17,7 @@ from conftest import REPO, build_tiny_run, make_shards
 from evals.base import Evaluator
 from launch.config import TrainConfig, load_yaml
 from model import GPT, PRESETS, GPTConfig
-from training.core.gpus import GPU_MODELS, MEASUREMENTS
+from runtime.gpus import GPU_MODELS, MEASUREMENTS
 
 GPT2_124M = REPO / "configs" / "gpt2_124m.yaml"
 
@@ -228,7 +228,7 @@ def test_the_estimate_needs_no_torch():
                     if (REPO / (module.replace(".", "/") + ".py")).exists() or \
                             (REPO / module.replace(".", "/") / "__init__.py").exists():
                         todo.append(module)
-    assert {"launch.estimate", "model_size", "training.core.gpus", "common.errors"} <= seen
+    assert {"launch.estimate", "model_size", "runtime.gpus", "common.errors"} <= seen
 
 
 # --- the command ----------------------------------------------------------------------------------------------

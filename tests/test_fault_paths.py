@@ -20,7 +20,7 @@ from launch import components
 from conftest import base_args, run_trainer, train_losses, train_here
 from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
-from training.core.logger import read_log
+from runtime.logger import read_log
 
 RUN = dict(max_steps=12, checkpoint_interval=3, eval_interval=0, val_tokens=64)
 

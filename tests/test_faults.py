@@ -26,7 +26,7 @@ from conftest import (GPT2_VOCAB, REPO, background, base_args, build_tiny_run, c
 from slowness import guard
 from data.shards import shard_name, write_shard
 from training.checkpoint.folder import list_checkpoints, load_checkpoint
-from training.core.logger import read_log
+from runtime.logger import read_log
 
 STEPS = 12
 ARGS = dict(max_steps=STEPS, checkpoint_interval=3, eval_interval=0, val_tokens=64)  # checkpoints 3, 6, 9, 12

@@ -20,7 +20,7 @@ from conftest import (GPT2_VOCAB, REPO, base_args, crashed_copy, load_weights, r
 from slowness import guard
 from test_faults import SIGNAL_PAUSE, env_for_workers, slow_steps
 from training.checkpoint.folder import list_checkpoints, read_full_state
-from training.core.logger import read_log
+from runtime.logger import read_log
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 

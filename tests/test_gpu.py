@@ -277,9 +277,9 @@ def test_hellaswag_in_a_compiled_run_matches_an_eager_eval_of_its_checkpoint(com
     from evals.hellaswag import HellaSwag
     from hellaswag_scores import per_example_scores
     from model import GPT, GPTConfig
-    from training.core.process_group import DistEnv
-    from training.core.logger import read_log
-    from training.core.runtime import resolve_runtime
+    from runtime.process_group import DistEnv
+    from runtime.logger import read_log
+    from runtime.runtime import resolve_runtime
 
     out, fixture = compiled_run
     records = read_log(out / "log.jsonl")
@@ -369,7 +369,7 @@ def test_every_gpu_launch_prepared_here_is_a_valid_configuration(tmp_path):
     import compare_recipes
     from benchmarks import memory_check, repro_check
     from launch.config import parse_args
-    from training.run.micro_batch import candidate_sizes
+    from launch.micro_batch import candidate_sizes
 
     launches, world_sizes = {}, {}
     # the default groups, then group multigpu's variants as a node of 8 GPUs and one of 3 would run them

@@ -28,7 +28,7 @@ from data.tokenizer import EOT_TOKEN, get_tokenizer
 from common.errors import DataError
 from hellaswag_scores import per_example_scores
 from model import GPT, GPTConfig
-from training.core.process_group import DistEnv
+from runtime.process_group import DistEnv
 from evals.hellaswag import (
     VAL_FILENAME, HellaSwagDataError, HellaSwag, collate, default_cache_dir, download_val, fetch_val,
     read_examples, render_rows,

@@ -286,7 +286,7 @@ def test_the_report_card_of_a_hugging_face_model_is_that_of_its_transformers_log
     from data.tokenizer import EOT_TOKEN
     from eval_lm import main
     from evals.hellaswag import HellaSwag
-    from training.core.process_group import DistEnv
+    from runtime.process_group import DistEnv
 
     model, folder = hf_model
     fixtures = REPO / "tests" / "fixtures" / "lm_eval"

@@ -1,4 +1,4 @@
-"""training/kernels/: each op against the torch ops it replaces, by its torch fallback and by its Triton kernel.
+"""runtime/kernels/: each op against the torch ops it replaces, by its torch fallback and by its Triton kernel.
 
 The kernel cases (marker `triton`) run the Triton kernels on CPU tensors through Triton's interpreter:
 `make test-triton` runs them in an environment with Triton and TRITON_INTERPRET=1; elsewhere (make test)
@@ -14,13 +14,13 @@ import torch
 from torch.nn import functional as F
 
 from model import GPT, GPTConfig
-from training.kernels import add_layer_norm as add_norm_module
-from training.kernels import cross_entropy as ce_module
-from training.kernels.add_layer_norm import add_layer_norm
-from training.kernels.cross_entropy import cross_entropy
-from training.kernels.fp8 import E4M3, E5M2, fp8_linear, to_fp8
-from training.kernels.heads import make_loss_head
-from training.kernels.triton_support import interpreting, kernels_available, triton
+from runtime.kernels import add_layer_norm as add_norm_module
+from runtime.kernels import cross_entropy as ce_module
+from runtime.kernels.add_layer_norm import add_layer_norm
+from runtime.kernels.cross_entropy import cross_entropy
+from runtime.kernels.fp8 import E4M3, E5M2, fp8_linear, to_fp8
+from runtime.kernels.heads import make_loss_head
+from runtime.kernels.triton_support import interpreting, kernels_available, triton
 
 GPT2_VOCAB = 50304
 # float32 bounds: the loss relative (a few float32 ulps of a loss near ln(50304) = 10.8, where one ulp is 1e-6),
@@ -40,7 +40,7 @@ def implementation(request, monkeypatch) -> str:
         pytest.skip("Triton is not installed here (make test-triton runs these cases in .venv-triton)")
     elif not kernels_available(torch.device("cpu")):
         pytest.skip(f"Triton's interpreter is off (TRITON_INTERPRET={'1' if interpreting() else 'unset'} when "
-                    "training/kernels/ was imported; make test-triton sets it)")
+                    "runtime/kernels/ was imported; make test-triton sets it)")
     return request.param
 
 

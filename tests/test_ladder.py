@@ -23,7 +23,7 @@ from plot_log import describe
 from conftest import (LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_processes, load_weights, make_shards,
                       run_and_reap, trainer_env, train_losses, wait_until)
 from model import GPT, PRESETS, GPTConfig
-from training.core.logger import read_log
+from runtime.logger import read_log
 from launch.config import TrainConfig
 from scaling_ladder.plan import Rung, ladder_sizes, plan
 from scaling_ladder.report import write_report

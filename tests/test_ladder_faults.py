@@ -25,7 +25,7 @@ from scaling_ladder.report import redraw, write_report
 from conftest import (LAUNCH_TOKEN, REPO, TINY_VOCAB, kill_all, launched_processes, make_shards, tails, trainer_env,
                       wait_until)
 from slowness import guard
-from training.core.logger import read_log
+from runtime.logger import read_log
 
 
 @pytest.fixture

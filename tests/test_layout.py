@@ -13,6 +13,7 @@ LAYERS = [
     {"common", "model", "model_size"},
     {"data"},
     {"hf_interop"},
+    {"runtime"},
     {"training"},
     {"evals"},
     {"launch"},
@@ -21,7 +22,7 @@ LAYERS = [
 ]
 LAYER_OF = {name: depth for depth, names in enumerate(LAYERS) for name in names}
 # Inside training/, its sub-packages, bottom to top: a floor imports only the floors below it (README).
-FLOORS = ["kernels", "core", "distributed", "optim", "checkpoint", "observe", "run"]
+FLOORS = ["distributed", "optim", "checkpoint", "observe", "run"]
 FLOOR_OF = {name: depth for depth, name in enumerate(FLOORS)}
 
 
@@ -66,7 +67,8 @@ def floor_of(module: str) -> int | None:
 
 
 def test_inside_training_imports_run_down_the_floors():
-    """checkpoint never imports the run, observe never the configuration, core nothing of training but core."""
+    """checkpoint never imports the run, observe never the configuration, distributed nothing of training but
+    itself."""
     modules = project_modules()
     placed = {name.split(".")[1] for name in modules if name.startswith("training.")}
     assert placed == set(FLOORS), "a module of training/ outside the floors, or a floor that is gone"
@@ -76,6 +78,17 @@ def test_inside_training_imports_run_down_the_floors():
         for imported in imports_of(path, modules):
             if floor is not None and (floor_of(imported) or 0) > floor:
                 upward.append(f"{name} imports {imported}")
+    assert upward == []
+
+
+def test_the_kernels_import_nothing_of_the_runtime_but_themselves():
+    """runtime/kernels/ is the runtime's floor: the Triton kernels and their torch fallbacks, which the runtime
+    chooses from (runtime/runtime.py) and the model's loss heads call."""
+    modules = project_modules()
+    kernels = {name for name in modules if name.startswith("runtime.kernels")}
+    assert {"runtime.kernels.cross_entropy", "runtime.kernels.add_layer_norm"} <= kernels
+    upward = [f"{name} imports {imported}" for name in kernels for imported in imports_of(modules[name], modules)
+              if imported.startswith("runtime") and not imported.startswith("runtime.kernels")]
     assert upward == []
 
 

@@ -11,7 +11,7 @@ import torch
 from common.errors import ConfigError
 from conftest import base_args, build_tiny_run, load_weights, lockstep_steps, make_shards, run_trainer, train_here
 from launch.config import TrainConfig
-from training.core.runtime import DDPOptions
+from runtime.runtime import DDPOptions
 
 LEVERS = dict(loss_kernel="triton", fused_residual_norm=True)  # the two that run on any device (torch fallbacks)
 

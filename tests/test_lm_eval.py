@@ -25,8 +25,8 @@ from common.errors import ConfigError, run_cli
 from evals.hellaswag import HellaSwag, read_examples
 from hellaswag_scores import per_example_scores
 from model import GPT, GPTConfig
-from training.core.process_group import DistEnv
-from training.core.logger import read_log
+from runtime.process_group import DistEnv
+from runtime.logger import read_log
 
 pytest.importorskip("lm_eval")
 
@@ -469,7 +469,7 @@ def test_the_card_evaluates_in_the_runs_own_dtype_unless_told(evaluated_run, tmp
     row's loss summed into its own float64 slot, the slots added in the same order: evals/val_loss.py). An
     explicit --dtype still wins."""
     from eval_lm import main
-    from training.core import runtime
+    from runtime import runtime
 
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: True)
     out = evaluated_run[0]

@@ -1,4 +1,4 @@
-"""micro_batch_size auto (training/run/micro_batch.py): the search with the CUDA memory faked on the CPU,
+"""micro_batch_size auto (launch/micro_batch.py): the search with the CUDA memory faked on the CPU,
 the min over two gloo ranks, the probes forced on the CPU (the first step bitwise that of B set by hand),
 and the CPU fallback through the trainer."""
 
@@ -14,9 +14,9 @@ import torch
 from common.errors import ConfigError, ReproError
 from data.settings import grad_accum_steps
 from forked_ranks import launch
-from training.run import micro_batch
+from launch import micro_batch
 from launch.config import parse_args
-from training.run.micro_batch import (FAILED, agree_on_smallest, candidate_sizes, search_micro_batch_size)
+from launch.micro_batch import (FAILED, agree_on_smallest, candidate_sizes, search_micro_batch_size)
 
 GIB = 2**30
 
@@ -101,7 +101,7 @@ def two_rank_votes(argv: list[str]) -> int:
     """A rank body for launch(): each rank votes argv[rank]; prints the agreed value."""
     import torch.distributed as dist
 
-    from training.core.process_group import DistEnv
+    from runtime.process_group import DistEnv
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=1))
     rank = dist.get_rank()
@@ -239,9 +239,9 @@ def test_on_the_cpu_auto_is_one_warning_and_the_fallback(shards, tmp_path):
 def choose_on_rank_0(cfg, world_size: int = 1, logger=None):
     """choose_micro_batch_size under DDP on rank 0 of world_size ranks, with no process group (a silent logger by
     default): (chosen, record)."""
-    from training.core.context import Context
-    from training.core.logger import RunLogger
-    from training.core.process_group import DistEnv
+    from runtime.context import Context
+    from runtime.logger import RunLogger
+    from runtime.process_group import DistEnv
     from training.distributed.strategies import make_strategy
 
     runtime = cfg.runtime.make_runtime()
@@ -255,7 +255,7 @@ def test_on_the_cpu_a_fallback_that_does_not_divide_the_batch_is_made_to_fit(mon
     """configs/demo.yaml's batch is 1,024 tokens, 8 rows of seq_len 128: the fallback 16 would not keep
     grad_accum_steps whole, so auto takes 8, the largest micro-batch up to it that does, and says so."""
     from conftest import REPO
-    from training.core.logger import RunLogger
+    from runtime.logger import RunLogger
 
     cfg = parse_args(["--config", str(REPO / "configs" / "demo.yaml"), "--micro_batch_size", "auto",
                       "--device", "cpu"])

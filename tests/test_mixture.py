@@ -20,7 +20,7 @@ from conftest import base_args, make_shards, run_trainer
 from data.mixture import MixtureLoader, step_composition
 from data.settings import Source, parse_sources, parse_val_sets
 from data.shards import shard_name, write_shard
-from training.core.logger import read_log
+from runtime.logger import read_log
 from launch.config import TrainConfig, parse_args
 import training.run.step_records  # noqa: F401 - declares the train record's fields (TRAIN_METRICS), the step's too
 

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from conftest import GPT2_VOCAB, REPO, TINY_VOCAB, base_args, make_shards, run_trainer, train_losses
-from training.core.metrics import model_flops_utilization, peak_flops_for
+from runtime.metrics import model_flops_utilization, peak_flops_for
 from common.log_fields import RECORD_FIELDS, TRAIN_METRICS, Metric
-from training.core.logger import LOG_ONLY_KINDS, RunLogger, read_log
+from runtime.logger import LOG_ONLY_KINDS, RunLogger, read_log
 
 
 def hellaswag_fixture(path: Path, n: int = 11) -> Path:
@@ -194,7 +194,7 @@ def test_a_rank_ending_without_atexit_leaves_nothing_of_wandb_in_the_temp_dir(tm
     temp.mkdir()
     out = tmp_path / "run"
     script = ("import os\n"
-              "from training.core.logger import RunLogger\n"
+              "from runtime.logger import RunLogger\n"
               f"logger = RunLogger(enabled=True)\n"
               f"logger.open_run_folder({str(out)!r}, 0, {{}})\n"
               f"logger.start_wandb('test', '', 'offline', {{}}, [], None, {str(out)!r})\n"
@@ -254,7 +254,7 @@ def test_samples_are_written_once_by_rank_zero(runs):
     ("online", "offline", "online"), ("disabled", "bogus", "disabled")])
 def test_wandb_mode_auto_takes_the_environments_mode(monkeypatch, setting, environment, mode):
     """--wandb_mode wins; unset (auto) it is WANDB_MODE's, as W&B's own tools take it, else online."""
-    from training.core.logger import wandb_mode_of
+    from runtime.logger import wandb_mode_of
 
     if environment is None:
         monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -408,9 +408,9 @@ def test_a_metric_the_step_records_reaches_the_log_each_sink_and_the_step_line(s
     step line as its declaration shows it, after the peak memory."""
     from conftest import build_tiny_run, train_loop
     from test_tensorboard import scalars
-    from training.core.context import Context
+    from runtime.context import Context
     from training.distributed.preemption import PreemptionFlag
-    from training.core.recorder import record_metric
+    from runtime.recorder import record_metric
     from training.run import lockstep
 
     share = Metric("test_share", "mean", "share {:.0%}".format)
@@ -439,7 +439,7 @@ def test_a_metric_the_step_records_reaches_the_log_each_sink_and_the_step_line(s
 
 
 def test_the_step_line_says_where_the_run_is_its_peak_memory_and_its_time():
-    from training.core.logger import format_duration, format_train_line
+    from runtime.logger import format_duration, format_train_line
 
     record = {"step": 1199, "loss": 4.18734, "lr": 6e-4, "grad_norm": 0.412, "step_ms": 1105.3,
               "tokens_per_sec": 474350.0, "mfu": 0.413, "peak_mem_gb": 31.24}
@@ -455,12 +455,12 @@ def test_the_step_line_says_where_the_run_is_its_peak_memory_and_its_time():
 
 
 def test_a_metric_is_recorded_from_the_model_or_after_the_update_in_one_place(shards, tmp_path, monkeypatch):
-    """training/core/recorder.py: a hook on the model (during the step: that step's field, the mean over its
+    """runtime/recorder.py: a hook on the model (during the step: that step's field, the mean over its
     micro-steps; the evaluations' forwards record nothing) and one on the optimizer (after the update: it rides the
     next step's collective, a field of the next step's record) each record a declared metric by name, and nothing
     else is written for either."""
     from conftest import build_tiny_run, lockstep_steps
-    from training.core.recorder import record_metric, take_recorded
+    from runtime.recorder import record_metric, take_recorded
 
     during, after = Metric("test_block_rms", "mean"), Metric("test_updated_wte_norm", "max")
     for metric in (during, after):

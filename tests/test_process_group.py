@@ -17,7 +17,7 @@ import torch.distributed as dist
 from common.errors import ReproError
 from forked_ranks import free_port
 from slowness import guard
-from training.core.process_group import AGREEMENT, agree_on_attempt, setup_distributed
+from runtime.process_group import AGREEMENT, agree_on_attempt, setup_distributed
 
 TIMEOUT = datetime.timedelta(seconds=30)
 

@@ -21,7 +21,7 @@ from slowness import guard
 from benchmarks import repro_check
 from common.errors import run_cli
 from model import GPT, GPTConfig
-from training.core.runtime import deterministic_kernels  # noqa: E402
+from runtime.runtime import deterministic_kernels  # noqa: E402
 
 
 def test_the_deterministic_key_runs_every_step_in_deterministic_mode_and_changes_no_cpu_bits(shards, tmp_path,

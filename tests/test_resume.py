@@ -166,7 +166,7 @@ def test_a_checkpoint_of_older_code_at_max_steps_is_finished_only_when_its_log_r
 
     from conftest import base_args, build_tiny_run, lockstep_steps, make_shards, train_here
     from launch.components import make_checkpointer
-    from training.core.logger import read_log
+    from runtime.logger import read_log
 
     data = make_shards(tmp_path / "shards")
     settings = dict(max_steps=1, eval_interval=0, val_tokens=64)

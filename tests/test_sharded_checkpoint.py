@@ -30,8 +30,8 @@ from training.checkpoint import folder as ckpt
 from training.checkpoint import sharded_format as sharded
 from training.checkpoint.checkpointer import Checkpointer
 from launch.resume import find_resume_checkpoint, load_state
-from training.core import storage
-from training.core.logger import read_log
+from runtime import storage
+from runtime.logger import read_log
 
 STEPS = 6
 ARGS = dict(max_steps=STEPS, checkpoint_interval=3, checkpoint_format="sharded")  # checkpoints 3 and 6

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import untimed
 from common.log_fields import val_set_names
-from training.core.logger import RunLogger, read_log
+from runtime.logger import RunLogger, read_log
 
 
 def train(step: int, loss: float) -> dict:

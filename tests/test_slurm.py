@@ -20,7 +20,7 @@ from conftest import REPO, TINY_MODEL, TINY_VOCAB, kill_all, load_weights, proce
 from forked_ranks import free_port
 from slurm_cluster import SlurmCluster, missing_commands
 from training.checkpoint.folder import list_checkpoints
-from training.core.logger import read_log
+from runtime.logger import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_and_reap, trainer_env
-from training.core.logger import read_log
+from runtime.logger import read_log
 
 
 def recipe_launch() -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 
 from common.errors import run_cli
 from conftest import REPO, run_and_reap, trainer_env
-from training.core.logger import read_log
+from runtime.logger import read_log
 
 SCRIPT = REPO / "scripts" / "speedrun.sh"
 

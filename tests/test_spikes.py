@@ -17,7 +17,7 @@ import torch
 
 from conftest import assert_same, base_args, crashed_copy, run_trainer, train_losses
 from training.checkpoint import folder as ckpt
-from training.core.logger import read_log
+from runtime.logger import read_log
 from training.optim.spikes import SpikeWindow
 
 # a full window after 4 applied steps; checkpoints every 3 steps; val loss only at the end

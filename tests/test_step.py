@@ -85,8 +85,8 @@ def combined_metrics(argv: list[str]) -> int:
 
     import torch.distributed as dist
     from common.log_fields import train_metric
-    from training.core.context import Context
-    from training.core.process_group import DistEnv
+    from runtime.context import Context
+    from runtime.process_group import DistEnv
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=1))
     rank = dist.get_rank()
@@ -166,7 +166,7 @@ def test_float16_overflow_skips_the_update_and_lowers_the_loss_scale(shards, tmp
 
 
 def test_dtype_auto_picks_float16_on_a_gpu_without_bf16(monkeypatch):
-    from training.core.runtime import resolve_dtype
+    from runtime.runtime import resolve_dtype
 
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
     assert resolve_dtype("auto", torch.device("cuda", 0)) == "float16"

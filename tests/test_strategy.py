@@ -13,7 +13,7 @@ from common.errors import ConfigError
 from test_hellaswag import write_fixture
 from test_layout import project_modules
 from launch.config import TrainConfig
-from training.distributed.runtime_settings import STRATEGY_INFO, RuntimeSettings, StrategyInfo, strategies_help
+from runtime.settings import STRATEGY_INFO, RuntimeSettings, StrategyInfo, strategies_help
 from training.distributed.strategies import DDP, STRATEGIES
 from launch.components import make_evaluation
 

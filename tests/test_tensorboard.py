@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from common.errors import ConfigError
-from training.core.logger import RunLogger
+from runtime.logger import RunLogger
 
 
 def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:

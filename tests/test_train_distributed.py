@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import base_args, load_weights, run_trainer, train_losses
-from training.core.logger import read_log
+from runtime.logger import read_log
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 

@@ -30,13 +30,13 @@ import torch
 from common.errors import CheckpointWriteError, NonFiniteLossError, ReproError, first_line
 from training.checkpoint.folder import FORMAT_VERSION, FORMATS, format_of, prune_checkpoints
 from training.checkpoint.format import TrainingState
-from training.core.process_group import any_rank, run_on_all_ranks
+from runtime.process_group import any_rank, run_on_all_ranks
 from training.distributed.strategies import local_part
-from training.core.context import Context
+from runtime.context import Context
 from training.checkpoint.run_folder import adopt_checkpoint_folder
 from training.checkpoint.settings import CheckpointSettings
 from training.optim.spikes import RollbackRequested
-from training.core.storage import Location
+from runtime.storage import Location
 
 
 @dataclass

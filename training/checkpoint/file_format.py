@@ -26,9 +26,9 @@ import torch
 
 from common.atomic_file import atomic_write
 from common.errors import CheckpointError, CheckpointWriteError, first_line
-from training.core import storage
+from runtime import storage
 from training.checkpoint.format import CheckpointFormat, TensorPart, TrainingState, tensor_parts
-from training.core.storage import Location
+from runtime.storage import Location
 
 _TEMP = re.compile(r"^\.step_\d{8}\.pt\.tmp$")  # atomic_write's temp file of a checkpoint
 BY_NAME_VERSION = 3  # the first format_version whose optimizer state is keyed by parameter name

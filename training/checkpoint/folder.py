@@ -1,7 +1,7 @@
 """Checkpoints: `step_XXXXXXXX.pt` files or `step_XXXXXXXX/` sharded folders in the checkpoint folder.
 
 The checkpoint folder is `out_dir/checkpoints` unless `checkpoint_dir` names another place (a
-local path or an fsspec URL, see training/core/storage.py). A checkpoint `step_s` holds the state
+local path or an fsspec URL, see runtime/storage.py). A checkpoint `step_s` holds the state
 after s optimizer updates, in one of two formats (training/checkpoint/format.py says what they hold).
 `format_of` (a path) and FORMATS (by name: the checkpoint_format a run writes, auto resolved by
 training/checkpoint/settings.py's CheckpointSettings) are the only places that tell them
@@ -19,13 +19,13 @@ from common.errors import CheckpointError, CheckpointWriteError, first_line, pri
 from common.log_fields import EMA_PREFIX
 from model import GPT, GPTConfig
 from training.checkpoint import sharded_format as sharded  # noqa: F401 - re-exported (tests write folders with it)
-from training.core import storage
+from runtime import storage
 from training.checkpoint.format import (FORMAT_VERSION, CheckpointFormat, DamagedCheckpointError,  # noqa: F401
                                         ModelState, damaged)
 from training.checkpoint.file_format import FileFormat, save_checkpoint
 from training.checkpoint.settings import WEIGHTS  # noqa: F401 - the readers' --weights, for callers
 from training.checkpoint.sharded_format import ShardedFormat
-from training.core.storage import Location
+from runtime.storage import Location
 
 CHECKPOINT_DIR = "checkpoints"
 FILE, SHARDED = FileFormat(), ShardedFormat()

@@ -24,7 +24,7 @@ values (Run.state_dict), and what wrote the checkpoint (training/checkpoint/chec
 checkpoint_metadata), format_version included.
 
 Before a checkpoint is loaded into a run, every entry its parts load is checked against them (`check_fits`,
-training/core/fit.py): one that does not fit is a DamagedCheckpointError naming the file and the entry,
+runtime/fit.py): one that does not fit is a DamagedCheckpointError naming the file and the entry,
 raised while nothing of it is loaded yet.
 """
 
@@ -38,9 +38,9 @@ import torch
 
 from common.errors import CheckpointError
 from model import GPT
-from training.core.fit import optimizer_problem, tensors_problem
-from training.core import storage
-from training.core.storage import Location
+from runtime.fit import optimizer_problem, tensors_problem
+from runtime import storage
+from runtime.storage import Location
 from training.distributed.strategies import (Strategy, by_index, by_name, is_sharded, own_cpu_state,
                                              parameter_names)
 
@@ -61,7 +61,7 @@ class DamagedCheckpointError(CheckpointError):
 
 
 def damaged(path: Location, entry: str, problem: str) -> DamagedCheckpointError:
-    """The error for an entry of the checkpoint at path that does not fit (problem: training/core/fit.py's)."""
+    """The error for an entry of the checkpoint at path that does not fit (problem: runtime/fit.py's)."""
     return DamagedCheckpointError(f"{path}: checkpoint entry {entry!r}{problem} (damaged, or edited)")
 
 

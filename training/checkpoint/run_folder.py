@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common.errors import ConfigError, first_line
-from training.core import storage
+from runtime import storage
 from training.checkpoint.folder import remove_stale_temp_files
-from training.core.storage import Location, name_of
+from runtime.storage import Location, name_of
 
 LOCK_NAME = ".lock"
 OWNER_NAME = "owner.json"  # in a checkpoint_dir outside out_dir: the run folder it belongs to

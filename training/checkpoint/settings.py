@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import AfterValidator
 
 from common.settings import Settings, option, require, section
-from training.core.storage import absolute, is_url
+from runtime.storage import absolute, is_url
 from training.optim.settings import rollbacks_on
 
 WEIGHTS = ("live", "ema")  # the readers' --weights: the trained weights, or their EMA (training/optim/ema.py)

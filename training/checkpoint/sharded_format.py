@@ -31,10 +31,10 @@ from concurrent.futures import Future
 import torch
 
 from common.errors import CheckpointError, first_line
-from training.core import storage
+from runtime import storage
 from training.checkpoint.format import (TENSOR_ENTRIES, CheckpointFormat, ModelState, TensorPart, TrainingState,
                                         tensor_parts)
-from training.core.storage import Location
+from runtime.storage import Location
 
 COMMIT_NAME = "checkpoint.json"
 DCP_METADATA = ".metadata"

@@ -14,8 +14,8 @@ import os
 import signal
 import sys
 
-from training.core.launcher import under_torchrun
-from training.core.process_group import any_rank
+from runtime.launcher import under_torchrun
+from runtime.process_group import any_rank
 
 
 class StopNow(KeyboardInterrupt):

@@ -36,9 +36,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from common.errors import ConfigError
 from model import GPT
-from training.core.process_group import DistEnv
-from training.core.runtime import Runtime
-from training.distributed.runtime_settings import STRATEGY_INFO
+from runtime.process_group import DistEnv
+from runtime.runtime import Runtime
+from runtime.settings import STRATEGY_INFO
 
 SyncContext = contextlib.AbstractContextManager  # what gradient_sync returns
 
@@ -94,7 +94,7 @@ class Strategy:
         return self.runtime.compiled(model) if self.runtime.compile else model
 
     def probe_model(self, model: GPT) -> torch.nn.Module:
-        """The training forward for micro_batch_size auto's probes (training/run/micro_batch.py): recomputed
+        """The training forward for micro_batch_size auto's probes (launch/micro_batch.py): recomputed
         and compiled as training_model's, but never syncing gradients, and without DDP's wrapper (its
         construction and its hooks are collectives a probe that runs out of memory would leave unmatched)."""
         return Strategy.training_model(self, model)

@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from common.errors import first_line
-from training.core.context import Context
-from training.core.process_group import all_gather
+from runtime.context import Context
+from runtime.process_group import all_gather
 from training.observe.settings import DiagnosticsSettings
 
 STRAGGLER_INTERVALS = 3  # intervals in a row, for the same rank, before it is named

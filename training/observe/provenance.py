@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from training.core.context import Context
+from runtime.context import Context
 
 REPO = Path(__file__).resolve().parents[2]
 # environment variables that choose kernels or change how they sum (cuBLAS' workspace, TF32, inductor's

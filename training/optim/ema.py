@@ -27,7 +27,7 @@ from typing import TypedDict
 
 import torch
 
-from training.core.fit import tensors_problem
+from runtime.fit import tensors_problem
 from training.distributed.strategies import full_tensors, is_sharded, load_full_tensors, local_part
 
 

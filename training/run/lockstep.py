@@ -30,9 +30,9 @@ import torch
 
 from common.errors import NonFiniteLossError, ReproError
 from common.log_fields import Metric
-from training.core.process_group import DistEnv, all_gather, as_repro_error, raise_first_error
-from training.core.context import Context
-from training.core.recorder import forget_recorded, take_recorded
+from runtime.process_group import DistEnv, all_gather, as_repro_error, raise_first_error
+from runtime.context import Context
+from runtime.recorder import forget_recorded, take_recorded
 from training.run.run import Run
 from data.settings import DataSettings
 from training.optim.schedule import ScheduleSettings
@@ -131,7 +131,7 @@ class Lockstep:
         micro_batches = GuardedBatches(batches, step + run.data_offset, run.grad_accum_steps,
                                        (run.micro_batch_size, self.batch.seq_len), self.env)
         loss, grad_norm = train_step(run, model, micro_batches, lr, self.runtime, self.max_norm)
-        metrics = take_recorded()  # this rank's, recorded since the last step's all-gather (training/core/recorder.py)
+        metrics = take_recorded()  # this rank's, recorded since the last step's all-gather (runtime/recorder.py)
         failure = self.logger.failure or micro_batches.failure
         verdict = self.agree(run, loss, grad_norm, stop_requested, failure, metrics)
         if verdict.failures:

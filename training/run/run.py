@@ -18,9 +18,9 @@ import torch
 from data.loader import TrainLoader, ValLoader
 from data.mixture import MixtureLoader, MixtureState
 from model import GPT
-from training.core.fit import value_problem
+from runtime.fit import value_problem
 from training.checkpoint.format import ModelState, OptimizerState, TensorPart
-from training.core.storage import Location
+from runtime.storage import Location
 from training.distributed.strategies import Strategy
 from training.optim.ema import AverageTensors, WeightAverage
 from training.optim.spikes import SpikeWindow
@@ -119,7 +119,7 @@ class Run:
 
     def state_problem(self, state: dict) -> tuple[str, str] | None:
         """The first of a checkpoint's plain entries (in this code's layout) that load_state_dict could not load, and
-        what is wrong with it (training/core/fit.py's words); None when they all fit. One of the run's own values
+        what is wrong with it (runtime/fit.py's words); None when they all fit. One of the run's own values
         must be of its field's type; a plain part's state (one it would load: not empty) of the type its state_dict
         returns."""
         types = typing.get_type_hints(Run)

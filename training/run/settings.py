@@ -1,4 +1,4 @@
-"""The run floor's section: the model (the architecture, and the initial weights training/run/weights.py loads).
+"""The run floor's section: the model (the architecture, and the initial weights launch/weights.py loads).
 
 Torch-free, as every settings section is (launch/config.py): the trainer checks a configuration before it imports
 torch, and so before model.py, which holds the presets' shapes (PRESETS) and imports nothing of the project.

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 import torch
 
 from common.log_fields import train_metric
-from training.core.recorder import record_metric
-from training.core.runtime import Runtime
+from runtime.recorder import record_metric
+from runtime.runtime import Runtime
 from training.run.run import Run
 
 # 1 where the global gradient norm was over grad_clip (the gradients were scaled down to it), else 0: over a run's
@@ -30,7 +30,7 @@ def train_step(run: Run, model: torch.nn.Module, micro_batches: Iterable[tuple[t
     model: run.model's compiled / DDP wrapper (training/distributed/strategies.py); micro_batches: the step's
     grad_accum_steps (inputs, targets) pairs, each (B, T). loss is this rank's mean over its
     rows; grad_norm the global norm over all ranks, before clipping to max_norm. What else it measures it records
-    (training/core/recorder.py).
+    (runtime/recorder.py).
     """
     for group in run.optimizer.param_groups:
         group["lr"] = lr

@@ -2,7 +2,7 @@
 spike, the startup record of the launch's first step, and the step line on the console.
 
 The train record's fields are declared here, where they are written (rank 0's values, after the step's sync),
-beside the metrics recorded during the step from wherever they are computed (training/core/recorder.py), which
+beside the metrics recorded during the step from wherever they are computed (runtime/recorder.py), which
 the record takes as they come: a new field of either kind is one file.
 """
 
@@ -14,10 +14,10 @@ import time
 import torch
 
 from common.log_fields import train_metric
-from training.core.context import Context
-from training.core.logger import format_train_line
-from training.core.metrics import model_flops_utilization, process_start_time
-from training.core.process_group import set_collective_timeout
+from runtime.context import Context
+from runtime.logger import format_train_line
+from runtime.metrics import model_flops_utilization, process_start_time
+from runtime.process_group import set_collective_timeout
 from training.distributed.strategies import local_state_bytes
 from training.run.lockstep import StepResult
 from training.run.run import Run
@@ -68,7 +68,7 @@ class StepRecords:
             record["mfu"] = mfu
         if runtime.device_type == "cuda":
             record["peak_mem_gb"] = torch.cuda.max_memory_allocated(runtime.device) / 2**30
-        record.update(result.metrics)  # what was recorded for the step (training/core/recorder.py)
+        record.update(result.metrics)  # what was recorded for the step (runtime/recorder.py)
         logger.log(record)
         self.steps_taken += 1
         first = self.steps_taken == 1  # the launch's first step (a rollback's redone steps are later ones)

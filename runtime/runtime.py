@@ -16,7 +16,7 @@ import torch
 
 from common.errors import ConfigError
 from common.settings import require
-from training.core.metrics import detect_peak_flops
+from runtime.metrics import detect_peak_flops
 
 # The fused chunked lm_head + cross-entropy never holds the (B*T, V) logits: at B=64, T=1024
 # that saves about 30 GB where no compiler fuses the cross-entropy (eager mode on a GPU).
@@ -55,8 +55,8 @@ class Runtime:
     recompute_every: int = 0  # activation checkpointing: one block in every N recomputed in backward (0: none)
     compile_mode: str = "default"  # torch.compile's mode (runtime_settings.py's COMPILE_MODES)
     loss_kernel: str = "torch"  # runtime_settings.py's LOSS_KERNELS
-    fused_residual_norm: bool = False  # the blocks' residual add + ln_2 by training/kernels/add_layer_norm.py
-    fp8_lm_head: bool = False  # the lm_head's matrix products in FP8 (training/kernels/fp8.py)
+    fused_residual_norm: bool = False  # the blocks' residual add + ln_2 by runtime/kernels/add_layer_norm.py
+    fp8_lm_head: bool = False  # the lm_head's matrix products in FP8 (runtime/kernels/fp8.py)
     ddp: DDPOptions = field(default_factory=DDPOptions)
     # what the training forward is handed, made once from the fields above (a new callable per step would
     # make torch.compile check, or retrace, it every step): GPT.forward's loss_head, GPT.fuse_residual_norms'
@@ -87,7 +87,7 @@ class Runtime:
         falls back to torch: no CUDA, or no Triton)."""
         fallback = ""
         if self.loss_kernel != "torch" or self.fused_residual_norm:  # only then is Triton looked for
-            from training.kernels.triton_support import kernels_available
+            from runtime.kernels.triton_support import kernels_available
 
             if not kernels_available(self.device):
                 fallback = " (torch fallback: no Triton kernel on this device)"
@@ -156,7 +156,7 @@ def resolve_runtime(device: str, dtype: str, compile: bool | None, loss_chunk_si
     recompute_every: the config's recompute_every(), its activation_checkpointing), and the speed settings
     (compile_mode, loss_kernel, fused_residual_norm, fp8_lm_head, the ddp_* keys), whose defaults are the
     path the trainer took before they existed."""
-    from training.kernels.heads import make_loss_head
+    from runtime.kernels.heads import make_loss_head
 
     chosen = pick_device(device, local_rank)
     use_compile = compile if compile is not None else chosen.type == "cuda"
@@ -169,7 +169,7 @@ def resolve_runtime(device: str, dtype: str, compile: bool | None, loss_chunk_si
                 f"or newer: Ada, Hopper, Blackwell); this run is on {device_name(chosen)}")
     add_norm = None
     if fused_residual_norm:
-        from training.kernels.add_layer_norm import add_layer_norm as add_norm
+        from runtime.kernels.add_layer_norm import add_layer_norm as add_norm
     return Runtime(
         device=chosen, dtype=resolve_dtype(dtype, chosen), compile=use_compile, loss_chunk_size=loss_chunk_size,
         peak_flops=detect_peak_flops(chosen, peak_flops), device_name=device_name(chosen),

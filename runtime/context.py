@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from training.core.logger import RunLogger
-from training.core.process_group import DistEnv
-from training.core.runtime import Runtime
+from runtime.logger import RunLogger
+from runtime.process_group import DistEnv
+from runtime.runtime import Runtime
 
 
 @dataclass(frozen=True)

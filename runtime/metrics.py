@@ -1,4 +1,4 @@
-"""Throughput metrics: the bf16 peak of the detected GPU (training/core/gpus.py's table) and model FLOPs utilisation
+"""Throughput metrics: the bf16 peak of the detected GPU (runtime/gpus.py's table) and model FLOPs utilisation
 (MFU)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from training.core.gpus import peak_flops_for  # the table of GPU models: torch-free, for estimates too
+from runtime.gpus import peak_flops_for  # the table of GPU models: torch-free, for estimates too
 
 
 def detect_peak_flops(device: torch.device, override: float = 0.0) -> float | None:

@@ -43,8 +43,8 @@ import torch
 from common.errors import ConfigError, ReproError
 from data.settings import DataSettings, candidate_sizes, nearest_multiples
 from model import GPTConfig
-from training.core.process_group import DistEnv, as_repro_error, raise_first_error
-from training.core.context import Context
+from runtime.process_group import DistEnv, as_repro_error, raise_first_error
+from runtime.context import Context
 from training.distributed.strategies import Strategy, local_nbytes
 
 HEADROOM = 0.10  # of the GPU's total memory, left free beyond the probe's peak (allocator fragmentation, evals)

@@ -1,16 +1,13 @@
 """The runtime section: the device, the precision, the kernels, the seed, and how the ranks share the model.
 
-Its keys are read by the floor below (training/core/runtime.py's resolve_runtime: device, dtype,
-compile, loss chunking, the FLOP/s peak, recomputation; deterministic_kernels) and by this one
-(strategies.py: the strategy). It sits here, beside the strategies, whose names it checks the
-`strategy` key against and whose help it lists (STRATEGY_INFO).
+Its keys are read beside it (runtime/runtime.py's resolve_runtime: device, dtype, compile, loss chunking, the
+FLOP/s peak, recomputation; deterministic_kernels) and by training/distributed/strategies.py (the strategy), whose
+names it checks the `strategy` key against and whose help it lists (STRATEGY_INFO).
 
 Torch-free, as every settings section is (launch/config.py): the trainer checks a configuration
 before it imports torch. So the strategies are described here, by name, and strategies.py's classes
-(STRATEGIES, under the same names) are the rest of them; make_runtime imports the core's runtime
-when it is called.
+(STRATEGIES, under the same names) are the rest of them; make_runtime imports runtime.py when it is called.
 """
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
@@ -18,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from common.settings import OrNone, Settings, dropout_on, option, require, section
 
 if TYPE_CHECKING:
-    from training.core.runtime import Runtime
+    from runtime.runtime import Runtime
 
 
 class StrategyInfo(NamedTuple):
@@ -54,7 +51,7 @@ DEVICES = ("auto", "cuda", "mps", "cpu")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "float64")
 ACTIVATION_CHECKPOINTING = ("none", "full", "selective")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-LOSS_KERNELS = ("torch", "triton")  # model.py's F.cross_entropy, or training/kernels/cross_entropy.py's kernel
+LOSS_KERNELS = ("torch", "triton")  # model.py's F.cross_entropy, or runtime/kernels/cross_entropy.py's kernel
 
 
 @section
@@ -117,7 +114,7 @@ class RuntimeSettings(Settings):
     def make_runtime(self, local_rank: int = 0) -> Runtime:
         """The Runtime these settings make on this process: auto values resolved for its device (torch's
         runtime, imported now: the settings are read before torch is)."""
-        from training.core.runtime import DDPOptions, resolve_runtime
+        from runtime.runtime import DDPOptions, resolve_runtime
 
         return resolve_runtime(self.device, self.dtype, self.compile, self.loss_chunk_size, self.peak_flops,
                                local_rank, self.recompute_every(), compile_mode=self.compile_mode,

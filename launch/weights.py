@@ -15,7 +15,7 @@ from hf_interop.convert import HFInteropError, load_hf_into
 from model import GPT, PRESETS
 from training.checkpoint.folder import (WEIGHTS_ENTRIES, check_compatible, load_checkpoint, load_model_weights,
                                  require_entries, step_of)
-from training.core.storage import as_location, is_url
+from runtime.storage import as_location, is_url
 from training.run.settings import unknown_init_from
 
 

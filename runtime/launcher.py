@@ -34,7 +34,7 @@ def stop_when_launcher_dies() -> None:
     The request holds from the moment it is made, so an entry point makes it first of all, before
     its imports. A launcher killed in the milliseconds before that leaves the worker to find out
     otherwise: the store the launcher hosted refuses the worker's connection at start-up
-    (training/core/process_group.py). Calling it again is harmless. A plain `python train_gpt2.py`
+    (runtime/process_group.py). Calling it again is harmless. A plain `python train_gpt2.py`
     asks for nothing: its parent is the user's shell, whose end must not stop a run (nohup).
     """
     if not sys.platform.startswith("linux") or not under_torchrun():

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from model import autocast_operands
-from training.kernels.triton_support import kernel_runs_on, tl, triton
+from runtime.kernels.triton_support import kernel_runs_on, tl, triton
 
 FALLBACK_ROWS = 4096  # the torch fallback's rows per chunk: its float32 copy of a chunk stays under 1 GB at V=50,304
 MAX_BLOCK = 32768  # columns a program holds at once: 2 blocks per pass at V=50,304, 32 fp32 values per thread

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from common.errors import ConfigError, ReproError, first_line
-from training.core.launcher import stop_when_launcher_dies
+from runtime.launcher import stop_when_launcher_dies
 
 
 @dataclass

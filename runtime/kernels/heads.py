@@ -28,21 +28,21 @@ def loss_head(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, line
 
 
 def make_loss_head(loss_kernel: str, fp8_lm_head: bool) -> LossHead | None:
-    """The head for loss_kernel (torch: model.py's F.cross_entropy; triton: training/kernels/cross_entropy.py)
-    and fp8_lm_head (the lm_head through FP8, training/kernels/fp8.py, else the caller's autocast's product);
+    """The head for loss_kernel (torch: model.py's F.cross_entropy; triton: runtime/kernels/cross_entropy.py)
+    and fp8_lm_head (the lm_head through FP8, runtime/kernels/fp8.py, else the caller's autocast's product);
     None where both are today's path, so that the model runs its own code."""
     if loss_kernel == "torch" and not fp8_lm_head:
         return None
     if loss_kernel == "triton" and not fp8_lm_head:  # the product and the kernel together: the cheapest backward
-        from training.kernels.cross_entropy import linear_cross_entropy
+        from runtime.kernels.cross_entropy import linear_cross_entropy
 
         return linear_cross_entropy
     # fp8_lm_head: the FP8 product, then either loss over its logits (the kernel's backward scales its buffer,
     # which the FP8 backward quantizes next)
-    from training.kernels.fp8 import fp8_linear
+    from runtime.kernels.fp8 import fp8_linear
 
     if loss_kernel == "triton":
-        from training.kernels.cross_entropy import cross_entropy as loss
+        from runtime.kernels.cross_entropy import cross_entropy as loss
     else:
         loss = plain_loss
     # a partial of module-level functions: torch.compile traces through it, guarding on what it holds

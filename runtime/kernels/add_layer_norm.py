@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from training.kernels.triton_support import kernel_runs_on, tl, triton
+from runtime.kernels.triton_support import kernel_runs_on, tl, triton
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # float64 runs the fallback (numerical checks)
 
