@@ -158,9 +158,7 @@ trap 'rm -rf "$WORK"' EXIT
 BENCH=$WORK/bench
 
 corpus() {  # the repository-text corpus in $WORK/corpus (real tokens, so losses compare), written once
-    [ -d "$WORK/corpus" ] || PYTHONPATH=.:tests${PYTHONPATH:+:$PYTHONPATH} "$PY" -c "import sys; \
-from test_gpu import write_corpus_shards; write_corpus_shards(sys.argv[1], int(sys.argv[2]))" \
-        "$WORK/corpus" "$CORPUS_TOKENS"
+    [ -d "$WORK/corpus" ] || "$PY" benchmarks/corpus.py "$WORK/corpus" "$CORPUS_TOKENS"
 }
 
 bench_group() {  # bench_gpu.sh's group $1 on the corpus

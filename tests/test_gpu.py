@@ -7,7 +7,7 @@ same assertions: a rehearsal, in every `make test`, that proves the tests themse
 time is spent on them.
 
 Real tokens: the repository's own text (README, docs, code), tokenized with data/tokenizer.py
-into shards by write_corpus_shards, which scripts/gpu_check.sh also uses for its benchmarks.
+into shards by benchmarks/corpus.py, which scripts/gpu_check.sh also uses for its benchmarks.
 
 scripts/gpu_check.sh's own dry run, a part each, is rehearsed in tests/test_gpu_check.py, which `make test`
 leaves to `make test-gpu-check` (CI runs both).
@@ -21,14 +21,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from conftest import GPT2_VOCAB, REPO, base_args, build_tiny_run, load_weights, run_trainer, train_losses
 from slowness import guard
-from data.shards import shard_name, write_shard
-from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer, tokenize_document
+from benchmarks.corpus import write_corpus_shards
+from data.tokenizer import GPT2_VOCAB_SIZE, get_tokenizer
 
 DRY_RUN = os.environ.get("GPU_CHECK_DRY_RUN") == "1" or not torch.cuda.is_available()  # the CPU rehearsal
 
@@ -74,29 +73,6 @@ RESUME_TOL = 1e-3  # absolute: the loss of the first step after one update from 
 TRAJECTORY_TOL = 0.1  # absolute, per step: two trajectories that parted by rounding only
 HELLASWAG_TIE = 5e-3  # relative gap between two endings' losses that bf16 rounding could close (~0.05 nats)
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-def repo_text_documents() -> list[str]:
-    """The repository's own prose and code, one document per file, in a fixed order."""
-    patterns = ("*.md", "docs/*.md", "*.py", "*/*.py", "configs/*.yaml")
-    paths = sorted({p for pattern in patterns for p in REPO.glob(pattern)
-                    if not any(part.startswith(".") for part in p.relative_to(REPO).parts)})
-    return [p.read_text(encoding="utf-8", errors="replace") for p in paths]
-
-
-def write_corpus_shards(folder: str | Path, train_tokens: int, val_tokens: int = 65_537) -> Path:
-    """A val and a train shard of the repository's text (~180K tokens), repeated to the sizes asked.
-
-    Real text, so losses fall and compare across variants; the repetition does not matter for
-    speed or for comparing two runs on the same tokens. The val window repeats train text: it
-    only has to exist (65,537 tokens: one B=64 micro-batch at T=1024, what scripts/bench.py reads).
-    """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tokens = np.concatenate([tokenize_document(text) for text in repo_text_documents()])
-    write_shard(folder / shard_name("repo", "val", 0), np.resize(tokens, val_tokens))
-    write_shard(folder / shard_name("repo", "train", 1), np.resize(tokens, train_tokens))
-    return folder
 
 
 def gpu_args(data: Path, out: Path, **overrides) -> list[str]:
