@@ -89,7 +89,7 @@ def load_run(out_dir: str | Path, unigram: bool = True) -> PlottedRun:
     train shards its config names; DataError (naming the file) if its log is missing or has nothing to plot."""
     path = Path(out_dir) / LOG_NAME
     try:
-        records = [r for r in read_log(path) if isinstance(r, dict)]
+        records = read_log(path)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except OSError as e:

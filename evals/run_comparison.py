@@ -46,7 +46,7 @@ def is_step(value) -> bool:
 def read_records(path: Path) -> list[dict]:
     """The records of a run's log.jsonl; DataError naming it where it is missing or a record's step is not one."""
     try:
-        records = [r for r in read_log(path) if isinstance(r, dict)]
+        records = read_log(path)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file (not a run folder?)") from None
     except OSError as e:

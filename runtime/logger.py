@@ -52,12 +52,15 @@ WANDB_STEP = "trainer/step"  # the x-axis of every W&B chart of the trainer's re
 
 
 def read_log(path: str | Path) -> list[dict]:
-    """All records of a log.jsonl (a torn last line, from a crash mid-write, is skipped)."""
+    """All records of a log.jsonl: its JSON objects (a torn last line, from a crash mid-write, is skipped, and so
+    is a line that holds some other JSON value: every reader, and the rewind, takes a record for a dict)."""
     records = []
     with open(path) as f:
         for line in f:
             with contextlib.suppress(json.JSONDecodeError):
-                records.append(json.loads(line))
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    records.append(record)
     return records
 
 

@@ -489,6 +489,17 @@ def test_a_metric_is_recorded_from_the_model_or_after_the_update_in_one_place(sh
     assert list(take_recorded()) == [after]  # the last update's norm waits for a next step; the eval forward: nothing
 
 
+def test_a_log_read_back_is_its_records_and_a_rewind_keeps_to_them(tmp_path):
+    """read_log gives the JSON objects of a log.jsonl: a line torn by a crash and a line holding another JSON value
+    are passed over, by the readers (plot_log, compare_runs) and by truncate_log's rewind alike."""
+    from runtime.logger import truncate_log
+
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"kind": "train", "step": 0}\n[1, 2]\n7\n{"kind": "train", "step": 1}\n{"kind": "tra')
+    assert read_log(log) == [{"kind": "train", "step": 0}, {"kind": "train", "step": 1}]
+    assert truncate_log(log, 1) == 1 and read_log(log) == [{"kind": "train", "step": 0}]
+
+
 def test_the_eta_is_the_launchs_pace_since_its_first_step_times_the_steps_left(monkeypatch):
     """Evaluations and checkpoints between the steps count (they recur); the first step, which compiles, not."""
     from types import SimpleNamespace
