@@ -49,7 +49,7 @@ from launch.config import TrainConfig, config_yaml
 from runtime.context import Context
 from training.observe.diagnostics import Diagnostics
 from runtime.process_group import (barrier, local_rank, run_on_all_ranks,
-                                  setup_distributed, teardown_distributed)
+                                   setup_distributed, teardown_distributed)
 from training.distributed.strategies import make_strategy
 from training.distributed.preemption import PreemptionFlag, StopVote
 from training.observe.provenance import provenance

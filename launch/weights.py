@@ -14,7 +14,7 @@ from common.errors import ConfigError
 from hf_interop.convert import HFInteropError, load_hf_into
 from model import GPT, PRESETS
 from training.checkpoint.folder import (WEIGHTS_ENTRIES, check_compatible, load_checkpoint, load_model_weights,
-                                 require_entries, step_of)
+                                        require_entries, step_of)
 from runtime.storage import as_location, is_url
 from training.run.settings import unknown_init_from
 
