@@ -57,7 +57,7 @@ from data.settings import parse_sources  # noqa: E402
 from data.shards import find_shards, open_shard  # noqa: E402
 from evals.base import EMA_PREFIX, TRAIN_LOSS, Series, averaged_series  # noqa: E402
 from evals.periodic import EVALUATORS  # noqa: E402
-from runtime.logger import LOG_NAME, read_log  # noqa: E402
+from runtime.logger import LOG_NAME, read_run_log  # noqa: E402
 
 GPT2_VAL_LOSS = 3.29
 # HellaSwag acc_norm (%) by GPT-2 size: the preset, its shape (n_layer, n_embd), and the
@@ -88,12 +88,7 @@ def load_run(out_dir: str | Path, unigram: bool = True) -> PlottedRun:
     """The records and config of the run folder OUT_DIR, and (where `unigram`) the unigram entropy of the
     train shards its config names; DataError (naming the file) if its log is missing or has nothing to plot."""
     path = Path(out_dir) / LOG_NAME
-    try:
-        records = read_log(path)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except OSError as e:
-        raise DataError(f"{path}: {e.strerror or e}") from None
+    records = read_run_log(path)
     if not any(len(series(records, s.kind, s.field)[0]) for s in SERIES):
         kinds = list(dict.fromkeys(s.kind for s in SERIES))
         raise DataError(f"{path}: no {', '.join(kinds[:-1])} or {kinds[-1]} records")

@@ -14,7 +14,7 @@ from common.log_fields import BPB, BPB_PREFIX, val_set_names
 from common.settings import require
 from evals.base import EMA_PREFIX
 from evals.stats import Difference, format_p, paired, verdict, welch
-from runtime.logger import LOG_NAME, read_log
+from runtime.logger import LOG_NAME, read_run_log
 
 CARD = "report"  # eval_lm.py --card's report.json (report_ema.json of the EMA weights)
 
@@ -45,12 +45,7 @@ def is_step(value) -> bool:
 
 def read_records(path: Path) -> list[dict]:
     """The records of a run's log.jsonl; DataError naming it where it is missing or a record's step is not one."""
-    try:
-        records = read_log(path)
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file (not a run folder?)") from None
-    except OSError as e:
-        raise DataError(f"{path}: {e.strerror or e}") from None
+    records = read_run_log(path, missing="no such file (not a run folder?)")
     bad = next((r for r in records if r.get("kind") in ("val", "checkpoint") and not is_step(r.get("step"))), None)
     if bad is not None:
         raise DataError(f"{path}: a {bad['kind']} record whose step is {bad.get('step')!r}, not a step number")

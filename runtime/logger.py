@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from common.atomic_file import atomic_write
-from common.errors import ConfigError, WriteError, print_warning
+from common.errors import ConfigError, DataError, WriteError, print_warning
 from common.log_fields import RECORD_FIELDS, TRAIN_METRICS
 from common.settings import OrNone, Settings, Words, option, require, section
 
@@ -62,6 +62,17 @@ def read_log(path: str | Path) -> list[dict]:
                 if isinstance(record, dict):
                     records.append(record)
     return records
+
+
+def read_run_log(path: str | Path, missing: str = "no such file") -> list[dict]:
+    """read_log for a tool reading a run someone names: a log that is missing (`missing` says so) or cannot be
+    read is a DataError naming it."""
+    try:
+        return read_log(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: {missing}") from None
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror or e}") from None
 
 
 def truncate_log(path: str | Path, step: int, keep_kinds: tuple[str, ...] = ()) -> int:
